@@ -1,0 +1,47 @@
+# The two commands a fresh machine needs:
+#   make demo   set up .venv, then run the main job (a local 2-process CPU training run)
+#   make test   set up .venv, then run the whole test suite (what CI runs)
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.megdet-installed
+DEMO_OUT ?= output/demo
+
+.PHONY: setup demo test lint format bench clean help
+
+help:
+	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
+	@echo "make test   - set up, then run the whole test suite"
+	@echo "make lint   - ruff check and format check"
+	@echo "make bench  - run the benchmarks under bench/"
+
+setup: $(STAMP)
+
+# Re-run the install whenever the pin list or the installer changes.
+$(STAMP): pyproject.toml scripts/install_detectron2_cpu.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -e ".[train,controller,dev]"
+	$(BIN)/python scripts/install_detectron2_cpu.py
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/megdet demo --output $(DEMO_OUT)
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: setup
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build output .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,5 @@
+import sys
+
+from megdet.cli import main
+
+sys.exit(main())
