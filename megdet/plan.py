@@ -16,6 +16,8 @@ import math
 from bisect import bisect_right
 from collections.abc import Mapping
 from enum import Enum
+from fractions import Fraction
+from itertools import pairwise
 from typing import Any
 
 from pydantic import (
@@ -29,18 +31,18 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 __all__ = [
+    "THREE_STAGE_BOUNDARIES",
     "Plan",
     "RunSpec",
     "Scaling",
     "Schedule",
     "SpecError",
-    "THREE_STAGE_BOUNDARIES",
     "parse_spec",
     "plan_run",
 ]
 
 #: Fractions of the run at which the three-stage schedule changes stage (seed 000: 30% / 70%).
-THREE_STAGE_BOUNDARIES = (0.3, 0.7)
+THREE_STAGE_BOUNDARIES = (Fraction(3, 10), Fraction(7, 10))
 #: Where the three-stage schedule ends, as a fraction of its plateau learning rate.
 THREE_STAGE_FINAL_FRACTION = 0.1
 
@@ -110,8 +112,17 @@ class RunSpec(BaseModel):
     gamma: float = Field(default=0.1, gt=0, le=1, description="LR multiplier at each step.")
 
     @field_validator(
-        "gpus", "gpus_per_node", "images_per_gpu", "accumulation_steps", "reference_batch",
-        "max_iter", "warmup_iters", "base_lr", "warmup_factor", "gamma", mode="before",
+        "gpus",
+        "gpus_per_node",
+        "images_per_gpu",
+        "accumulation_steps",
+        "reference_batch",
+        "max_iter",
+        "warmup_iters",
+        "base_lr",
+        "warmup_factor",
+        "gamma",
+        mode="before",
     )
     @classmethod
     def _no_booleans(cls, value: Any) -> Any:
@@ -125,7 +136,7 @@ class RunSpec(BaseModel):
     def _steps_increasing(cls, steps: tuple[int, ...]) -> tuple[int, ...]:
         if any(s < 1 for s in steps):
             raise ValueError(f"{list(steps)} must all be >= 1")
-        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)):
+        if any(b <= a for a, b in pairwise(steps)):
             raise ValueError(f"{list(steps)} must be strictly increasing")
         return steps
 
@@ -193,8 +204,9 @@ def parse_spec(data: Mapping[str, Any] | RunSpec) -> RunSpec:
         raise _format_validation_error(err) from None
 
 
-def _round_half_up(x: float) -> int:
-    return int(math.floor(x + 0.5))
+def _round_half_up(x: Fraction) -> int:
+    # Exact rational arithmetic: 0.7 * 5625 must round like 3937.5, not like 3937.4999.
+    return math.floor(x + Fraction(1, 2))
 
 
 class Plan(BaseModel):
@@ -222,7 +234,10 @@ class Plan(BaseModel):
 
     def scale_iters(self, reference_iters: int) -> int:
         """A reference-scale period (checkpoint, eval) at this scale; at least 1."""
-        return max(1, _round_half_up(reference_iters / self.scale))
+        spec = self.spec
+        return max(
+            1, _round_half_up(Fraction(reference_iters * spec.reference_batch, self.global_batch))
+        )
 
     def stage_boundaries(self) -> tuple[int, int]:
         """Iterations where the three-stage schedule changes stage."""
@@ -299,16 +314,20 @@ def plan_run(spec: RunSpec | Mapping[str, Any]) -> Plan:
     else:
         lr = spec.base_lr
 
-    max_iter = _round_half_up(spec.max_iter / k)
+    def rescale(iters: int) -> int:
+        # iters / k, computed exactly (k = global_batch / reference_batch)
+        return _round_half_up(Fraction(iters * spec.reference_batch, global_batch))
+
+    max_iter = rescale(spec.max_iter)
     if max_iter < 1:
         raise SpecError(
             "max_iter",
             f"{spec.max_iter} iterations at batch {spec.reference_batch} is less than one "
             f"iteration at global batch {global_batch}",
         )
-    steps = tuple(_round_half_up(s / k) for s in spec.steps)
+    steps = tuple(rescale(s) for s in spec.steps)
     if spec.schedule is Schedule.STEP and (
-        any(b <= a for a, b in zip(steps, steps[1:], strict=False))
+        any(b <= a for a, b in pairwise(steps))
         or (steps and (steps[0] < 1 or steps[-1] >= max_iter))
     ):
         raise SpecError(
@@ -316,7 +335,7 @@ def plan_run(spec: RunSpec | Mapping[str, Any]) -> Plan:
             f"{list(spec.steps)} collapse to {list(steps)} at global batch {global_batch} "
             f"(max_iter {max_iter}); use a longer max_iter or a smaller batch",
         )
-    warmup_iters = _round_half_up(spec.warmup_iters / k)
+    warmup_iters = rescale(spec.warmup_iters)
     return Plan(
         spec=spec,
         world_size=spec.gpus,

@@ -33,8 +33,18 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(
             [
-                sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
-                "--only-binary=:all:", "--python-version", "3.10", requirement, "-d", tmp,
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.10",
+                requirement,
+                "-d",
+                tmp,
             ],
             check=True,
         )

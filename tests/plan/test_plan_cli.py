@@ -1,0 +1,107 @@
+"""`megdet plan` as users run it: a real subprocess, JSON that matches the module."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from megdet.plan import plan_run
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "megdet", "plan", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    ("flags", "spec"),
+    [
+        (["--gpus", "16"], {"gpus": 16}),
+        (["--gpus", "128"], {"gpus": 128}),
+        (
+            [
+                "--gpus",
+                "4",
+                "--gpus-per-node",
+                "4",
+                "--accumulation-steps",
+                "4",
+                "--scaling",
+                "sqrt",
+            ],
+            {"gpus": 4, "gpus_per_node": 4, "accumulation_steps": 4, "scaling": "sqrt"},
+        ),
+        (
+            [
+                "--gpus",
+                "32",
+                "--images-per-gpu",
+                "4",
+                "--base-lr",
+                "0.01",
+                "--reference-batch",
+                "32",
+                "--schedule",
+                "three-stage",
+            ],
+            {
+                "gpus": 32,
+                "images_per_gpu": 4,
+                "base_lr": 0.01,
+                "reference_batch": 32,
+                "schedule": "three-stage",
+            },
+        ),
+        (
+            ["--gpus", "8", "--max-iter", "1000", "--steps", "600", "900", "--warmup-iters", "50"],
+            {"gpus": 8, "max_iter": 1000, "steps": [600, 900], "warmup_iters": 50},
+        ),
+    ],
+)
+def test_json_output_matches_the_plan_module(flags, spec):
+    result = run_cli(*flags, "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == plan_run(spec).summary()
+
+
+def test_human_output_is_a_table_with_the_key_numbers():
+    result = run_cli("--gpus", "16")
+    assert result.returncode == 0
+    lines = dict(line.split("  ", 1) for line in result.stdout.splitlines())
+    assert lines["world size"].strip() == "16 (2 node(s) x 8)"
+    assert lines["learning rate"].strip().startswith("0.04 ")
+    assert lines["LR steps"].strip() == "30000, 40000"
+    assert lines["warmup iterations"].strip() == "500"
+
+
+def test_plot_writes_a_png(tmp_path):
+    out = tmp_path / "lr.png"
+    result = run_cli("--gpus", "16", "--schedule", "three-stage", "--plot", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpus", "12"], "gpus: 12 is not a multiple of gpus_per_node 8"),
+        (["--gpus", "0"], "gpus: 0 is invalid"),
+        (["--gpus", "x"], "argument --gpus: 'x' is not a whole number"),
+        (["--gpus", "8", "--scaling", "cubic"], "argument --scaling: invalid choice: 'cubic'"),
+        (["--gpus", "8", "--base-lr", "-1"], "base_lr: -1.0 is invalid"),
+        (["--gpus", "8", "--bogus"], "unrecognized arguments: --bogus"),
+        ([], "the following arguments are required: --gpus"),
+        (["--gpus", "8", "--plot", "/nonexistent/dir/lr.png"], "--plot: cannot write"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message_and_no_traceback(flags, message):
+    result = run_cli(*flags)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
