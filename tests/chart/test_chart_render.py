@@ -1,0 +1,242 @@
+"""The PyTorchJob the chart renders: replicas, GPUs, RDMA, env, volumes, scheduling."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from chart_helpers import (
+    CI_VALUES,
+    RELEASE,
+    env_of,
+    flags_of,
+    overrides_of,
+    values_file,
+    values_from,
+)
+
+from megdet.plan import plan_run
+
+RDMA = "rdma/hca_shared_devices_a"
+
+MATRIX = list(
+    itertools.product(
+        [1, 2, 8, 16, 64],  # gpus
+        [False, True],  # InfiniBand
+        [False, True],  # hostNetwork
+        [False, True],  # gang scheduling
+    )
+)
+
+
+def matrix_values(gpus: int, ib: bool, host_network: bool, gang: bool) -> dict:
+    sets = [f"gpus={gpus}", f"network.hostNetwork={str(host_network).lower()}"]
+    if ib:
+        sets += ["nccl.ib.enabled=true", f"nccl.ib.rdmaResourceName={RDMA}", "nccl.ib.hca=mlx5"]
+    if gang:
+        sets += ["gang.enabled=true", "gang.queue=research"]
+    return values_from(sets=sets)
+
+
+def assert_job_structure(rendered) -> None:
+    """What every render must satisfy, whatever the values."""
+    v = rendered.values
+    plan = plan_run({k: v[k] for k in ("gpus", "gpusPerNode", "imagesPerGpu")})
+    job = rendered.job
+    replicas = rendered.replicas()
+
+    # One Master; nodes - 1 Workers; a single-node run has no Worker entry at all.
+    assert replicas["Master"]["replicas"] == 1
+    if plan.nodes == 1:
+        assert set(replicas) == {"Master"}
+    else:
+        assert replicas["Worker"]["replicas"] == plan.nodes - 1
+    # nprocPerNode is a string integer, so the operator's WORLD_SIZE = pods x procs is right.
+    assert job["spec"]["nprocPerNode"] == str(plan.procs_per_node)
+    pods = sum(r["replicas"] for r in replicas.values())
+    assert pods * int(job["spec"]["nprocPerNode"]) == plan.world_size
+
+    ib = v["nccl"]["ib"]["enabled"]
+    for role, spec in rendered.pod_specs():
+        (container,) = spec["containers"]
+        assert container["name"] == "pytorch", role
+        res = container["resources"]
+        assert res["requests"][v["gpuResource"]] == plan.procs_per_node
+        assert res["limits"][v["gpuResource"]] == plan.procs_per_node
+        rdma = v["nccl"]["ib"]["rdmaResourceName"]
+        caps = container.get("securityContext", {}).get("capabilities", {}).get("add", [])
+        env = env_of(container)
+        if ib:
+            count = v["nccl"]["ib"]["rdmaResourceCount"]
+            assert res["requests"][rdma] == res["limits"][rdma] == count
+            assert caps == ["IPC_LOCK"]
+            assert env["NCCL_IB_DISABLE"] == "0"
+        else:
+            assert not any(k.startswith("rdma/") for k in res["requests"])
+            assert "securityContext" not in container
+            assert env["NCCL_IB_DISABLE"] == "1"
+            assert "NCCL_IB_HCA" not in env
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == str(v["nccl"]["asyncErrorHandling"])
+
+        volumes = {vol["name"]: vol for vol in spec["volumes"]}
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        assert mounts["/data"]["readOnly"] is True
+        assert volumes["data"]["persistentVolumeClaim"] == {
+            "claimName": v["dataset"]["claimName"],
+            "readOnly": True,
+        }
+        assert not mounts["/output"].get("readOnly", False)
+        assert volumes["output"]["persistentVolumeClaim"]["claimName"] == v["output"]["claimName"]
+        assert mounts["/dev/shm"]["name"] == "dshm"
+        assert volumes["dshm"]["emptyDir"] == {
+            "medium": "Memory",
+            "sizeLimit": v["shm"]["sizeLimit"],
+        }
+
+        if v["network"]["hostNetwork"]:
+            assert spec["hostNetwork"] is True
+            assert spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+        else:
+            assert "hostNetwork" not in spec and "dnsPolicy" not in spec
+        if v["gang"]["enabled"]:
+            assert spec["schedulerName"] == v["gang"]["schedulerName"]
+        else:
+            assert "schedulerName" not in spec
+
+    scheduling = job["spec"]["runPolicy"].get("schedulingPolicy")
+    if v["gang"]["enabled"]:
+        assert scheduling["minAvailable"] == plan.nodes
+    else:
+        assert scheduling is None
+
+
+@pytest.mark.parametrize(("gpus", "ib", "host_network", "gang"), MATRIX)
+def test_matrix_renders_a_correct_job(render, gpus, ib, host_network, gang):
+    rendered = render(matrix_values(gpus, ib, host_network, gang))
+    assert_job_structure(rendered)
+    if ib:
+        _, container = next(rendered.containers())
+        assert env_of(container)["NCCL_IB_HCA"] == "mlx5"
+    if gang:
+        assert rendered.job["spec"]["runPolicy"]["schedulingPolicy"]["queue"] == "research"
+
+
+@pytest.mark.parametrize("path", CI_VALUES, ids=lambda p: p.name)
+def test_ci_values_render_a_correct_job(render, path):
+    assert_job_structure(render(values_file(path)))
+
+
+def test_multinode_ib_ci_values_reach_every_pod(render):
+    v = values_file(next(p for p in CI_VALUES if p.name == "multinode-ib-values.yaml"))
+    rendered = render(v)
+    job = rendered.job
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    run_policy = job["spec"]["runPolicy"]
+    assert run_policy == {
+        "backoffLimit": 5,
+        "cleanPodPolicy": "Running",
+        "ttlSecondsAfterFinished": 86400,
+        "activeDeadlineSeconds": 172800,
+        "suspend": False,
+        "schedulingPolicy": {
+            "minAvailable": 2,
+            "queue": "training",
+            "priorityClass": "high-priority",
+            "scheduleTimeoutSeconds": 600,
+        },
+    }
+    for role, replica in rendered.replicas().items():
+        meta, spec = replica["template"]["metadata"], replica["template"]["spec"]
+        assert meta["annotations"] == {
+            "example.com/team": "vision",
+            "k8s.v1.cni.cncf.io/networks": "default/ib-sriov",
+        }
+        assert meta["labels"]["team"] == "vision"
+        assert meta["labels"]["app.kubernetes.io/component"] == role.lower()
+        assert spec["priorityClassName"] == "high-priority"
+        assert spec["nodeSelector"] == v["nodeSelector"]
+        assert spec["tolerations"] == v["tolerations"]
+        assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+        env = env_of(spec["containers"][0])
+        assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
+            "NCCL_DEBUG": "INFO",
+            "NCCL_DEBUG_SUBSYS": "INIT,NET",
+            "NCCL_SOCKET_IFNAME": "eth0",
+            "NCCL_IB_DISABLE": "0",
+            "NCCL_IB_HCA": "mlx5",
+            "NCCL_IB_GID_INDEX": "3",
+            "NCCL_IB_TIMEOUT": "22",
+            "NCCL_NET_GDR_LEVEL": "PHB",
+        }
+
+
+def test_trainer_args_carry_the_spec_fields_and_paths(render):
+    v = values_file(next(p for p in CI_VALUES if p.name == "small-nodes-values.yaml"))
+    rendered = render(v)
+    for _, container in rendered.containers():
+        args = container["args"]
+        assert "command" not in container  # the image's ENTRYPOINT (megdet launch) stays
+        assert args[:3] == ["train", "--config", "/config/my_megdet.yaml"]
+        assert flags_of(args) == {
+            "--config": "/config/my_megdet.yaml",
+            "--output": "/output/r50-8gpu-acc2",
+            "--train-json": "/data/annotations/instances_train2017.json",
+            "--train-images": "/data/train2017",
+            "--val-json": "/data/annotations/instances_val2017.json",
+            "--val-images": "/data/val2017",
+        }
+        assert overrides_of(args) == {
+            "MEGDET.IMAGES_PER_GPU": "2",
+            "MEGDET.ACCUMULATION_STEPS": "2",
+            "SOLVER.BASE_LR": "0.01",
+            "MEGDET.REFERENCE_BATCH": "16",
+            "MEGDET.SCALING": "linear",
+            "MEGDET.SCHEDULE": "step",
+            "SOLVER.MAX_ITER": "90000",
+            "SOLVER.STEPS": "(60000, 80000)",
+            "SOLVER.WARMUP_ITERS": "1000",
+            "MEGDET.SYNC_BN": "backbone",
+            "MEGDET.BN_GROUP_SIZE": "0",
+            "DATALOADER.NUM_WORKERS": "6",
+            # extraOverrides, sorted by key; booleans as Python literals for yacs.
+            "MEGDET.AMP": "True",
+            "MODEL.WEIGHTS": "/output/pretrained/R-50.pkl",
+            "SOLVER.CHECKPOINT_PERIOD": "2500",
+            "TEST.EVAL_PERIOD": "5000",
+        }
+        env = env_of(container)
+        assert env["OMP_NUM_THREADS"] == "4"
+        assert list(env)[-1] == "OMP_NUM_THREADS"  # extraEnv comes after the chart's own
+        assert container["resources"]["limits"]["memory"] == "160Gi"
+        assert {"name": "config", "mountPath": "/config", "readOnly": True} in container[
+            "volumeMounts"
+        ]
+
+
+def test_output_folder_defaults_to_the_release_name_and_eval_can_be_off(render):
+    rendered = render(values_file(next(p for p in CI_VALUES if "single-gpu" in p.name)))
+    _, container = next(rendered.containers())
+    flags = flags_of(container["args"])
+    assert flags["--output"] == f"/output/{RELEASE}"
+    assert "--val-json" not in flags and "--val-images" not in flags
+    assert "--num-workers" not in flags  # torchrun spawns the processes in a pod
+    assert "DATALOADER.NUM_WORKERS" not in overrides_of(container["args"])
+
+
+def test_base_lr_stays_a_float_and_single_step_stays_a_tuple(render):
+    # yacs refuses an int where the config holds a float, and "(60000)" is an int in Python.
+    rendered = render(values_from(sets=["baseLr=1", "steps={60000}"]))
+    _, container = next(rendered.containers())
+    overrides = overrides_of(container["args"])
+    assert overrides["SOLVER.BASE_LR"] == "1.0"
+    assert overrides["SOLVER.STEPS"] == "(60000,)"
+
+
+def test_long_release_names_are_truncated_to_63_characters(render):
+    rendered = render(values_from(nameOverride="n" * 63))
+    name = rendered.job["metadata"]["name"]
+    assert name == ("megdet-" + "n" * 63)[:63]
+    labels = rendered.job["metadata"]["labels"]
+    assert labels["app.kubernetes.io/managed-by"] == "Helm"
+    assert labels["app.kubernetes.io/name"] == "n" * 63
+    assert labels["app.kubernetes.io/instance"] == RELEASE
