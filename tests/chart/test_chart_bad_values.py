@@ -22,6 +22,7 @@ SCHEMA_ERRORS = [
     ("nccl.ib.gidIndex=-1", ["at '/nccl/ib/gidIndex'", "minimum"]),
     ("baseLr=0", ["at '/baseLr'", "exclusiveMinimum"]),
     ("nccl.ib.enabled=yes", ["at '/nccl/ib/enabled': got string, want boolean"]),
+    ("terminationGracePeriodSeconds=5", ["at '/terminationGracePeriodSeconds'", "minimum"]),
 ]
 
 

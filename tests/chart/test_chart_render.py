@@ -240,3 +240,18 @@ def test_long_release_names_are_truncated_to_63_characters(render):
     assert labels["app.kubernetes.io/managed-by"] == "Helm"
     assert labels["app.kubernetes.io/name"] == "n" * 63
     assert labels["app.kubernetes.io/instance"] == RELEASE
+
+
+def test_pods_run_as_the_image_user_and_get_time_to_checkpoint_on_sigterm(render):
+    rendered = render(values_from(sets=["gpus=16", "terminationGracePeriodSeconds=600"]))
+    for _, spec in rendered.pod_specs():
+        assert spec["terminationGracePeriodSeconds"] == 600
+        # The image's user (Dockerfile: 10001) owns files written to the output volume.
+        assert spec["securityContext"]["runAsUser"] == 10001
+        assert spec["securityContext"]["fsGroup"] == 10001
+
+
+def test_pod_security_context_can_be_left_to_the_cluster(render):
+    rendered = render(values_from(sets=["podSecurityContext=null"]))
+    for _, spec in rendered.pod_specs():
+        assert "securityContext" not in spec

@@ -102,6 +102,12 @@ spec:
   {{- with $v.priorityClassName }}
   priorityClassName: {{ . }}
   {{- end }}
+  {{- /* The trainer checkpoints on SIGTERM; the pod must live long enough to write it. */}}
+  terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+  {{- with $v.podSecurityContext }}
+  securityContext:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   {{- with $v.serviceAccountName }}
   serviceAccountName: {{ . }}
   {{- end }}
