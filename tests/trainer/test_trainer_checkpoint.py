@@ -1,0 +1,86 @@
+"""Checkpoints are written atomically; resuming skips an unreadable newest checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch import nn
+
+
+@contextlib.contextmanager
+def _captured(caplog, name: str):
+    """Capture a logger's warnings even when setup_logger turned its propagation off."""
+    logger = logging.getLogger(name)
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.WARNING, logger=name):
+            yield
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+class _Holder:
+    """A checkpointable with an iteration, like the trainer."""
+
+    def __init__(self) -> None:
+        self.iteration = -1
+
+    def state_dict(self):
+        return {"iteration": self.iteration}
+
+    def load_state_dict(self, state):
+        self.iteration = state["iteration"]
+
+
+def _checkpointer(folder):
+    from megdet.trainer.checkpoint import AtomicCheckpointer
+
+    model = nn.Linear(3, 2)
+    holder = _Holder()
+    return model, holder, AtomicCheckpointer(model, str(folder), trainer=holder)
+
+
+def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
+    model, _, ckpt = _checkpointer(tmp_path)
+    ckpt.save("model_0000009", iteration=9)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last_checkpoint", "model_0000009.pth"]
+    assert (tmp_path / "last_checkpoint").read_text() == "model_0000009.pth"
+    data = torch.load(tmp_path / "model_0000009.pth", weights_only=False)
+    assert data["iteration"] == 9
+    torch.testing.assert_close(data["model"]["weight"], model.weight.detach())
+
+
+def test_resume_skips_a_truncated_newest_checkpoint_for_the_previous_one(tmp_path, caplog):
+    model, holder, ckpt = _checkpointer(tmp_path)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    holder.iteration = 9
+    ckpt.save("model_0000009", iteration=9)
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    holder.iteration = 19
+    ckpt.save("model_0000019", iteration=19)
+    newest = tmp_path / "model_0000019.pth"
+    newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated copy
+
+    fresh_model, fresh_holder, fresh = _checkpointer(tmp_path)
+    with _captured(caplog, "megdet.trainer.checkpoint"):
+        state = fresh.resume_latest()
+    assert state["iteration"] == 9
+    assert fresh_holder.iteration == 9
+    assert torch.all(fresh_model.weight == 1.0)
+    assert any("model_0000019.pth" in r.getMessage() for r in caplog.records)
+
+
+def test_resume_prefers_the_newest_readable_checkpoint_and_none_without_any(tmp_path):
+    _, _, empty = _checkpointer(tmp_path / "empty")
+    assert empty.resume_latest() is None
+    _, holder, ckpt = _checkpointer(tmp_path)
+    for it in (4, 14, 9):
+        holder.iteration = it
+        ckpt.save(f"model_{it:07d}", iteration=it)
+    _, fresh_holder, fresh = _checkpointer(tmp_path)
+    assert fresh.resume_latest()["iteration"] == 14
+    assert fresh_holder.iteration == 14

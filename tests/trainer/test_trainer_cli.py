@@ -1,0 +1,139 @@
+"""Config loading, planning into the config, and bad CLI/config input (exit 2, key named)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+_CUDA = torch.cuda.is_available()
+
+
+def _run_cli(argv, capsys):
+    from megdet.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    return exit_info.value.code, capsys.readouterr().err
+
+
+def _train_args(shapes, *extra):
+    return [
+        "train", "--config", "megdet_tiny_cpu",
+        "--train-json", str(shapes["train_json"]), "--train-images", str(shapes["train_images"]),
+        *extra,
+    ]  # fmt: skip
+
+
+def test_shipped_configs_load_by_name_and_inherit_the_base():
+    from megdet.trainer.config import load_config
+
+    prod = load_config("megdet_R50_FPN_1x.yaml")
+    tiny = load_config("megdet_tiny_cpu")
+    assert prod.MODEL.RESNETS.DEPTH == 50 and prod.SOLVER.BASE_LR == 0.02
+    assert prod.SOLVER.MAX_ITER == 90000 and prod.MEGDET.REFERENCE_BATCH == 16
+    assert tiny.MODEL.RESNETS.DEPTH == 18 and tiny.MEGDET.SYNC_BN == "backbone"
+    # From the shared _BASE_:
+    assert prod.MODEL.RESNETS.NORM == tiny.MODEL.RESNETS.NORM == "BN"
+
+
+def test_plan_writes_the_planned_solver_values_for_the_actual_world_size():
+    from megdet.trainer.config import load_config, plan_config, spec_from_config
+
+    from megdet.plan import plan_run
+
+    cfg = load_config("megdet_R50_FPN_1x.yaml", ["MEGDET.ACCUMULATION_STEPS", "2"])
+    expected = plan_run(spec_from_config(cfg, 16, 8))
+    plan = plan_config(cfg, 16, 8)
+    assert plan == expected
+    # 16 GPUs x 2 images x 2 micro-batches = 64 = 4x the reference batch of 16.
+    assert cfg.SOLVER.IMS_PER_BATCH == 64
+    assert pytest.approx(0.08) == cfg.SOLVER.BASE_LR
+    assert cfg.SOLVER.MAX_ITER == 22500
+    assert tuple(cfg.SOLVER.STEPS) == (15000, 20000)
+    assert cfg.SOLVER.WARMUP_ITERS == 250
+    assert cfg.SOLVER.CHECKPOINT_PERIOD == plan.scale_iters(5000) == 1250
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["MEGDET.SYNC_BN", "foo"], ["MEGDET.SYNC_BN", "backbone, all, none"]),
+        (["MEGDET.SCHEDULE", "cosine"], ["MEGDET.SCHEDULE", "step, three-stage"]),
+        (["MEGDET.NOPE", "1"], ["MEGDET.NOPE", "unknown config key", "SYNC_BN"]),
+        (["SOLVER.BASE_LR", "fast"], ["SOLVER.BASE_LR", "'fast'"]),
+        (["MEGDET.IMAGES_PER_GPU", "0"], ["MEGDET.IMAGES_PER_GPU", ">= 1"]),
+        (["MEGDET.AMP", "True"], ["MEGDET.AMP", "CUDA"]),
+        (["MEGDET.BN_GROUP_SIZE", "3"], ["MEGDET.BN_GROUP_SIZE", "divide the world size 2"]),
+        (["SOLVER.STEPS", "(500,)"], ["SOLVER.STEPS", "max_iter"]),
+        (["MEGDET.SYNC_BN"], ["KEY VALUE pairs"]),
+    ],
+)
+def test_bad_config_input_exits_2_naming_the_key(shapes, capsys, overrides, named):
+    code, err = _run_cli(_train_args(shapes, "--num-workers", "2", *overrides), capsys)
+    assert code == 2
+    assert err.startswith("megdet train: error: ")
+    assert "Traceback" not in err
+    for text in named:
+        assert text in err
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--config", "no_such_config"], ["--config", "megdet_tiny_cpu.yaml"]),
+        (["--config", "megdet_tiny_cpu", "--train-json", "/nonexistent/train.json",
+          "--train-images", "/tmp"], ["MEGDET.DATA.TRAIN_JSON", "/nonexistent/train.json"]),
+        (["--config", "megdet_tiny_cpu"], ["MEGDET.DATA.TRAIN_JSON", "required"]),
+        # The production config asks for CUDA; without a GPU that is the first problem.
+        (["--config", "megdet_R50_FPN_1x"], ["MODEL.DEVICE", "cpu"] if not _CUDA
+         else ["MEGDET.DATA.TRAIN_JSON", "/data/coco"]),
+    ],
+)  # fmt: skip
+def test_bad_train_flags_exit_2_naming_the_flag(capsys, args, named):
+    code, err = _run_cli(["train", *args], capsys)
+    assert code == 2 and "Traceback" not in err
+    for text in named:
+        assert text in err
+
+
+def test_num_workers_must_be_positive(capsys):
+    code, err = _run_cli(["train", "--config", "megdet_tiny_cpu", "--num-workers", "0"], capsys)
+    assert code == 2 and "--num-workers" in err
+
+
+def test_malformed_training_json_exits_2_naming_the_file(tmp_path, shapes, capsys):
+    from megdet.cli import main
+
+    broken = tmp_path / "train.json"
+    broken.write_text('{"images": [ ')
+    code = main(
+        [
+            "train", "--config", "megdet_tiny_cpu", "--output", str(tmp_path / "out"),
+            "--train-json", str(broken), "--train-images", str(shapes["train_images"]),
+        ]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"megdet train: error: annotation file: {broken} is not valid JSON" in err
+
+
+def test_eval_requires_existing_weights(shapes, capsys):
+    code, err = _run_cli(
+        ["eval", "--config", "megdet_tiny_cpu", "--weights", "/nonexistent.pth",
+         "--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"])],
+        capsys,
+    )  # fmt: skip
+    assert code == 2 and "--weights" in err
+
+
+def test_registering_the_cli_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, argparse\n"
+        "from megdet.trainer import cli\n"
+        "p = argparse.ArgumentParser(); cli.register(p.add_subparsers())\n"
+        "assert 'torch' not in sys.modules and 'detectron2' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

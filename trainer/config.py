@@ -1,0 +1,210 @@
+"""The MegDet config keys, loading configs by path or shipped name, and planning a run.
+
+``add_megdet_config`` adds the ``MEGDET`` node (detectron2 style: one function that documents
+every key). ``plan_config`` turns a loaded config and the actual world size into a
+:class:`megdet.plan.Plan` and writes the planned numbers into the detectron2 ``SOLVER`` keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from detectron2.config import CfgNode, get_cfg
+
+from megdet.plan import Plan, RunSpec, Scaling, Schedule, SpecError, plan_run
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+#: Allowed values of the enumerated MEGDET keys.
+SYNC_BN_SCOPES = ("backbone", "all", "none")
+SCALINGS = tuple(s.value for s in Scaling)
+SCHEDULES = tuple(s.value for s in Schedule)
+
+#: RunSpec fields and the config keys that feed them (for error messages).
+_SPEC_FIELD_KEYS = {
+    "gpus": "--num-workers / WORLD_SIZE",
+    "gpus_per_node": "LOCAL_WORLD_SIZE",
+    "images_per_gpu": "MEGDET.IMAGES_PER_GPU",
+    "accumulation_steps": "MEGDET.ACCUMULATION_STEPS",
+    "base_lr": "SOLVER.BASE_LR",
+    "reference_batch": "MEGDET.REFERENCE_BATCH",
+    "scaling": "MEGDET.SCALING",
+    "schedule": "MEGDET.SCHEDULE",
+    "max_iter": "SOLVER.MAX_ITER",
+    "steps": "SOLVER.STEPS",
+    "warmup_iters": "SOLVER.WARMUP_ITERS",
+    "warmup_factor": "SOLVER.WARMUP_FACTOR",
+    "gamma": "SOLVER.GAMMA",
+}
+
+
+class ConfigError(ValueError):
+    """A config file, key or value that cannot be used; the message names the key."""
+
+
+def add_megdet_config(cfg: CfgNode) -> None:
+    """Add the MEGDET keys with their defaults to a detectron2 config."""
+    _C = cfg
+    _C.MEGDET = CfgNode()
+    # Images each worker process sees per micro-batch. The global batch of one optimizer step is
+    # world_size * IMAGES_PER_GPU * ACCUMULATION_STEPS; the trainer writes it to
+    # SOLVER.IMS_PER_BATCH.
+    _C.MEGDET.IMAGES_PER_GPU = 2
+    # Micro-batches accumulated into one optimizer step (gradient all-reduce on the last only).
+    _C.MEGDET.ACCUMULATION_STEPS = 1
+    # The global batch the SOLVER recipe (BASE_LR, MAX_ITER, STEPS, WARMUP_ITERS) was tuned for.
+    _C.MEGDET.REFERENCE_BATCH = 16
+    # How the learning rate follows the global batch: "linear", "sqrt" or "none".
+    _C.MEGDET.SCALING = "linear"
+    # Learning-rate curve: "step" (warmup, then x GAMMA at STEPS) or "three-stage".
+    _C.MEGDET.SCHEDULE = "step"
+    # Which BatchNorm layers are synchronized across workers: "backbone" (the ResNet bottom-up
+    # only; FPN and heads keep their own norm), "all" or "none".
+    _C.MEGDET.SYNC_BN = "backbone"
+    # Processes per BN group (MegDet's "BN size" in workers); 0 = the whole world. Must divide
+    # the world size.
+    _C.MEGDET.BN_GROUP_SIZE = 0
+    # Mixed precision (CUDA only; asking for it on CPU is an error).
+    _C.MEGDET.AMP = False
+    # COCO-format datasets: annotation JSON and image folder. The CLI flags --train-json etc.
+    # set these. Empty VAL_JSON: no evaluation.
+    _C.MEGDET.DATA = CfgNode()
+    _C.MEGDET.DATA.TRAIN_JSON = ""
+    _C.MEGDET.DATA.TRAIN_IMAGES = ""
+    _C.MEGDET.DATA.VAL_JSON = ""
+    _C.MEGDET.DATA.VAL_IMAGES = ""
+
+
+def resolve_config_path(name: str) -> Path:
+    """A config path as given, or the bare name of a config shipped in trainer/configs/."""
+    path = Path(name)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if candidate.is_file() and "/" not in name:
+            return candidate
+    shipped = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("megdet_*.yaml")))
+    raise ConfigError(f"--config: {name!r} is not a file nor a shipped config ({shipped})")
+
+
+def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> CfgNode:
+    """Load a config (path or shipped name) plus ``KEY VALUE`` overrides, then validate it.
+
+    Raises ConfigError naming the key for unknown keys, wrong types and bad values.
+    """
+    cfg = get_cfg()
+    add_megdet_config(cfg)
+    path = resolve_config_path(config)
+    try:
+        cfg.merge_from_file(str(path))
+    except KeyError as err:
+        raise ConfigError(f"{path}: {_key_error_text(err)}") from None
+    except (ValueError, TypeError, AssertionError) as err:
+        raise ConfigError(f"{path}: {err}") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err}") from None
+    if len(overrides) % 2:
+        raise ConfigError(f"overrides come in KEY VALUE pairs; {overrides[-1]!r} has no value")
+    for key, value in zip(overrides[::2], overrides[1::2], strict=True):
+        _set_key(cfg, key, value)
+    validate_config(cfg)
+    return cfg
+
+
+def _key_error_text(err: KeyError) -> str:
+    return str(err.args[0]) if err.args else str(err)
+
+
+def _set_key(cfg: CfgNode, key: str, value: str) -> None:
+    node = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        if not isinstance(node, CfgNode) or part not in node:
+            parent = ".".join(parts[:i]) or "the config root"
+            allowed = ", ".join(sorted(node.keys())) if isinstance(node, CfgNode) else ""
+            raise ConfigError(f"{key}: unknown config key (keys under {parent}: {allowed})")
+        if i < len(parts) - 1:
+            node = node[part]
+    try:
+        cfg.merge_from_list([key, value])
+    except (ValueError, TypeError, AssertionError) as err:
+        raise ConfigError(f"{key}: {value!r} is invalid: {err}") from None
+
+
+def validate_config(cfg: CfgNode) -> None:
+    """Check the MEGDET values (types and allowed values), naming the key on error."""
+    m = cfg.MEGDET
+    _choice("MEGDET.SYNC_BN", m.SYNC_BN, SYNC_BN_SCOPES)
+    _choice("MEGDET.SCALING", m.SCALING, SCALINGS)
+    _choice("MEGDET.SCHEDULE", m.SCHEDULE, SCHEDULES)
+    for key, minimum in (
+        ("IMAGES_PER_GPU", 1),
+        ("ACCUMULATION_STEPS", 1),
+        ("REFERENCE_BATCH", 1),
+        ("BN_GROUP_SIZE", 0),
+    ):
+        value = m[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(
+                f"MEGDET.{key}: {value!r} is invalid: expected an integer >= {minimum}"
+            )
+    if not isinstance(m.AMP, bool):
+        raise ConfigError(f"MEGDET.AMP: {m.AMP!r} is invalid: expected True or False")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is invalid; allowed values: {', '.join(allowed)}")
+
+
+def spec_from_config(cfg: CfgNode, world_size: int, local_world_size: int) -> RunSpec:
+    """The RunSpec for this config at an actual world size (SpecError names the config key)."""
+    from megdet.plan import parse_spec
+
+    s = cfg.SOLVER
+    data = {
+        "gpus": world_size,
+        "gpus_per_node": local_world_size,
+        "images_per_gpu": cfg.MEGDET.IMAGES_PER_GPU,
+        "accumulation_steps": cfg.MEGDET.ACCUMULATION_STEPS,
+        "base_lr": s.BASE_LR,
+        "reference_batch": cfg.MEGDET.REFERENCE_BATCH,
+        "scaling": cfg.MEGDET.SCALING,
+        "schedule": cfg.MEGDET.SCHEDULE,
+        "max_iter": s.MAX_ITER,
+        "steps": tuple(s.STEPS),
+        "warmup_iters": s.WARMUP_ITERS,
+        "warmup_factor": s.WARMUP_FACTOR,
+        "gamma": s.GAMMA,
+    }
+    return parse_spec(data)
+
+
+def plan_config(cfg: CfgNode, world_size: int, local_world_size: int) -> Plan:
+    """Plan the run at this world size and write the plan into ``cfg.SOLVER`` / ``cfg.TEST``.
+
+    The SOLVER values in ``cfg`` are the reference recipe; afterwards they are the planned ones.
+    Raises ConfigError (naming the config key) when the recipe cannot be planned.
+    """
+    try:
+        plan = plan_run(spec_from_config(cfg, world_size, local_world_size))
+    except SpecError as err:
+        key = _SPEC_FIELD_KEYS.get(err.field, err.field)
+        raise ConfigError(f"{key}: {err.message}") from None
+    was_frozen = cfg.is_frozen()
+    cfg.defrost()
+    cfg.SOLVER.IMS_PER_BATCH = plan.global_batch
+    cfg.SOLVER.BASE_LR = plan.lr
+    cfg.SOLVER.MAX_ITER = plan.max_iter
+    cfg.SOLVER.STEPS = plan.steps
+    cfg.SOLVER.WARMUP_ITERS = plan.warmup_iters
+    # Periods are reference-scale too: keep them constant in images seen.
+    cfg.SOLVER.CHECKPOINT_PERIOD = plan.scale_iters(cfg.SOLVER.CHECKPOINT_PERIOD)
+    if cfg.TEST.EVAL_PERIOD > 0:
+        cfg.TEST.EVAL_PERIOD = plan.scale_iters(cfg.TEST.EVAL_PERIOD)
+    # detectron2 must not rescale again (DefaultTrainer.auto_scale_workers).
+    cfg.SOLVER.REFERENCE_WORLD_SIZE = 0
+    if was_frozen:
+        cfg.freeze()
+    return plan

@@ -1,0 +1,172 @@
+"""What each worker process runs for `megdet train` and `megdet eval`.
+
+The worker plans the run from the world it finds (``plan_config``), registers the datasets,
+writes ``config.yaml`` and ``plan.json``, builds the trainer (:func:`build_trainer`) and trains,
+resuming from the last complete checkpoint in the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from detectron2.config import CfgNode
+from detectron2.utils import comm
+from detectron2.utils.logger import setup_logger
+from megdet.trainer.config import ConfigError, plan_config
+from megdet.trainer.data import DatasetError, register_coco_dataset
+from megdet.trainer.engine import (
+    EXIT_INTERRUPTED,
+    NonFiniteLossError,
+    TrainingInterrupted,
+    build_trainer,
+)
+from megdet.trainer.evaluation import evaluate_model, write_metrics
+
+from megdet.plan import Plan
+
+logger = logging.getLogger("megdet.trainer")
+
+TRAIN_DATASET = "megdet_train"
+VAL_DATASET = "megdet_val"
+EXIT_BAD_INPUT = 2
+EXIT_FAILED = 1
+
+
+@dataclass
+class TrainJob:
+    """Everything a worker needs, picklable for spawned processes."""
+
+    cfg: CfgNode
+    resume: bool = True
+    command: str = "train"
+    weights: str = ""
+
+
+def setup_logging(output_dir: str) -> None:
+    """detectron2's loggers (and ours) to stdout on rank 0 and to log.txt in the output folder."""
+    rank = comm.get_rank()
+    for name, abbrev in (("detectron2", "d2"), ("fvcore", None), ("megdet", None)):
+        setup_logger(output_dir, distributed_rank=rank, name=name, abbrev_name=abbrev)
+
+
+def register_datasets(cfg: CfgNode) -> None:
+    """Register MEGDET.DATA's COCO files and point DATASETS.TRAIN / TEST at them."""
+    data = cfg.MEGDET.DATA
+    cfg.defrost()
+    if data.TRAIN_JSON:
+        register_coco_dataset(TRAIN_DATASET, data.TRAIN_JSON, data.TRAIN_IMAGES)
+        cfg.DATASETS.TRAIN = (TRAIN_DATASET,)
+    if data.VAL_JSON:
+        register_coco_dataset(VAL_DATASET, data.VAL_JSON, data.VAL_IMAGES)
+        cfg.DATASETS.TEST = (VAL_DATASET,)
+
+
+def _save_run_files(cfg: CfgNode, plan: Plan) -> None:
+    out = Path(cfg.OUTPUT_DIR)
+    (out / "config.yaml").write_text(cfg.dump())
+    (out / "plan.json").write_text(json.dumps(plan.summary(), indent=2) + "\n")
+
+
+def _print_plan(cfg: CfgNode, plan: Plan) -> None:
+    summary = plan.summary()
+    lines = [f"  {k}: {v}" for k, v in summary.items()]
+    logger.info("Plan for the world this run found:\n%s", "\n".join(lines))
+    logger.info("Effective config:\n%s", cfg.dump())
+
+
+def _report_error(job: TrainJob, err: Exception) -> int:
+    if comm.get_local_rank() == 0:
+        print(f"megdet {job.command}: error: {err}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
+
+
+def train_worker(job: TrainJob) -> int:
+    """Train in this process (one rank of the world). Returns the exit code."""
+    try:
+        return _train(job)
+    except (ConfigError, DatasetError) as err:
+        return _report_error(job, err)
+    except NonFiniteLossError as err:
+        logger.error("%s", err)
+        return EXIT_FAILED
+
+
+def _train(job: TrainJob) -> int:
+    cfg = job.cfg.clone()
+    Path(cfg.OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
+    setup_logging(cfg.OUTPUT_DIR)
+    world, local = comm.get_world_size(), comm.get_local_size()
+    plan = plan_config(cfg, world, local)
+    register_datasets(cfg)
+    torch.manual_seed(cfg.SEED + comm.get_rank() if cfg.SEED >= 0 else comm.get_rank())
+    if comm.is_main_process():
+        _print_plan(cfg, plan)
+        _save_run_files(cfg, plan)
+    cfg.freeze()
+
+    bundle = None
+
+    def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+        results = evaluate_model(cfg, model, cfg.DATASETS.TEST[0])
+        if comm.is_main_process():
+            write_metrics(
+                cfg.OUTPUT_DIR,
+                results,
+                # Iterations completed: iter is 0-based in a step, max_iter after training.
+                iteration=min(bundle.trainer.iter + 1, plan.max_iter) if bundle else None,
+                dataset=cfg.MEGDET.DATA.VAL_JSON or cfg.DATASETS.TEST[0],
+                world_size=world,
+            )
+        return results
+
+    bundle = build_trainer(cfg, plan, evaluate if cfg.DATASETS.TEST else None, resume=job.resume)
+    if comm.is_main_process():
+        logger.info(
+            "SyncBN scope %r: %d BatchNorm layers synchronized (BN group size %s)",
+            cfg.MEGDET.SYNC_BN,
+            len(bundle.sync_bn_layers),
+            cfg.MEGDET.BN_GROUP_SIZE or world,
+        )
+    try:
+        bundle.trainer.train(bundle.start_iter, plan.max_iter)
+    except TrainingInterrupted:
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def eval_worker(job: TrainJob) -> int:
+    """Evaluate ``job.weights`` on MEGDET.DATA.VAL_* and write metrics.json."""
+    try:
+        return _eval(job)
+    except (ConfigError, DatasetError) as err:
+        return _report_error(job, err)
+
+
+def _eval(job: TrainJob) -> int:
+    from megdet.trainer.checkpoint import AtomicCheckpointer
+    from megdet.trainer.engine import build_megdet_model
+
+    cfg = job.cfg.clone()
+    Path(cfg.OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
+    setup_logging(cfg.OUTPUT_DIR)
+    register_datasets(cfg)
+    if not cfg.DATASETS.TEST:
+        raise ConfigError("MEGDET.DATA.VAL_JSON: required for evaluation (or --val-json)")
+    cfg.freeze()
+    model, _ = build_megdet_model(cfg)
+    if not Path(job.weights).is_file():
+        raise ConfigError(f"--weights: {job.weights} does not exist")
+    AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR).load(job.weights, checkpointables=[])
+    results = evaluate_model(cfg, model, cfg.DATASETS.TEST[0])
+    if comm.is_main_process():
+        path = write_metrics(
+            cfg.OUTPUT_DIR, results, weights=job.weights, dataset=cfg.MEGDET.DATA.VAL_JSON
+        )
+        logger.info("Wrote %s", path)
+    return 0
