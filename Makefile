@@ -30,6 +30,7 @@ demo: setup
 	$(BIN)/megdet demo --output $(DEMO_OUT)
 
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 lint: setup

@@ -42,10 +42,9 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 
 def run_launch(args: argparse.Namespace) -> int:
+    from megdet.cli import UsageError
     from megdet.image.launcher import run_forwarding_signals, torchrun_command
     from megdet.image.nccl import with_nccl_defaults
-
-    from megdet.cli import UsageError
 
     if not args.megdet_args:
         raise UsageError("give the megdet command to run, e.g. `megdet launch train --config X`")

@@ -17,10 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from megdet import __version__
 from megdet.image.nccl import nccl_env
 from megdet.image.topology import LaunchTopology, torchrun_arguments
-
-from megdet import __version__
 from megdet.plan import Plan, SpecError, plan_run
 
 __all__ = [

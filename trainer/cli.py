@@ -103,9 +103,8 @@ def register(subparsers: Any) -> None:
 
 def _load(args: argparse.Namespace, command: str):
     """The config with flags applied, or UsageError naming the key."""
-    from megdet.trainer.config import ConfigError, load_config
-
     from megdet.cli import UsageError
+    from megdet.trainer.config import ConfigError, load_config
 
     overrides = list(args.opts or [])
     for flag, key in (
@@ -129,6 +128,7 @@ def _load(args: argparse.Namespace, command: str):
 
 def _check_environment(cfg) -> None:
     import torch
+
     from megdet.trainer.config import ConfigError
 
     on_cuda = cfg.MODEL.DEVICE.startswith("cuda")
@@ -163,9 +163,8 @@ def _check_data(cfg, need_train: bool) -> None:
 
 
 def _world(num_workers: int) -> tuple[int, int]:
-    from megdet.trainer.launch import env_world, in_torchrun
-
     from megdet.cli import UsageError
+    from megdet.trainer.launch import env_world, in_torchrun
 
     if in_torchrun():
         if num_workers > 1:
@@ -180,9 +179,9 @@ def _world(num_workers: int) -> tuple[int, int]:
 def _preflight(cfg, world: int, local: int) -> None:
     """Plan once before starting workers so a bad recipe is exit 2, not N worker crashes."""
     import torch
-    from megdet.trainer.config import ConfigError, plan_config
 
     from megdet.cli import UsageError
+    from megdet.trainer.config import ConfigError, plan_config
 
     try:
         plan_config(cfg.clone(), world, local)
@@ -212,10 +211,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from megdet.cli import UsageError
     from megdet.trainer.launch import launch
     from megdet.trainer.train import TrainJob, eval_worker
-
-    from megdet.cli import UsageError
 
     if not Path(args.weights).is_file():
         raise UsageError(f"--weights: {args.weights} does not exist or is not a file")

@@ -58,14 +58,13 @@ def plot_curves(events: list[dict[str, Any]], path: Path) -> Path:
 
 def run_demo(output: Path) -> int:
     """Run the demo into ``output``; returns the exit code."""
+    from megdet.cli import UsageError
     from megdet.trainer.config import ConfigError, load_config, plan_config
     from megdet.trainer.engine import EVENTS_FILE
     from megdet.trainer.evaluation import METRICS_FILE
     from megdet.trainer.launch import launch
     from megdet.trainer.shapes import make_shapes
     from megdet.trainer.train import TrainJob, train_worker
-
-    from megdet.cli import UsageError
 
     started = time.perf_counter()
     output.mkdir(parents=True, exist_ok=True)

@@ -26,12 +26,12 @@ from detectron2.modeling import build_model
 from detectron2.solver import build_optimizer
 from detectron2.utils import comm
 from detectron2.utils.events import CommonMetricPrinter, EventWriter, JSONWriter
-from megdet.trainer.checkpoint import AtomicCheckpointer
-from megdet.trainer.solver import PlanParamScheduler
-from megdet.trainer.sync_bn import build_bn_process_group, convert_sync_batchnorm
 from torch.nn.parallel import DistributedDataParallel
 
 from megdet.plan import Plan
+from megdet.trainer.checkpoint import AtomicCheckpointer
+from megdet.trainer.solver import PlanParamScheduler
+from megdet.trainer.sync_bn import build_bn_process_group, convert_sync_batchnorm
 
 logger = logging.getLogger(__name__)
 

@@ -18,6 +18,8 @@ import torch
 from detectron2.config import CfgNode
 from detectron2.utils import comm
 from detectron2.utils.logger import setup_logger
+
+from megdet.plan import Plan
 from megdet.trainer.config import ConfigError, plan_config
 from megdet.trainer.data import DatasetError, register_coco_dataset
 from megdet.trainer.engine import (
@@ -27,8 +29,6 @@ from megdet.trainer.engine import (
     build_trainer,
 )
 from megdet.trainer.evaluation import evaluate_model, write_metrics
-
-from megdet.plan import Plan
 
 logger = logging.getLogger("megdet.trainer")
 

@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from megdet.image.pins import load_pyproject, pinned_versions, requirements
 
 from megdet import __version__
+from megdet.image.pins import load_pyproject, pinned_versions, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from megdet.image.doctor import (
     SHM_WARN_BYTES,
     GpuInfo,
@@ -18,7 +19,6 @@ from megdet.image.doctor import (
     shm_warning,
 )
 from megdet.image.topology import topology_from_env
-
 from megdet.plan import plan_run
 
 LAUNCH_VARS = (

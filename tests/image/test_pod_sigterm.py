@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+
 from megdet.image.nccl import NCCL_DEFAULTS
 from megdet.trainer.shapes import make_shapes
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from megdet.image.topology import (
     DEFAULT_MASTER_PORT,
     EnvError,

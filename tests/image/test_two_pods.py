@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+
 from megdet.image.nccl import NCCL_DEFAULTS
 from megdet.trainer.shapes import make_shapes
 

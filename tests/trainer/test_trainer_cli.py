@@ -37,9 +37,8 @@ def test_shipped_configs_load_by_name_and_inherit_the_base():
 
 
 def test_plan_writes_the_planned_solver_values_for_the_actual_world_size():
-    from megdet.trainer.config import load_config, plan_config, spec_from_config
-
     from megdet.plan import plan_run
+    from megdet.trainer.config import load_config, plan_config, spec_from_config
 
     cfg = load_config("megdet_R50_FPN_1x.yaml", ["MEGDET.ACCUMULATION_STEPS", "2"])
     expected = plan_run(spec_from_config(cfg, 16, 8))

@@ -94,8 +94,9 @@ def test_broken_annotation_files_are_clear_errors_naming_the_file(tmp_path, cont
 
 def test_make_shapes_is_deterministic_by_seed_with_exact_boxes(tmp_path):
     import numpy as np
-    from megdet.trainer.shapes import CLASSES, make_shapes
     from PIL import Image
+
+    from megdet.trainer.shapes import CLASSES, make_shapes
 
     a = make_shapes(tmp_path / "a", train=6, val=2, seed=3)
     b = make_shapes(tmp_path / "b", train=6, val=2, seed=3)

@@ -37,8 +37,9 @@ def _big_batch_grads(world: int) -> list[torch.Tensor]:
 
 def _accumulation_worker(rank: int, world: int, out_dir: str) -> None:
     from detectron2.utils.events import EventStorage
-    from megdet.trainer.engine import MegDetTrainer
     from torch.nn.parallel import DistributedDataParallel
+
+    from megdet.trainer.engine import MegDetTrainer
 
     x, y = _global_batch(world)
     start = rank * ACCUMULATION * MICRO_BATCH
@@ -90,6 +91,7 @@ class _Exploding(nn.Module):
 
 def test_non_finite_loss_stops_with_the_iteration_and_the_components():
     from detectron2.utils.events import EventStorage
+
     from megdet.trainer.engine import MegDetTrainer, NonFiniteLossError
 
     model = _Exploding()
@@ -106,9 +108,9 @@ def test_non_finite_loss_stops_with_the_iteration_and_the_components():
 @pytest.mark.parametrize("schedule", ["step", "three-stage"])
 def test_lr_scheduler_follows_the_plan_curve(schedule):
     from detectron2.solver.lr_scheduler import LRMultiplier
-    from megdet.trainer.solver import PlanParamScheduler
 
     from megdet.plan import plan_run
+    from megdet.trainer.solver import PlanParamScheduler
 
     plan = plan_run(
         {"gpus": 4, "images_per_gpu": 2, "reference_batch": 16, "base_lr": 0.02,

@@ -93,6 +93,7 @@ def test_bn_groups_synchronize_within_each_group_only(tmp_path):
 def _normed_tiny_model():
     """The tiny model with a BN in the FPN and the box head too, and frozen early stages."""
     from detectron2.modeling import build_model
+
     from megdet.trainer.config import load_config
 
     cfg = load_config(
@@ -115,6 +116,7 @@ def _paths(model, kind) -> set[str]:
 @pytest.mark.parametrize("scope", ["backbone", "all", "none"])
 def test_scope_converts_exactly_the_bn_layers_it_names(scope):
     from detectron2.layers import FrozenBatchNorm2d
+
     from megdet.trainer.sync_bn import GroupNaiveSyncBatchNorm, convert_sync_batchnorm
 
     model = _normed_tiny_model()

@@ -88,6 +88,7 @@ def test_two_worker_training_learns_and_beats_an_untrained_model(shapes, tmp_pat
 
     # An untrained model of the same config on the same images.
     from detectron2.modeling import build_model
+
     from megdet.trainer.config import load_config
     from megdet.trainer.evaluation import evaluate_model
     from megdet.trainer.train import register_datasets
