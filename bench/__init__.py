@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m bench` runs the CPU ones (see docs/benchmarks.md)."""

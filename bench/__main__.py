@@ -1,0 +1,66 @@
+"""Run every CPU benchmark in turn and print each result table (what `make bench` runs).
+
+    .venv/bin/python -m bench            # full runs: a few minutes each on 2 cores
+    .venv/bin/python -m bench --quick    # smoke runs: seconds each, numbers not meaningful
+
+The GPU benchmark (``python -m bench.gpu_step``) needs a CUDA device and is not run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+
+from bench import chart_render, data_throughput, step_overhead, sync_bn_scope
+
+
+def _chart_render(quick: bool) -> None:
+    # chart_render.main() reads its options from sys.argv.
+    argv = sys.argv
+    sys.argv = ["bench/chart_render.py", "--repeats", "20" if quick else "300"]
+    try:
+        chart_render.main()
+    finally:
+        sys.argv = argv
+
+
+def _step_overhead(quick: bool) -> None:
+    step_overhead.print_report(step_overhead.run(quick=quick))
+
+
+def _sync_bn_scope(quick: bool) -> None:
+    sync_bn_scope.print_report(sync_bn_scope.run(quick=quick, r50=not quick))
+
+
+def _data_throughput(quick: bool) -> None:
+    data_throughput.print_report(data_throughput.run(quick=quick))
+
+
+BENCHMARKS: dict[str, Callable[[bool], None]] = {
+    "chart_render": _chart_render,
+    "step_overhead": _step_overhead,
+    "sync_bn_scope": _sync_bn_scope,
+    "data_throughput": _data_throughput,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short smoke runs of each")
+    parser.add_argument(
+        "--only", choices=sorted(BENCHMARKS), action="append", help="run only these (repeatable)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        print("--quick: smoke runs of a step or two; their numbers are not measurements\n")
+    for name in args.only or BENCHMARKS:
+        print(f"== {name} ==", flush=True)
+        start = time.perf_counter()
+        BENCHMARKS[name](args.quick)
+        print(f"({name}: {time.perf_counter() - start:.0f} s)\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()
