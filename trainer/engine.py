@@ -208,7 +208,8 @@ def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
     return DistributedDataParallel(
         model,
         device_ids=[comm.get_local_rank()] if on_cuda else None,
-        broadcast_buffers=False,  # BN statistics are synchronized (or kept local) by design
+        # BN statistics are synchronized (or kept local) by design, never broadcast per step.
+        forward_sync_buffers=False,
     )
 
 
