@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from megdet import __version__
 
@@ -23,6 +23,21 @@ COMMAND_MODULES = (
     "megdet.trainer.cli",
     "megdet.image.cli",
 )
+
+
+def whole_number(minimum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type`` for whole-number flags, optionally with a lower bound."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if minimum is not None and value < minimum:
+            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
+        return value
+
+    return parse
 
 
 class UsageError(Exception):

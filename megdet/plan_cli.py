@@ -7,15 +7,11 @@ import json
 import sys
 from pathlib import Path
 
+from megdet.cli import whole_number
 from megdet.plan import Plan, RunSpec, Scaling, Schedule, SpecError, plan_run
 
-
-def _whole_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    return value
+# Bounds are the plan module's to check, so its error names the field and the rule.
+_whole = whole_number()
 
 
 def _number(text: str) -> float:
@@ -28,15 +24,15 @@ def _number(text: str) -> float:
 def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
     """The RunSpec fields as flags; defaults come from RunSpec itself."""
     fields = RunSpec.model_fields
-    parser.add_argument("--gpus", type=_whole_number, required=True, help="total GPUs")
+    parser.add_argument("--gpus", type=_whole, required=True, help="total GPUs")
     for flag, dest, kind in (
-        ("--gpus-per-node", "gpus_per_node", _whole_number),
-        ("--images-per-gpu", "images_per_gpu", _whole_number),
-        ("--accumulation-steps", "accumulation_steps", _whole_number),
+        ("--gpus-per-node", "gpus_per_node", _whole),
+        ("--images-per-gpu", "images_per_gpu", _whole),
+        ("--accumulation-steps", "accumulation_steps", _whole),
         ("--base-lr", "base_lr", _number),
-        ("--reference-batch", "reference_batch", _whole_number),
-        ("--max-iter", "max_iter", _whole_number),
-        ("--warmup-iters", "warmup_iters", _whole_number),
+        ("--reference-batch", "reference_batch", _whole),
+        ("--max-iter", "max_iter", _whole),
+        ("--warmup-iters", "warmup_iters", _whole),
     ):
         parser.add_argument(
             flag,
@@ -47,7 +43,7 @@ def add_spec_arguments(parser: argparse.ArgumentParser) -> None:
         )
     parser.add_argument(
         "--steps",
-        type=_whole_number,
+        type=_whole,
         nargs="*",
         default=None,
         help="reference LR decay iterations (default 60000 80000)",

@@ -10,27 +10,13 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from megdet.cli import whole_number
+
 SHIPPED_CONFIGS = ("megdet_R50_FPN_1x.yaml", "megdet_tiny_cpu.yaml")
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
+_positive = whole_number(1)
+_non_negative = whole_number(0)
 
 
 def _add_data_flags(parser: argparse.ArgumentParser, train: bool) -> None:
