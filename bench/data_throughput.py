@@ -19,7 +19,6 @@ a step spent waiting for data.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
@@ -33,12 +32,7 @@ def throughput_worker(
     import torch
     from detectron2.utils import comm
 
-    cfg = harness.load_bench_config(
-        "megdet_tiny_cpu",
-        (*harness.data_overrides(data), *harness.NO_CHECKPOINTS, *overrides),
-        out,
-    )
-    bundle, plan = harness.build_bench_trainer(cfg)
+    cfg, bundle, plan = harness.build_tiny_trainer(data, out, overrides)
     images = cfg.MEGDET.IMAGES_PER_GPU
     trainer = bundle.trainer
     batches = iter(trainer.data_loader)
@@ -132,10 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, world=args.world, rounds=args.rounds, block=args.block)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_report(result)
+    harness.emit(result, args.json, print_report)
 
 
 if __name__ == "__main__":

@@ -133,6 +133,23 @@ class Driven:
     iterations: int = 0
 
 
+def build_tiny_trainer(data: dict[str, str], out: str, overrides: tuple[str, ...]):
+    """``megdet_tiny_cpu`` on the shapes data, no checkpoints; returns (cfg, bundle, plan)."""
+    cfg = load_bench_config(
+        "megdet_tiny_cpu", (*data_overrides(data), *NO_CHECKPOINTS, *overrides), out
+    )
+    bundle, plan = build_bench_trainer(cfg)
+    return cfg, bundle, plan
+
+
+def emit(result: dict[str, Any], as_json: bool, print_report: Callable[[dict], None]) -> None:
+    """Print a benchmark's result: raw JSON for machines, its report table for people."""
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_report(result)
+
+
 def prepare(trainer, max_iter: int) -> Driven:
     """``TrainerBase.train``'s set-up (storage, ``before_train``) without its loop."""
     from detectron2.utils.events import EventStorage

@@ -18,7 +18,6 @@ min, max) and the ratio of the medians of all timed steps. Goal: ``megdet`` / ``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from typing import Any
 
@@ -38,12 +37,7 @@ def overhead_worker(
 
     from megdet.trainer.engine import MegDetTrainer
 
-    cfg = harness.load_bench_config(
-        "megdet_tiny_cpu",
-        (*harness.data_overrides(data), *harness.NO_CHECKPOINTS, *overrides),
-        out,
-    )
-    bundle, plan = harness.build_bench_trainer(cfg)
+    cfg, bundle, plan = harness.build_tiny_trainer(data, out, overrides)
     ours = bundle.trainer
     assert ours.accumulation_steps == 1
     loops = {
@@ -137,10 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, rounds=args.rounds, block=args.block)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_report(result)
+    harness.emit(result, args.json, print_report)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ Models: the tiny CPU config; the same with BN in the FPN and box head ("normed h
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from bench import harness
@@ -231,10 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, r50=args.r50, rounds=args.rounds, block=args.block)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_report(result)
+    harness.emit(result, args.json, print_report)
 
 
 if __name__ == "__main__":
