@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from detectron2.config import CfgNode
 from detectron2.utils import comm
+from detectron2.utils.env import seed_all_rng
 from detectron2.utils.logger import setup_logger
 
 from megdet.plan import Plan
@@ -104,7 +105,12 @@ def _train(job: TrainJob) -> int:
     world, local = comm.get_world_size(), comm.get_local_size()
     plan = plan_config(cfg, world, local)
     register_datasets(cfg)
-    torch.manual_seed(cfg.SEED + comm.get_rank() if cfg.SEED >= 0 else comm.get_rank())
+    if cfg.SEED >= 0:
+        # Like detectron2's default_setup: Python, NumPy and torch. The train sampler draws its
+        # shuffle seed from NumPy, so with SEED set the data order repeats too.
+        seed_all_rng(cfg.SEED + comm.get_rank())
+    else:
+        torch.manual_seed(comm.get_rank())
     if comm.is_main_process():
         _print_plan(cfg, plan)
         _save_run_files(cfg, plan)
