@@ -2,23 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-
 import torch
 from torch import nn
-
-
-@contextlib.contextmanager
-def _captured(caplog, name: str):
-    """Capture a logger's warnings even when setup_logger turned its propagation off."""
-    logger = logging.getLogger(name)
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING, logger=name):
-            yield
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 class _Holder:
@@ -52,7 +37,9 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     torch.testing.assert_close(data["model"]["weight"], model.weight.detach())
 
 
-def test_resume_skips_a_truncated_newest_checkpoint_for_the_previous_one(tmp_path, caplog):
+def test_resume_skips_a_truncated_newest_checkpoint_for_the_previous_one(
+    tmp_path, caplog, captured_warnings
+):
     model, holder, ckpt = _checkpointer(tmp_path)
     with torch.no_grad():
         model.weight.fill_(1.0)
@@ -66,7 +53,7 @@ def test_resume_skips_a_truncated_newest_checkpoint_for_the_previous_one(tmp_pat
     newest.write_bytes(newest.read_bytes()[: newest.stat().st_size // 2])  # truncated copy
 
     fresh_model, fresh_holder, fresh = _checkpointer(tmp_path)
-    with _captured(caplog, "megdet.trainer.checkpoint"):
+    with captured_warnings("megdet.trainer.checkpoint"):
         state = fresh.resume_latest()
     assert state["iteration"] == 9
     assert fresh_holder.iteration == 9

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 
 import pytest
-
-
-@contextlib.contextmanager
-def _captured(caplog, name: str):
-    """Capture a logger's warnings even when setup_logger turned its propagation off."""
-    logger = logging.getLogger(name)
-    logger.addHandler(caplog.handler)
-    try:
-        with caplog.at_level(logging.WARNING, logger=name):
-            yield
-    finally:
-        logger.removeHandler(caplog.handler)
 
 
 def _coco(tmp_path, annotations, name="ann.json"):
@@ -36,7 +23,7 @@ def _ann(i, bbox):
     return {"id": i, "image_id": 1, "category_id": 1, "bbox": bbox, "area": 1, "iscrowd": 0}
 
 
-def test_invalid_boxes_are_dropped_and_counted_in_one_warning(tmp_path, caplog):
+def test_invalid_boxes_are_dropped_and_counted_in_one_warning(tmp_path, caplog, captured_warnings):
     from megdet.trainer.data import load_validated_coco_json
 
     path = _coco(
@@ -50,7 +37,7 @@ def test_invalid_boxes_are_dropped_and_counted_in_one_warning(tmp_path, caplog):
             _ann(6, [0.0, 0.0, 100.5, 80.0]),  # overshoots by rounding only: kept
         ],
     )
-    with _captured(caplog, "megdet.trainer.data"):
+    with captured_warnings("megdet.trainer.data"):
         dicts = load_validated_coco_json(str(path), str(tmp_path), "t_invalid_boxes")
     kept = [a["bbox"] for a in dicts[0]["annotations"]]
     assert kept == [[10, 10, 20, 20], [0.0, 0.0, 100.5, 80.0]]
@@ -61,11 +48,11 @@ def test_invalid_boxes_are_dropped_and_counted_in_one_warning(tmp_path, caplog):
     assert str(path) in warnings[0]
 
 
-def test_clean_annotations_give_no_warning(tmp_path, caplog):
+def test_clean_annotations_give_no_warning(tmp_path, caplog, captured_warnings):
     from megdet.trainer.data import load_validated_coco_json
 
     path = _coco(tmp_path, [_ann(1, [1, 2, 3, 4])])
-    with _captured(caplog, "megdet.trainer.data"):
+    with captured_warnings("megdet.trainer.data"):
         dicts = load_validated_coco_json(str(path), str(tmp_path), "t_clean")
     assert len(dicts[0]["annotations"]) == 1
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
