@@ -1,0 +1,242 @@
+"""A MegDetRun's spec -> the objects the run chart renders for it, in process.
+
+The controller does not build jobs itself: it renders ``charts/megdet`` with the real Helm engine
+(helm-python-sdk binds Helm's Go SDK), exactly as ``helm install <run> charts/megdet`` would with
+the run's spec as values. The CR spec uses the chart's value names, so spec -> values is the
+identity plus ``fullnameOverride = <run name>`` (the job is named after the run). Whatever the
+chart renders, the controller creates: there is one job builder.
+
+The chart is loaded once per process and reused; a render takes a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import yaml
+from pydantic.alias_generators import to_camel
+
+from megdet.controller.problems import InvalidRunError, Problem, field_path
+from megdet.plan import Plan, RunSpec, SpecError, plan_run
+
+__all__ = [
+    "CHART_DIR_ENV",
+    "JOB_KINDS",
+    "RUN_SPEC_VALUES",
+    "ChartRenderer",
+    "RenderedRun",
+    "chart_dir",
+    "default_renderer",
+    "plain",
+    "render_run",
+    "spec_error_problem",
+]
+
+#: Environment variable naming the run chart's folder (the controller image sets it).
+CHART_DIR_ENV = "MEGDET_CHART_DIR"
+#: Kinds the chart may render as the run's job (issue 11 adds the Trainer v2 TrainJob).
+JOB_KINDS = ("PyTorchJob", "TrainJob")
+#: Chart value name (camelCase) -> RunSpec field (snake_case), for every RunSpec field.
+RUN_SPEC_VALUES: dict[str, str] = {to_camel(name): name for name in RunSpec.model_fields}
+
+# Helm's template `fail`: "execution error at (megdet/templates/x.yaml:1:4): <message>".
+_EXECUTION_ERROR = re.compile(r"execution error at \([^)]*\):\s*(?P<message>.*)", re.DOTALL)
+# The chart's fail messages start with the value they are about: "gpus=12 is not ...".
+_FAIL_FIELD = re.compile(r"^(?P<field>[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*)=")
+# Helm's values-schema errors, one per line: "- at '/nccl/ib/hca': <message>".
+_SCHEMA_ERROR = re.compile(r"^(?P<indent>\s*)- at '(?P<pointer>[^']*)': (?P<message>.*)$")
+_ADDITIONAL = re.compile(
+    r"additional propert(?:y|ies) (?P<names>'[^']*'(?:, '[^']*')*) not allowed"
+)
+_MISSING = re.compile(r"missing propert(?:y|ies) (?P<names>'[^']*'(?:, '[^']*')*)")
+
+
+def chart_dir() -> Path:
+    """The run chart: ``$MEGDET_CHART_DIR``, else the repository's ``charts/megdet``."""
+    env = os.environ.get(CHART_DIR_ENV)
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[1] / "charts" / "megdet"
+
+
+def plain(value: Any) -> Any:
+    """A deep copy as plain dicts and lists (kopf hands specs over as read-only mappings)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [plain(v) for v in value]
+    return copy.deepcopy(value)
+
+
+def spec_error_problem(err: SpecError) -> Problem:
+    """A plan error as a Problem on the CR's camelCase field, with camelCase names in the text."""
+    message = err.message
+    # Longest first: "gpus_per_node" must not be half-replaced by "gpus".
+    for snake in sorted(RunSpec.model_fields, key=len, reverse=True):
+        if "_" in snake:
+            message = re.sub(rf"\b{snake}\b", to_camel(snake), message)
+    return Problem(field_path([to_camel(err.field)]), message)
+
+
+@dataclass(frozen=True)
+class RenderedRun:
+    """What the chart renders for one run, and the plan it was rendered for."""
+
+    name: str
+    namespace: str
+    values: dict[str, Any]
+    objects: tuple[dict[str, Any], ...]
+    plan: Plan
+    #: The chart's NOTES.txt for these values (not an object; shown by `megdet render`).
+    notes: str = field(default="", repr=False)
+
+    @property
+    def job(self) -> dict[str, Any]:
+        """The PyTorchJob (or TrainJob) to create; no owner reference yet."""
+        return self.objects[0]
+
+    def status_plan(self) -> dict[str, Any]:
+        """The plan as the run's status fields."""
+        plan = self.plan
+        return {
+            "worldSize": plan.world_size,
+            "nodes": plan.nodes,
+            "globalBatch": plan.global_batch,
+            "lr": plan.lr,
+            "maxIter": plan.max_iter,
+            "steps": list(plan.steps),
+            "warmupIters": plan.warmup_iters,
+        }
+
+
+class ChartRenderer:
+    """The run chart, loaded once; renders runs (thread-safe: one render at a time)."""
+
+    def __init__(self, path: Path | str | None = None) -> None:
+        self.path = Path(path) if path is not None else chart_dir()
+        self._chart = helm_python.Chart.load(str(self.path))
+        self._lock = threading.Lock()
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        """The chart's values.yaml, as Helm read it."""
+        return copy.deepcopy(self._chart.values)
+
+    def merge(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The spec merged over the chart's defaults, as Helm merges values."""
+        with self._lock:
+            return self._chart.merge_values(plain(spec))
+
+    def values(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """Chart values for a run: the spec itself, and the run's name as fullnameOverride."""
+        values = plain(spec)
+        values["fullnameOverride"] = name
+        return values
+
+    def render(self, name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRun:
+        """Render the chart for a run, or raise InvalidRunError naming the fields at fault."""
+        values = self.values(name, spec)
+        with self._lock:
+            try:
+                files = self._chart.render(
+                    values=values, name=name, namespace=namespace, is_install=True
+                )
+            except helm_python.HelmError as err:
+                raise InvalidRunError(helm_problems(str(err))) from None
+            merged = self._chart.merge_values(values)
+        objects, notes = _parse_manifests(files)
+        plan = _plan(merged)
+        jobs = [o for o in objects if o.get("kind") in JOB_KINDS]
+        if len(jobs) != 1:
+            kinds = [o.get("kind") for o in objects]
+            raise InvalidRunError(
+                [Problem("spec", f"the chart rendered {len(jobs)} jobs (objects: {kinds})")]
+            )
+        others = [o for o in objects if o is not jobs[0]]
+        return RenderedRun(
+            name=name,
+            namespace=namespace,
+            values=merged,
+            objects=(jobs[0], *others),
+            plan=plan,
+            notes=notes,
+        )
+
+
+def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+    objects: list[dict[str, Any]] = []
+    notes = ""
+    for path, text in sorted(files.items()):
+        if path.endswith("NOTES.txt"):
+            notes = text
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects, notes
+
+
+def _plan(values: Mapping[str, Any]) -> Plan:
+    """plan_run over the RunSpec fields of the merged chart values."""
+    spec = {name: values[key] for key, name in RUN_SPEC_VALUES.items() if key in values}
+    try:
+        return plan_run(spec)
+    except SpecError as err:
+        raise InvalidRunError([spec_error_problem(err)]) from None
+
+
+def helm_problems(text: str) -> list[Problem]:
+    """Helm's error text as Problems: template `fail`s and values-schema errors."""
+    match = _EXECUTION_ERROR.search(text)
+    if match:
+        message = match.group("message").strip()
+        named = _FAIL_FIELD.match(message)
+        path = field_path(named.group("field").split(".")) if named else "spec"
+        return [Problem(path, message)]
+    problems: list[Problem] = []
+    for line in text.splitlines():
+        found = _SCHEMA_ERROR.match(line)
+        if not found:
+            continue
+        if found.group("indent") and problems:
+            # A nested reason (oneOf branches) belongs to the problem above it.
+            last = problems.pop()
+            problems.append(Problem(last.path, f"{last.message}; {found.group('message')}"))
+            continue
+        problems += _schema_problems(found.group("pointer"), found.group("message"))
+    return problems or [Problem("spec", text.strip())]
+
+
+def _schema_problems(pointer: str, message: str) -> list[Problem]:
+    parts: list[str | int] = [
+        int(p) if p.isdigit() else p.replace("~1", "/").replace("~0", "~")
+        for p in pointer.split("/")[1:]
+    ]
+    for pattern, what in ((_ADDITIONAL, "unknown field"), (_MISSING, "is required")):
+        found = pattern.search(message)
+        if found:
+            names = re.findall(r"'([^']*)'", found.group("names"))
+            return [Problem(field_path([*parts, n]), what) for n in names]
+    return [Problem(field_path(parts), message)]
+
+
+@functools.cache
+def default_renderer() -> ChartRenderer:
+    """The process-wide renderer for :func:`chart_dir` (loaded on first use)."""
+    return ChartRenderer()
+
+
+def render_run(name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRun:
+    """Render a MegDetRun with the run chart: its job (first), every other object, its plan.
+
+    Raises InvalidRunError (each problem naming a ``spec.`` field) for a spec the chart or the
+    plan refuses. Call :func:`megdet.controller.validation.validate_run` first for every check.
+    """
+    return default_renderer().render(name, namespace, spec)
