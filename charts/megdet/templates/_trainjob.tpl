@@ -1,0 +1,96 @@
+{{/*
+Helpers for target=trainjob: a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1)
+and the namespaced TrainingRuntime it references, written against Trainer v2.3.0
+(kubeflow/trainer tag v2.3.0, commit 658725bdae5c7e3a0854d93ac6ff492e109a22ab) and the JobSet
+v0.12.0 it builds on. docs/trainer-v2.md explains each choice; the sources are cited there.
+*/}}
+
+{{/* The runtime a run's TrainJob references: one per run, named after the run. */}}
+{{- define "megdet.trainingRuntimeName" -}}
+{{- include "megdet.fullname" . -}}
+{{- end -}}
+
+{{/*
+Names Trainer v2 accepts. The TrainJob CRD requires an RFC 1035 label (a letter first), and
+JobSet's webhook (jobset v0.12.0 pkg/webhooks/jobset_webhook.go) refuses a JobSet whose pod
+names <job>-node-0-<index>-<5 random> would exceed 63 characters. A refused JobSet leaves the
+TrainJob stuck, so fail here, naming the limit.
+*/}}
+{{- define "megdet.validateTrainJob" -}}
+{{- $name := include "megdet.fullname" .root -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "target=trainjob: the job name %q must start with a letter and be lower-case letters, digits and '-' (the TrainJob CRD's RFC 1035 rule); use another release name or fullnameOverride" $name) -}}
+{{- end -}}
+{{- $suffix := printf "-node-0-%d-abcde" (sub (int64 .plan.nodes) 1) -}}
+{{- $max := sub 63 (len $suffix) -}}
+{{- if gt (len $name) (int $max) -}}
+{{- fail (printf "target=trainjob: the job name %q is %d characters; with %d nodes it can have at most %d, so that JobSet's pod names %s%s fit in 63 (use a shorter release name or fullnameOverride)" $name (len $name) (int64 .plan.nodes) $max $name $suffix) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The trainer pod for Trainer v2: the PyTorchJob path's pod (megdet.podTemplate, the same helper)
+with the three things Trainer v2 and JobSet dictate, set on the parsed template rather than by
+forking it:
+- the container is named `node` (Trainer's TrainingRuntime webhook requires it for the
+  `trainer` ancestor; the torch plugin injects PET_* env only into `node`);
+- app.kubernetes.io/component is `node`: one replicated job serves every node, so there is no
+  master/worker split to label;
+- restartPolicy Never: a failed pod fails its Job (backoffLimit 0) and JobSet recreates the
+  whole gang (failurePolicy), instead of one container restarting in place while the others
+  wait on a dead rendezvous. The v1 operator sets the pod's restartPolicy itself.
+*/}}
+{{- define "megdet.trainJobPodTemplate" -}}
+{{- $pod := include "megdet.podTemplate" (dict "root" .root "plan" .plan "role" "node") | fromYaml -}}
+{{- $container := index $pod.spec.containers 0 -}}
+{{- $_ := set $container "name" "node" -}}
+{{- $_ := set $pod.spec "restartPolicy" "Never" -}}
+{{- toYaml $pod -}}
+{{- end -}}
+
+{{/*
+The runtime's podGroupPolicy for gang.enabled: Volcano's plugin when gang.schedulerName is
+volcano, otherwise scheduler-plugins' coscheduling. Trainer sets minMember to the node count
+itself; the queue travels as a JobSet annotation (megdet.jobSetAnnotations).
+*/}}
+{{- define "megdet.podGroupPolicy" -}}
+{{- $g := .Values.gang -}}
+{{- if eq (lower $g.schedulerName) "volcano" -}}
+volcano: {}
+{{- else if kindIs "invalid" $g.scheduleTimeoutSeconds -}}
+coscheduling: {}
+{{- else -}}
+coscheduling:
+  scheduleTimeoutSeconds: {{ $g.scheduleTimeoutSeconds | int64 }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+JobSet failurePolicy from restartPolicy and runPolicy.backoffLimit. A failed pod fails its Job,
+and JobSet restarts every Job of the set (the whole gang) up to maxRestarts times:
+- OnFailure: any failure restarts the gang, up to backoffLimit times;
+- Never: the first failure fails the run (maxRestarts 0);
+- ExitCode: exit codes 1-127 (the trainer's own errors) fail the run at once through the Job's
+  podFailurePolicy (megdet.podFailurePolicy) and this rule; signals (128+) restart the gang,
+  and unlike kubeflow.org/v1 they count against backoffLimit (kubeflow/trainer#2045).
+*/}}
+{{- define "megdet.jobSetFailurePolicy" -}}
+{{- $v := .Values -}}
+maxRestarts: {{ ternary 0 ($v.runPolicy.backoffLimit | int64) (eq $v.restartPolicy "Never") }}
+{{- if eq $v.restartPolicy "ExitCode" }}
+rules:
+  - name: trainer-error
+    action: FailJobSet
+    onJobFailureReasons: ["PodFailurePolicy"]
+{{- end }}
+{{- end -}}
+
+{{/* The Job's podFailurePolicy for restartPolicy=ExitCode: exit codes 1-127 are permanent. */}}
+{{- define "megdet.podFailurePolicy" -}}
+rules:
+  - action: FailJob
+    onExitCodes:
+      containerName: node
+      operator: In
+      values: {{ untilStep 1 128 1 | toJson }}
+{{- end -}}
