@@ -8,13 +8,14 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
-.PHONY: setup demo test lint format bench clean help
+.PHONY: setup demo test lint format bench clean help dashboards
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make lint   - ruff check and format check"
 	@echo "make bench  - run the benchmarks under bench/"
+	@echo "make dashboards - regenerate the Grafana dashboards and alert rules from monitoring/"
 
 setup: $(STAMP)
 
@@ -26,10 +27,16 @@ $(STAMP): pyproject.toml scripts/install_detectron2_cpu.py
 	$(BIN)/python scripts/install_detectron2_cpu.py
 	touch $(STAMP)
 
+# Debian's prometheus + promtool, unpacked into the venv (no root needed) for the monitoring tests.
+PROMETHEUS := $(VENV)/prometheus/usr/bin/prometheus
+$(PROMETHEUS): pyproject.toml scripts/install_prometheus.py | $(STAMP)
+	$(BIN)/python scripts/install_prometheus.py
+	touch $(PROMETHEUS)
+
 demo: setup
 	$(BIN)/megdet demo --output $(DEMO_OUT)
 
-test: setup
+test: setup $(PROMETHEUS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -40,6 +47,10 @@ lint: setup
 format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
+
+# Regenerate the committed Grafana dashboards and PrometheusRule template from monitoring/.
+dashboards: setup
+	$(BIN)/python -m megdet.monitoring generate
 
 bench: setup
 	$(BIN)/python -m bench

@@ -1,0 +1,584 @@
+"""Grafana dashboards as code, built with Grafana's own ``grafana-foundation-sdk``.
+
+Two dashboards:
+
+* **MegDet run** (uid ``megdet-run``): one training run, picked with the ``namespace`` and
+  ``run`` variables. Is it learning (losses, LR against the plan, AP), is it fast (images/s per
+  rank and in total, iteration against data-loading time, GPU memory), is it stuck (iteration,
+  ETA, checkpoint age, resumes), are all ranks healthy (ranks reporting, scrape health, SyncBN
+  divergence), plus dcgm-exporter's GPU utilization and memory when it runs in the cluster.
+* **MegDet fleet** (uid ``megdet-fleet``): the controller's view: runs by phase, reconcile rate,
+  errors and latency, jobs created/failed/succeeded/restarted, and throughput of every run.
+
+Every query goes through the datasource variable ``${datasource}``; no namespace is written
+into a query. ``python -m megdet.monitoring generate`` (``make dashboards``) writes the JSON
+that the operator chart ships; a test fails when the committed JSON is stale.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.common import BigValueTextMode, LegendDisplayMode
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    VariableHide,
+    VariableRefresh,
+    VariableSort,
+)
+
+__all__ = [
+    "DASHBOARDS",
+    "DATASOURCE",
+    "fleet_dashboard",
+    "render",
+    "run_dashboard",
+]
+
+#: Every panel and query variable reads from the dashboard's datasource variable.
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+# Label matchers that pick one run. `run` is the pod label app.kubernetes.io/instance, which the
+# PodMonitor relabels to `run`; `namespace` comes from the scrape target.
+RUN = 'namespace="$namespace", run="$run"'
+# dcgm-exporter labels a GPU's series with the pod that holds it (pod, namespace); a run's
+# pods are named after the run (PyTorchJob: <run>-master-0, TrainJob: <run>-node-0-0-...).
+RUN_PODS = 'namespace="$namespace", pod=~"$run-.*"'
+# The fleet dashboard's namespace variable is multi-valued ("All" = ".*").
+NAMESPACES = 'namespace=~"$namespace"'
+RATE = "$__rate_interval"
+
+REFRESH = "30s"
+
+
+@dataclass
+class _Ids:
+    """Hands out panel ids in order, so ids are unique within a dashboard."""
+
+    last: int = 0
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+
+def _query(expr: str, legend: str = "", ref: str = "A", instant: bool = False):
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
+    if legend:
+        q = q.legend_format(legend)
+    return q.instant().format("table") if instant else q
+
+
+def _targets(panel, queries: list[tuple[str, str]]):
+    for index, (expr, legend) in enumerate(queries):
+        panel = panel.with_target(_query(expr, legend, ref=chr(ord("A") + index)))
+    return panel
+
+
+def _timeseries(
+    ids: _Ids,
+    title: str,
+    description: str,
+    queries: list[tuple[str, str]],
+    unit: str = "short",
+    width: int = 12,
+):
+    panel = (
+        timeseries.Panel()
+        .id(ids.next())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(8)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(LegendDisplayMode.TABLE)
+            .placement("bottom")
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+    )
+    return _targets(panel, queries)
+
+
+def _stat(ids: _Ids, title: str, description: str, expr: str, unit: str = "short", legend=""):
+    panel = (
+        stat.Panel()
+        .id(ids.next())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(3)
+        .height(4)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
+    )
+    if legend:
+        panel = panel.text_mode(BigValueTextMode.VALUE_AND_NAME)
+    return panel.with_target(_query(expr, legend))
+
+
+def _row(ids: _Ids, title: str):
+    return db.Row(title).id(ids.next())
+
+
+def _datasource_variable():
+    return db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def _query_variable(name: str, label: str, query: str, multi: bool = False):
+    variable = (
+        db.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+        .hide(VariableHide.DONT_HIDE)
+    )
+    if multi:
+        variable = variable.multi(True).include_all(True).all_value(".*")
+    return variable
+
+
+def _dashboard(title: str, uid: str, description: str):
+    return (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["megdet"])
+        .refresh(REFRESH)
+        .time("now-6h", "now")
+        .timezone("browser")
+        .editable()
+    )
+
+
+def run_dashboard() -> db.Dashboard:
+    """The per-run dashboard: learning, speed, health and GPU panels for one MegDetRun."""
+    ids = _Ids()
+    d = (
+        _dashboard(
+            "MegDet run",
+            "megdet-run",
+            "One MegDet training run: is it learning, is it fast, is it stuck, are all ranks "
+            "healthy, is SyncBN synchronizing.",
+        )
+        .with_variable(_datasource_variable())
+        .with_variable(
+            _query_variable(
+                "namespace", "Namespace", "label_values(megdet_train_iteration, namespace)"
+            )
+        )
+        .with_variable(
+            _query_variable(
+                "run", "Run", 'label_values(megdet_train_iteration{namespace="$namespace"}, run)'
+            )
+        )
+    )
+    d = d.with_row(_row(ids, "Overview"))
+    for panel in _overview_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(_row(ids, "Learning"))
+    for panel in _learning_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(_row(ids, "Speed"))
+    for panel in _speed_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(_row(ids, "Health"))
+    for panel in _health_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(_row(ids, "GPUs (dcgm-exporter)"))
+    for panel in _gpu_panels(ids):
+        d = d.with_panel(panel)
+    return d
+
+
+def _overview_panels(ids: _Ids) -> list:
+    images_per_s = f"sum(rate(megdet_train_images_total{{{RUN}}}[{RATE}]))"
+    return [
+        _stat(
+            ids,
+            "Iteration",
+            "Last completed iteration (rank 0).",
+            f"max(megdet_train_iteration{{{RUN}}})",
+        ),
+        _stat(
+            ids,
+            "Progress",
+            "Completed iterations over the plan's max_iter.",
+            f"max(megdet_train_iteration{{{RUN}}}) / max(megdet_train_max_iterations{{{RUN}}})",
+            unit="percentunit",
+        ),
+        _stat(
+            ids,
+            "ETA",
+            "detectron2's estimate of the time left.",
+            f"max(megdet_train_eta_seconds{{{RUN}}})",
+            unit="s",
+        ),
+        _stat(
+            ids,
+            "Throughput",
+            "Images per second, all ranks together.",
+            images_per_s,
+            unit="suffix: img/s",
+        ),
+        _stat(
+            ids,
+            "Plan",
+            "World size, global batch and SyncBN scope the run trains with.",
+            "max by (world_size, global_batch, sync_bn, bn_group_size) "
+            f"(megdet_train_run_info{{{RUN}}})",
+            legend="{{world_size}} ranks, batch {{global_batch}}, SyncBN {{sync_bn}}",
+        ),
+        _stat(
+            ids,
+            "Ranks reporting",
+            "Ranks whose exporter Prometheus scrapes now; compare with the world size.",
+            f"count(megdet_train_iteration_seconds{{{RUN}}})",
+        ),
+        _stat(
+            ids,
+            "Resumes",
+            "Times this run resumed from a checkpoint (restarts that got going again).",
+            f"max(megdet_train_resumes{{{RUN}}})",
+        ),
+        _stat(
+            ids,
+            "Non-finite losses",
+            "Iterations whose loss was NaN or infinite.",
+            f"sum(megdet_train_nonfinite_loss_total{{{RUN}}})",
+        ),
+    ]
+
+
+def _learning_panels(ids: _Ids) -> list:
+    return [
+        _timeseries(
+            ids,
+            "Loss components",
+            "Each detectron2 loss term and their total (rank 0's smoothed values).",
+            [(f"max by (component) (megdet_train_loss{{{RUN}}})", "{{component}}")],
+        ),
+        _timeseries(
+            ids,
+            "Learning rate vs plan",
+            "The LR the optimizer uses against megdet.plan's LR for the same iteration; "
+            "a gap means the schedule is not the planned one.",
+            [
+                (f"max(megdet_train_learning_rate{{{RUN}}})", "in use"),
+                (f"max(megdet_train_planned_learning_rate{{{RUN}}})", "plan"),
+            ],
+        ),
+        _timeseries(
+            ids,
+            "COCO box AP",
+            "AP metrics after each evaluation.",
+            [(f"max by (metric) (megdet_eval_ap{{{RUN}}})", "{{metric}}")],
+            width=24,
+        ),
+    ]
+
+
+def _speed_panels(ids: _Ids) -> list:
+    return [
+        _timeseries(
+            ids,
+            "Throughput per rank and total",
+            "Images per second; one slow rank slows every rank (synchronous data parallel).",
+            [
+                (
+                    f"sum by (rank) (rate(megdet_train_images_total{{{RUN}}}[{RATE}]))",
+                    "rank {{rank}}",
+                ),
+                (f"sum(rate(megdet_train_images_total{{{RUN}}}[{RATE}]))", "total"),
+            ],
+            unit="suffix: img/s",
+        ),
+        _timeseries(
+            ids,
+            "Iteration vs data time",
+            "Recent time per iteration and the part spent waiting for data, per rank.",
+            [
+                (f"max by (rank) (megdet_train_iteration_seconds{{{RUN}}})", "iteration r{{rank}}"),
+                (f"max by (rank) (megdet_train_data_seconds{{{RUN}}})", "data r{{rank}}"),
+            ],
+            unit="s",
+        ),
+        _timeseries(
+            ids,
+            "Data-loading share",
+            "Data time over iteration time per rank: near 1 means the run is input-bound.",
+            [
+                (
+                    f"max by (rank) (megdet_train_data_seconds{{{RUN}}}) / "
+                    f"max by (rank) (megdet_train_iteration_seconds{{{RUN}}})",
+                    "rank {{rank}}",
+                )
+            ],
+            unit="percentunit",
+        ),
+        _timeseries(
+            ids,
+            "GPU memory (max allocated)",
+            "torch.cuda.max_memory_allocated per rank.",
+            [(f"max by (rank) (megdet_train_gpu_memory_max_bytes{{{RUN}}})", "rank {{rank}}")],
+            unit="bytes",
+        ),
+    ]
+
+
+def _health_panels(ids: _Ids) -> list:
+    return [
+        _timeseries(
+            ids,
+            "SyncBN divergence",
+            "Largest difference across ranks of the backbone BN running mean/var. About 0 "
+            "when BN is synchronized; it grows when it is not (scope none).",
+            [(f"max by (stat) (megdet_syncbn_divergence{{{RUN}}})", "{{stat}}")],
+        ),
+        _timeseries(
+            ids,
+            "Checkpoint age",
+            "Seconds since the last complete checkpoint.",
+            [
+                (
+                    f"time() - max(megdet_train_last_checkpoint_timestamp_seconds{{{RUN}}})",
+                    "age",
+                )
+            ],
+            unit="s",
+        ),
+        _timeseries(
+            ids,
+            "Resumes and non-finite losses",
+            "Resumes from a checkpoint, and NaN/inf loss events, over time.",
+            [
+                (f"max(megdet_train_resumes{{{RUN}}})", "resumes"),
+                (f"sum(megdet_train_nonfinite_loss_total{{{RUN}}})", "non-finite losses"),
+            ],
+        ),
+        _timeseries(
+            ids,
+            "Scrape health per pod",
+            "1 when Prometheus reached the pod's metrics port at the last scrape.",
+            [(f"max by (pod) (up{{{RUN}}})", "{{pod}}")],
+        ),
+    ]
+
+
+def _gpu_panels(ids: _Ids) -> list:
+    return [
+        _timeseries(
+            ids,
+            "GPU utilization (DCGM)",
+            "dcgm-exporter's DCGM_FI_DEV_GPU_UTIL for the run's pods; empty without "
+            "dcgm-exporter (scraped with honorLabels so pod/namespace are the workload's).",
+            [(f"avg by (pod, gpu) (DCGM_FI_DEV_GPU_UTIL{{{RUN_PODS}}})", "{{pod}} gpu {{gpu}}")],
+            unit="percent",
+        ),
+        _timeseries(
+            ids,
+            "GPU framebuffer used (DCGM)",
+            "dcgm-exporter's DCGM_FI_DEV_FB_USED (MiB) for the run's pods.",
+            [(f"max by (pod, gpu) (DCGM_FI_DEV_FB_USED{{{RUN_PODS}}})", "{{pod}} gpu {{gpu}}")],
+            unit="decmbytes",
+        ),
+    ]
+
+
+def fleet_dashboard() -> db.Dashboard:
+    """The fleet dashboard: the controller's reconciles and jobs, and every run's phase."""
+    ids = _Ids()
+    d = (
+        _dashboard(
+            "MegDet fleet",
+            "megdet-fleet",
+            "Every MegDetRun the controller manages: phases, reconciles, jobs, throughput.",
+        )
+        .with_variable(_datasource_variable())
+        .with_variable(
+            _query_variable(
+                "namespace",
+                "Namespace",
+                "label_values(megdet_controller_runs, namespace)",
+                multi=True,
+            )
+        )
+    )
+    d = d.with_row(_row(ids, "Runs"))
+    for panel in _fleet_run_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(_row(ids, "Controller"))
+    for panel in _fleet_controller_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(_row(ids, "Jobs"))
+    for panel in _fleet_job_panels(ids):
+        d = d.with_panel(panel)
+    return d
+
+
+def _fleet_run_panels(ids: _Ids) -> list:
+    runs_table = (
+        table.Panel()
+        .id(ids.next())
+        .title("Runs and their plans")
+        .description("One row per run the controller planned (megdet_controller_run_info).")
+        .datasource(DATASOURCE)
+        .span(24)
+        .height(8)
+        .with_target(
+            _query(
+                f"max by (namespace, run, target, world_size, global_batch, lr) "
+                f"(megdet_controller_run_info{{{NAMESPACES}}})",
+                instant=True,
+            )
+        )
+    )
+    return [
+        _timeseries(
+            ids,
+            "Runs by phase",
+            "MegDetRuns per status phase.",
+            [(f"sum by (phase) (megdet_controller_runs{{{NAMESPACES}}})", "{{phase}}")],
+        ),
+        _timeseries(
+            ids,
+            "Throughput by run",
+            "Images per second of every training run the trainer exporters report.",
+            [
+                (
+                    f"sum by (namespace, run) "
+                    f"(rate(megdet_train_images_total{{{NAMESPACES}}}[{RATE}]))",
+                    "{{namespace}}/{{run}}",
+                )
+            ],
+            unit="suffix: img/s",
+        ),
+        runs_table,
+    ]
+
+
+def _fleet_controller_panels(ids: _Ids) -> list:
+    duration = "megdet_controller_reconcile_duration_seconds_bucket"
+    return [
+        _timeseries(
+            ids,
+            "Reconcile rate by result",
+            "Reconciles per second: success, invalid (spec refused), error (retried), "
+            "conflict (a job of that name the run does not own).",
+            [
+                (
+                    f"sum by (result) (rate(megdet_controller_reconciles_total[{RATE}]))",
+                    "{{result}}",
+                )
+            ],
+            unit="reqps",
+            width=8,
+        ),
+        _timeseries(
+            ids,
+            "Reconcile errors",
+            "Reconciles that raised and will be retried, per second.",
+            [
+                (
+                    f'sum(rate(megdet_controller_reconciles_total{{result="error"}}[{RATE}]))',
+                    "errors",
+                )
+            ],
+            unit="reqps",
+            width=8,
+        ),
+        _timeseries(
+            ids,
+            "Reconcile latency",
+            "p50 and p99 time to reconcile one MegDetRun.",
+            [
+                (
+                    f"histogram_quantile(0.5, sum by (le) (rate({duration}[{RATE}])))",
+                    "p50",
+                ),
+                (
+                    f"histogram_quantile(0.99, sum by (le) (rate({duration}[{RATE}])))",
+                    "p99",
+                ),
+            ],
+            unit="s",
+            width=8,
+        ),
+    ]
+
+
+def _fleet_job_panels(ids: _Ids) -> list:
+    def jobs(kind: str) -> str:
+        return (
+            f"sum by (namespace, target) "
+            f"(increase(megdet_controller_jobs_{kind}_total{{{NAMESPACES}}}[{RATE}]))"
+        )
+
+    return [
+        _timeseries(
+            ids,
+            "Jobs created and deleted",
+            "PyTorchJobs/TrainJobs the controller created or saw deleted.",
+            [
+                (jobs("created"), "created {{namespace}} {{target}}"),
+                (jobs("deleted"), "deleted {{namespace}} {{target}}"),
+            ],
+        ),
+        _timeseries(
+            ids,
+            "Jobs succeeded, failed, restarted",
+            "Job outcomes as the controller observed them.",
+            [
+                (jobs("successful"), "succeeded {{namespace}} {{target}}"),
+                (jobs("failed"), "failed {{namespace}} {{target}}"),
+                (jobs("restarted"), "restarted {{namespace}} {{target}}"),
+            ],
+        ),
+        _stat(
+            ids,
+            "Jobs created (range)",
+            "Jobs created in the selected time range.",
+            f"sum(increase(megdet_controller_jobs_created_total{{{NAMESPACES}}}[$__range]))",
+        ),
+        _stat(
+            ids,
+            "Jobs failed (range)",
+            "Jobs failed in the selected time range.",
+            f"sum(increase(megdet_controller_jobs_failed_total{{{NAMESPACES}}}[$__range]))",
+        ),
+        _stat(
+            ids,
+            "Runs failed now",
+            "MegDetRuns in phase Failed.",
+            f'sum(megdet_controller_runs{{{NAMESPACES}, phase="Failed"}})',
+        ),
+        _stat(
+            ids,
+            "Alerts firing",
+            "MegDet alerts firing now (from the PrometheusRule this chart ships).",
+            'count(ALERTS{alertname=~"MegDet.*", alertstate="firing"}) or vector(0)',
+        ),
+    ]
+
+
+#: File stem -> builder, for every dashboard the chart ships.
+DASHBOARDS: dict[str, Callable[[], db.Dashboard]] = {
+    "megdet-run": run_dashboard,
+    "megdet-fleet": fleet_dashboard,
+}
+
+
+def render(builder: db.Dashboard) -> str:
+    """The dashboard's JSON as committed: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(builder.build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
