@@ -79,7 +79,7 @@ and JobSet restarts every Job of the set (the whole gang) up to maxRestarts time
 maxRestarts: {{ ternary 0 ($v.runPolicy.backoffLimit | int64) (eq $v.restartPolicy "Never") }}
 {{- if eq $v.restartPolicy "ExitCode" }}
 rules:
-  - name: trainer-error
+  - name: TrainerExitCode
     action: FailJobSet
     onJobFailureReasons: ["PodFailurePolicy"]
 {{- end }}
