@@ -8,16 +8,38 @@ helpers, so every object of a release carries the same app.kubernetes.io/* label
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* Release fullname, truncated to 63 characters; names the PyTorchJob. */}}
+{{/*
+The longest job name: the training operator names each replica's Pod and Service
+<job>-<replica type>-<index> (kubeflow/trainer v1.9 pkg/controller.v1/common/util.go
+GenGeneralName), and a Service name is a DNS label of at most 63 characters. The longest suffix
+is "-worker-99998" (13 characters: gpus <= 100000 in the schema), so 63 - 13 = 50. Python's copy
+with the same derivation is megdet/naming.py MAX_JOB_NAME_LENGTH; a test keeps them equal.
+*/}}
+{{- define "megdet.maxJobNameLength" -}}50{{- end -}}
+
+{{/*
+Release fullname; names the PyTorchJob. A name the user chose (fullnameOverride, or a release
+name that is used as is) that is too long fails rather than being cut: a cut name could collide
+with another run's and would not be the name the user looks for. Only the derived
+"<release>-<chart>" form is truncated, Helm's convention.
+*/}}
 {{- define "megdet.fullname" -}}
+{{- $max := int (include "megdet.maxJobNameLength" .) -}}
+{{- $why := printf "at most %d characters, so that the training operator's Services <job>-worker-<index> fit in 63" $max -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- if gt (len .Values.fullnameOverride) $max -}}
+{{- fail (printf "fullnameOverride=%q is %d characters; the job name can have %s" .Values.fullnameOverride (len .Values.fullnameOverride) $why) -}}
+{{- end -}}
+{{- .Values.fullnameOverride | trimSuffix "-" -}}
 {{- else -}}
+{{- if gt (len .Release.Name) $max -}}
+{{- fail (printf "release name %q is %d characters; the job name can have %s (use a shorter release name or fullnameOverride)" .Release.Name (len .Release.Name) $why) -}}
+{{- end -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Release.Name | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc $max | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

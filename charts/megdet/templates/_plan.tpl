@@ -3,7 +3,7 @@ The plan for the given values, as YAML (use: include "megdet.plan" . | fromYaml)
 
 Helm templates cannot call Python, so this mirrors megdet.plan.plan_run for the numbers the
 chart needs (nodes, processes per node, global batch, LR, rescaled schedule). It is not a
-second source of truth: tests/chart/test_notes_plan.py renders a matrix of values and asserts
+second source of truth: tests/chart/test_chart_notes.py renders a matrix of values and asserts
 that every number here equals plan_run's; the trainer re-plans from the real world size anyway.
 
 Integer results use exact integer arithmetic: round_half_up(n / k) with k = batch / reference
@@ -93,6 +93,81 @@ types, ranges and enums. Wording follows megdet.plan.SpecError, with the chart's
 {{- end -}}
 {{- if ne (empty $v.dataset.valJson) (empty $v.dataset.valImages) -}}
 {{- fail (printf "dataset.valJson=%q and dataset.valImages=%q: set both (evaluate) or neither (train only)" $v.dataset.valJson $v.dataset.valImages) -}}
+{{- end -}}
+{{- include "megdet.validateOverrides" . -}}
+{{- include "megdet.validateResources" . -}}
+{{- include "megdet.validateScheduling" . -}}
+{{- end -}}
+
+{{/*
+extraOverrides must not set a key that a named value owns (megdet/overrides.py OWNED_OVERRIDES,
+generated into files/owned-overrides.yaml): the trainer would run something other than the plan.
+The message is megdet.overrides.owned_override_message's, word for word.
+*/}}
+{{- define "megdet.validateOverrides" -}}
+{{- $owned := .Files.Get "files/owned-overrides.yaml" | fromYaml -}}
+{{- if not $owned -}}
+{{- fail "files/owned-overrides.yaml is missing from the chart (python -m megdet.overrides writes it)" -}}
+{{- end -}}
+{{- range $key := keys .Values.extraOverrides | sortAlpha -}}
+{{- with get $owned $key -}}
+{{- fail (printf "extraOverrides: %s is set by the value %s; use %s" $key . .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Guaranteed QoS needs limits = requests for CPU and memory, and the static CPU manager pins
+whole CPUs only (a fractional request runs on the shared pool).
+*/}}
+{{- define "megdet.validateResources" -}}
+{{- $r := .Values.resources -}}
+{{- if eq $r.qos "Guaranteed" -}}
+{{- $cpu := toString $r.cpu -}}
+{{- if not (regexMatch "^([1-9][0-9]*|[1-9][0-9]*000m)$" $cpu) -}}
+{{- fail (printf "resources.cpu=%q is not a whole number of CPUs; with resources.qos=Guaranteed the kubelet's static CPU manager pins whole CPUs only: use e.g. \"32\", or set resources.qos=Burstable" $cpu) -}}
+{{- end -}}
+{{- if $r.memoryLimit -}}
+{{- fail (printf "resources.memoryLimit=%q: with resources.qos=Guaranteed the memory limit equals resources.memory (%s); leave memoryLimit empty or set resources.qos=Burstable" (toString $r.memoryLimit) (toString $r.memory)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Scheduling values that the training operator would drop without a word (kubeflow/trainer v1.9.x
+pkg/controller.v1/common/job.go ReconcileJobs): Volcano's PodGroup gets no timeout and
+scheduler-plugins' PodGroup gets no queue. Kueue owns runPolicy.suspend.
+*/}}
+{{- define "megdet.validateScheduling" -}}
+{{- $g := .Values.gang -}}
+{{- if $g.enabled -}}
+{{- $volcano := eq (lower $g.schedulerName) "volcano" -}}
+{{- if and $volcano (not (kindIs "invalid" $g.scheduleTimeoutSeconds)) -}}
+{{- fail (printf "gang.scheduleTimeoutSeconds=%d has no effect with gang.schedulerName=volcano: the training operator copies it only into scheduler-plugins' PodGroup; remove it (Volcano has no per-job gang timeout here)" (int64 $g.scheduleTimeoutSeconds)) -}}
+{{- end -}}
+{{- if and (not $volcano) $g.queue -}}
+{{- fail (printf "gang.queue=%q has no effect with gang.schedulerName=%s: the training operator copies the queue only into Volcano's PodGroup; remove it, or use Kueue (kueue.queueName) for queueing" $g.queue $g.schedulerName) -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.kueue.queueName .Values.runPolicy.suspend -}}
+{{- fail (printf "runPolicy.suspend=true with kueue.queueName=%q: Kueue owns suspend (it creates the job suspended and resumes it on admission); to hold the run, stop the LocalQueue or ClusterQueue instead" .Values.kueue.queueName) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Rules against the job that already exists on `helm upgrade` (.existing: the PyTorchJob as the
+API server returns it, or empty). schedulingPolicy.queue is immutable in kubeflow.org/v1
+(v1.9 CRD rule "self == oldSelf"), and the operator keeps an existing Volcano PodGroup's queue
+anyway, so a changed gang.queue would be refused or ignored: fail here, naming the value.
+*/}}
+{{- define "megdet.validateUpgrade" -}}
+{{- $v := .root.Values -}}
+{{- with .existing -}}
+{{- $oldQueue := dig "spec" "runPolicy" "schedulingPolicy" "queue" "" . -}}
+{{- $newQueue := ternary $v.gang.queue "" $v.gang.enabled -}}
+{{- if ne $oldQueue $newQueue -}}
+{{- fail (printf "gang.queue: the existing PyTorchJob %s/%s has schedulingPolicy.queue %q and this upgrade sets %q; the queue cannot change on a running job (immutable in kubeflow.org/v1). Keep gang.queue=%q, or delete the job (checkpoints on /output stay) and install again" .metadata.namespace .metadata.name $oldQueue $newQueue $oldQueue) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 

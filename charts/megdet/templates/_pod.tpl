@@ -55,7 +55,12 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- toYaml $env -}}
 {{- end -}}
 
-{{/* Per-pod resources: GPUs (and RDMA with IB) in requests and limits alike. */}}
+{{/*
+Per-pod resources: GPUs (and RDMA with IB) in requests and limits alike. resources.qos=Guaranteed
+(the default) also sets CPU and memory limits equal to the requests, so the kubelet's static CPU
+manager can give the container whole CPUs and the topology manager can align them with the
+GPUs and HCAs (docs/helm.md). Burstable sets only the requests (and resources.memoryLimit).
+*/}}
 {{- define "megdet.resources" -}}
 {{- $v := .root.Values -}}
 {{- $gpu := dict $v.gpuResource (int64 .plan.procsPerNode) -}}
@@ -65,10 +70,30 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- $_ := set $requests $v.nccl.ib.rdmaResourceName (int64 $v.nccl.ib.rdmaResourceCount) -}}
 {{- $_ := set $limits $v.nccl.ib.rdmaResourceName (int64 $v.nccl.ib.rdmaResourceCount) -}}
 {{- end -}}
-{{- if $v.resources.memoryLimit -}}
+{{- if eq $v.resources.qos "Guaranteed" -}}
+{{- $_ := set $limits "cpu" (toString $v.resources.cpu) -}}
+{{- $_ := set $limits "memory" (toString $v.resources.memory) -}}
+{{- else if $v.resources.memoryLimit -}}
 {{- $_ := set $limits "memory" (toString $v.resources.memoryLimit) -}}
 {{- end -}}
 {{- toYaml (dict "requests" $requests "limits" $limits) -}}
+{{- end -}}
+
+{{/*
+The container's securityContext for InfiniBand, or nothing. RDMA pins its buffers, which needs
+an unlimited RLIMIT_MEMLOCK or an effective CAP_IPC_LOCK. An added capability never reaches
+the effective set of a non-root process (kubernetes/kubernetes#56374), so IPC_LOCK is added only
+with nccl.ib.memlock=root, where the container runs as uid 0; with memlock=runtime the
+container keeps the image's user and the node's runtime must grant the limit (docs/helm.md).
+*/}}
+{{- define "megdet.containerSecurityContext" -}}
+{{- $ib := .Values.nccl.ib -}}
+{{- if and $ib.enabled (eq $ib.memlock "root") -}}
+runAsUser: 0
+runAsNonRoot: false
+capabilities:
+  add: ["IPC_LOCK"]
+{{- end -}}
 {{- end -}}
 
 {{/* The pod template shared by Master and Worker; .role is master or worker. */}}
@@ -137,10 +162,9 @@ spec:
         {{- include "megdet.env" $root | nindent 8 }}
       resources:
         {{- include "megdet.resources" . | nindent 8 }}
-      {{- if $v.nccl.ib.enabled }}
+      {{- with include "megdet.containerSecurityContext" $root }}
       securityContext:
-        capabilities:
-          add: ["IPC_LOCK"]
+        {{- . | nindent 8 }}
       {{- end }}
       volumeMounts:
         - name: data
