@@ -132,3 +132,17 @@ def overrides_of(args: list[str]) -> dict[str, str]:
 def flags_of(args: list[str]) -> dict[str, str]:
     """The trainer's --flag VALUE pairs."""
     return {a: args[i + 1] for i, a in enumerate(args) if a.startswith("--")}
+
+
+def qos_class(*containers: Mapping[str, Any]) -> str:
+    """The pod QoS class Kubernetes assigns (pkg/apis/core/v1/helper/qos): Guaranteed when every
+    container has CPU and memory limits equal to its requests, BestEffort with neither."""
+    if all(not c.get("resources", {}).get(k) for c in containers for k in ("requests", "limits")):
+        return "BestEffort"
+    for c in containers:
+        requests = c.get("resources", {}).get("requests", {})
+        limits = c.get("resources", {}).get("limits", {})
+        for kind in ("cpu", "memory"):
+            if kind not in limits or requests.get(kind, limits[kind]) != limits[kind]:
+                return "Burstable"
+    return "Guaranteed"
