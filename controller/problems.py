@@ -35,4 +35,4 @@ def field_path(parts: Iterable[str | int], root: str = "spec") -> str:
             out += f"[{part}]"
         else:
             out += f".{part}"
-    return out
+    return out.lstrip(".")

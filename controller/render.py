@@ -60,6 +60,10 @@ _ADDITIONAL = re.compile(
 _MISSING = re.compile(r"missing propert(?:y|ies) (?P<names>'[^']*'(?:, '[^']*')*)")
 
 
+# libyaml's parser when PyYAML has it: a rendered job parses ~10x faster than in pure Python.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def chart_dir() -> Path:
     """The run chart: ``$MEGDET_CHART_DIR``, else the repository's ``charts/megdet``."""
     env = os.environ.get(CHART_DIR_ENV)
@@ -179,7 +183,7 @@ def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], st
         if path.endswith("NOTES.txt"):
             notes = text
             continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+        objects += [doc for doc in yaml.load_all(text, Loader=_YAML_LOADER) if doc]
     return objects, notes
 
 

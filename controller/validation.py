@@ -15,6 +15,7 @@ applied first, as the API server does.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,17 +26,49 @@ from megdet.controller.render import (
     plain,
     spec_error_problem,
 )
+from megdet.controller.schema import apply_defaults, cel_problems, coerce_numbers, schema_problems
+from megdet.naming import job_name_problem
 from megdet.plan import SpecError, plan_run
 
 __all__ = [
     "Problem",
+    "chart_problems",
+    "crd_problems",
+    "crd_spec_schema",
+    "default_spec",
     "owned_override_problems",
     "plan_problems",
     "validate_run",
+    "validate_update",
 ]
 
 #: Release name used to render a spec that is validated without a run name.
 _PLACEHOLDER_NAME = "megdetrun"
+
+
+@functools.cache
+def crd_spec_schema() -> dict[str, Any]:
+    """The spec schema of the MegDetRun CRD, generated from the run chart (cached)."""
+    from megdet.controller.crd import spec_schema
+
+    return spec_schema(default_renderer().path)
+
+
+def default_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``spec`` with the CRD's defaults applied, as the API server applies them."""
+    return apply_defaults(crd_spec_schema(), plain(spec))
+
+
+def crd_problems(spec: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[Problem]:
+    """What the API server refuses: the structural schema, then the CEL rules (on a defaulted
+    spec). With ``old``, transition rules (immutable fields) run too."""
+    schema = crd_spec_schema()
+    problems = schema_problems(schema, spec)
+    if problems:
+        return problems
+    if old is None:
+        return cel_problems(schema, spec)
+    return cel_problems(schema, spec, default_spec(old))
 
 
 def plan_problems(spec: Mapping[str, Any]) -> list[Problem]:
@@ -50,17 +83,15 @@ def plan_problems(spec: Mapping[str, Any]) -> list[Problem]:
 
 def owned_override_problems(spec: Mapping[str, Any]) -> list[Problem]:
     """extraOverrides keys the run owns through a spec field (``megdet.overrides``)."""
-    try:
-        from megdet.overrides import OWNED_OVERRIDES
-    except ImportError:  # the list arrives with the trainer's overrides module
-        return []
+    from megdet.overrides import OWNED_OVERRIDES
+
     overrides = spec.get("extraOverrides") or {}
     if not isinstance(overrides, Mapping):
         return []
     return [
         Problem(
             field_path(["extraOverrides", key]),
-            f"{key} is set by the run itself; use spec.{OWNED_OVERRIDES[key]} instead",
+            f"{key} is set by the value {OWNED_OVERRIDES[key]}; use spec.{OWNED_OVERRIDES[key]}",
         )
         for key in sorted(overrides)
         if key in OWNED_OVERRIDES
@@ -76,19 +107,45 @@ def chart_problems(spec: Mapping[str, Any], name: str, namespace: str) -> list[P
     return []
 
 
-def validate_run(
-    spec: Any, *, name: str = _PLACEHOLDER_NAME, namespace: str = "default"
-) -> list[Problem]:
-    """Every problem with a MegDetRun spec, each naming a ``spec.`` field path; [] if valid.
-
-    Never raises: any input, however malformed, comes back as problems.
-    """
+def _validate(spec: Any, old: Any, name: str | None, namespace: str) -> list[Problem]:
+    problems: list[Problem] = []
+    if name is not None:
+        too_long = job_name_problem(name)
+        if too_long:
+            problems.append(Problem("metadata.name", too_long))
     if not isinstance(spec, Mapping):
-        return [Problem("spec", f"expected an object of fields, got {type(spec).__name__}")]
-    spec = plain(spec)
-    merged = default_renderer().merge(spec)
+        return [*problems, Problem("spec", f"expected an object, got {type(spec).__name__}")]
+    defaulted = default_spec(spec)
+    problems += crd_problems(defaulted, old if isinstance(old, Mapping) else None)
+    if problems:
+        return problems
+    typed = coerce_numbers(crd_spec_schema(), defaulted)
     for layer in (plan_problems, owned_override_problems):
-        problems = layer(merged)
+        problems = layer(typed)
         if problems:
             return problems
-    return chart_problems(spec, name, namespace)
+    return chart_problems(typed, name or _PLACEHOLDER_NAME, namespace)
+
+
+def validate_run(
+    spec: Any, *, name: str | None = None, namespace: str = "default"
+) -> list[Problem]:
+    """Every problem with a MegDetRun spec, each naming a field path (``spec.gpus``); [] if valid.
+
+    ``name`` (the run's metadata.name) is checked too when given. Never raises: any input,
+    however malformed, comes back as problems.
+    """
+    try:
+        return _validate(spec, None, name, namespace)
+    except Exception as err:  # a bug of ours must not take the controller down
+        return [Problem("spec", f"could not be validated: {type(err).__name__}: {err}")]
+
+
+def validate_update(
+    old: Any, new: Any, *, name: str | None = None, namespace: str = "default"
+) -> list[Problem]:
+    """validate_run for an update: also the transition rules (fields fixed at creation)."""
+    try:
+        return _validate(new, old, name, namespace)
+    except Exception as err:  # a bug of ours must not take the controller down
+        return [Problem("spec", f"could not be validated: {type(err).__name__}: {err}")]
