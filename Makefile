@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
-.PHONY: setup demo test lint format bench clean help dashboards
+.PHONY: setup demo test lint format bench clean help dashboards crd
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
@@ -16,6 +16,7 @@ help:
 	@echo "make lint   - ruff check and format check"
 	@echo "make bench  - run the benchmarks under bench/"
 	@echo "make dashboards - regenerate the Grafana dashboards and alert rules from monitoring/"
+	@echo "make crd   - regenerate the MegDetRun CRD from charts/megdet's values schema"
 
 setup: $(STAMP)
 
@@ -57,3 +58,8 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build output .pytest_cache .ruff_cache .hypothesis
+
+# The MegDetRun CRD is generated from charts/megdet/values.schema.json and values.yaml
+# (tests/controller/test_crd.py fails when the committed copy is stale).
+crd: setup
+	$(BIN)/python -m megdet.controller.crd
