@@ -1,0 +1,256 @@
+"""The MegDetRun CRD: generated from the run chart, structural, described, valid for Kubernetes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import cel
+import celpy
+import kubernetes_validate
+import pytest
+import yaml
+
+from megdet.controller import crd as crd_module
+from megdet.controller.crd import (
+    CRD_FILE,
+    DROPPED_VALUES,
+    IMMUTABLE_FIELDS,
+    MissingDescriptionsError,
+    build_crd,
+    crd_yaml,
+    spec_schema,
+)
+from megdet.controller.schema import apply_defaults, cel_problems, schema_problems
+from megdet.naming import MAX_JOB_NAME_LENGTH
+from megdet.overrides import OWNED_OVERRIDES
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "megdet"
+
+#: Keywords a structural schema must not use (apiextensions v1 refuses them).
+FORBIDDEN = {"$ref", "$schema", "id", "definitions", "dependencies", "patternProperties",
+             "additionalItems", "oneOf", "anyOf", "allOf", "not"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def crd() -> dict[str, Any]:
+    return build_crd()
+
+
+@pytest.fixture(scope="module")
+def version(crd: Mapping[str, Any]) -> dict[str, Any]:
+    (only,) = crd["spec"]["versions"]
+    return only
+
+
+@pytest.fixture(scope="module")
+def root(version: Mapping[str, Any]) -> dict[str, Any]:
+    return version["schema"]["openAPIV3Schema"]
+
+
+def nodes(schema: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every schema node with its path (properties, map values, list items)."""
+    yield path, schema
+    for name, prop in (schema.get("properties") or {}).items():
+        yield from nodes(prop, f"{path}.{name}")
+    if isinstance(schema.get("additionalProperties"), Mapping):
+        yield from nodes(schema["additionalProperties"], f"{path}.*")
+    if isinstance(schema.get("items"), Mapping):
+        yield from nodes(schema["items"], f"{path}[]")
+
+
+def test_committed_crd_is_the_generated_one():
+    assert CRD_FILE.read_text() == crd_yaml(), "stale CRD: run `make crd`"
+
+
+def test_crd_names_and_version(crd, version):
+    assert crd["metadata"]["name"] == "megdetruns.megdet.io"
+    spec = crd["spec"]
+    assert (spec["group"], spec["scope"]) == ("megdet.io", "Namespaced")
+    assert spec["names"]["kind"] == "MegDetRun"
+    assert spec["names"]["plural"] == "megdetruns"
+    assert spec["names"]["shortNames"] == ["mdr"]
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    assert version["subresources"] == {"status": {}}
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns == {
+        "Phase": ".status.phase",
+        "GPUs": ".spec.gpus",
+        "World": ".status.worldSize",
+        "Batch": ".status.globalBatch",
+        "LR": ".status.lr",
+        "Age": ".metadata.creationTimestamp",
+    }
+
+
+@pytest.mark.parametrize("k8s_version", ["1.30.0", "1.34.0"])
+def test_kubernetes_validate_strict_accepts_the_crd(k8s_version):
+    data = yaml.safe_load(CRD_FILE.read_text())
+    kubernetes_validate.validate(data, k8s_version, strict=True)  # raises when invalid
+
+
+def test_kubernetes_validate_strict_refuses_a_typo_in_the_crd(crd):
+    # The check above has teeth: a misspelt keyword fails it.
+    broken = json.loads(json.dumps(crd))
+    spec = broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["gpus"]["minimun"] = 1
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.34.0", strict=True)
+
+
+def test_every_field_has_a_description(root):
+    missing = [
+        path
+        for path, node in nodes(root)
+        if path and not path.endswith(("[]", ".*")) and path != ".metadata"
+        if not node.get("description")
+    ]
+    assert missing == []
+
+
+def test_generation_fails_listing_fields_without_a_description(tmp_path, capsys, monkeypatch):
+    chart = tmp_path / "megdet"
+    shutil.copytree(CHART, chart)
+    schema = json.loads((chart / "values.schema.json").read_text())
+    del schema["properties"]["gpus"]["description"]
+    del schema["properties"]["nccl"]["properties"]["ib"]["properties"]["hca"]["description"]
+    (chart / "values.schema.json").write_text(json.dumps(schema))
+    with pytest.raises(MissingDescriptionsError) as excinfo:
+        spec_schema(chart)
+    assert excinfo.value.paths == ["spec.gpus", "spec.nccl.ib.hca"]
+    monkeypatch.setenv("MEGDET_CHART_DIR", str(chart))
+    assert crd_module.main(["--output", str(tmp_path / "crd.yaml")]) == 1
+    assert "spec.gpus, spec.nccl.ib.hca" in capsys.readouterr().err
+    assert not (tmp_path / "crd.yaml").exists()
+
+
+def test_schema_is_structural(root):
+    for path, node in nodes(root):
+        assert not FORBIDDEN & set(node), f"{path}: {FORBIDDEN & set(node)}"
+        typed = node.get("type") or node.get("x-kubernetes-int-or-string")
+        free = node.get("x-kubernetes-preserve-unknown-fields")
+        assert typed or free, f"{path}: no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+        if "additionalProperties" in node:
+            assert node["additionalProperties"] is not False, path
+        if node.get("type") == "array":
+            assert isinstance(node.get("items"), Mapping), f"{path}: array without items"
+    # Only name and generateName may be constrained in metadata, and only at the root.
+    assert root["properties"]["metadata"] == {"type": "object"}
+
+
+def test_spec_drops_the_chart_naming_values(root):
+    spec = root["properties"]["spec"]["properties"]
+    assert not set(DROPPED_VALUES) & set(spec)
+    values = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    assert set(spec) == set(values) - set(DROPPED_VALUES)
+
+
+def test_null_type_lists_become_nullable(root):
+    spec = root["properties"]["spec"]["properties"]
+    assert spec["numWorkers"]["type"] == "integer" and spec["numWorkers"]["nullable"] is True
+    timeout = spec["nccl"]["properties"]["ib"]["properties"]["timeout"]
+    assert timeout["type"] == "integer" and timeout["nullable"] is True
+
+
+def test_enums_ranges_and_exclusive_bounds_are_kept(root):
+    spec = root["properties"]["spec"]["properties"]
+    values = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    assert spec["scaling"]["enum"] == values["scaling"]["enum"]
+    assert (spec["gpus"]["minimum"], spec["gpus"]["maximum"]) == (
+        values["gpus"]["minimum"],
+        values["gpus"]["maximum"],
+    )
+    # draft-07 exclusiveMinimum: 0 -> OpenAPI 3.0 minimum: 0 + exclusiveMinimum: true
+    assert spec["baseLr"]["minimum"] == values["baseLr"]["exclusiveMinimum"]
+    assert spec["baseLr"]["exclusiveMinimum"] is True
+
+
+def test_free_form_objects_preserve_unknown_fields(root):
+    spec = root["properties"]["spec"]["properties"]
+    for name in ("affinity", "podSecurityContext"):
+        assert spec[name]["x-kubernetes-preserve-unknown-fields"] is True
+    assert spec["tolerations"]["items"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_crd_defaults_are_the_chart_defaults(root):
+    """A CR with an empty spec, defaulted by the API server, carries values.yaml's values."""
+    chart_defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def without_nulls(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: without_nulls(v) for k, v in value.items() if v is not None}
+        return value
+
+    expected = without_nulls({k: v for k, v in chart_defaults.items() if k not in DROPPED_VALUES})
+    defaulted = apply_defaults(root["properties"]["spec"], {})
+    assert defaulted == expected
+
+
+def test_defaults_pass_the_schema_and_the_cel_rules(root):
+    spec = root["properties"]["spec"]
+    defaulted = apply_defaults(spec, {})
+    assert schema_problems(spec, defaulted) == []
+    assert cel_problems(spec, defaulted) == []
+
+
+def test_every_cel_rule_compiles_in_both_cel_implementations(root):
+    rules = [r["rule"] for _, node in nodes(root) for r in node.get("x-kubernetes-validations", [])]
+    assert len(rules) > 20
+    env = celpy.Environment()
+    for rule in rules:
+        cel.compile(rule)
+        env.compile(rule)
+
+
+def test_one_rule_per_owned_override(root):
+    overrides = root["properties"]["spec"]["properties"]["extraOverrides"]
+    refused = {
+        r["message"].split(" ")[0]
+        for r in overrides["x-kubernetes-validations"]
+        if r["rule"].startswith("!(")
+    }
+    assert refused == set(OWNED_OVERRIDES)
+
+
+def test_transition_rules_on_exactly_the_immutable_fields(root):
+    spec = root["properties"]["spec"]["properties"]
+    with_transition = {
+        name
+        for name, node in spec.items()
+        if any("oldSelf" in r["rule"] for r in node.get("x-kubernetes-validations", []))
+    }
+    assert with_transition == set(IMMUTABLE_FIELDS) & set(spec)
+    assert "runPolicy" not in with_transition  # suspend must stay changeable
+
+
+@pytest.mark.parametrize(
+    ("length", "ok"), [(MAX_JOB_NAME_LENGTH, True), (MAX_JOB_NAME_LENGTH + 1, False)]
+)
+def test_metadata_name_rule_uses_the_naming_limit(root, length, ok):
+    obj = {"metadata": {"name": "r" * length}}
+    rules = [r for r in root["x-kubernetes-validations"] if "metadata.name" in r["rule"]]
+    problems = [p for p in cel_problems({"x-kubernetes-validations": rules}, obj, root="") if p]
+    assert (problems == []) is ok
+    if not ok:
+        assert problems[0].path == "metadata.name"
+
+
+def test_status_declares_the_controller_fields(root):
+    status = root["properties"]["status"]["properties"]
+    assert set(status) == {
+        "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
+        "lr", "maxIter", "steps", "warmupIters", "jobName", "target", "startTime",
+        "completionTime", "restarts",
+    }  # fmt: skip
+    assert status["phase"]["enum"] == [
+        "Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid",
+    ]  # fmt: skip
+    condition = status["conditions"]["items"]["properties"]
+    assert set(condition) == {
+        "type", "status", "reason", "message", "lastTransitionTime", "observedGeneration",
+    }  # fmt: skip
