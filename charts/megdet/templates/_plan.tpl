@@ -150,7 +150,7 @@ scheduler-plugins' PodGroup gets no queue. Kueue owns runPolicy.suspend.
 {{- end -}}
 {{- end -}}
 {{- if and .Values.kueue.queueName .Values.runPolicy.suspend -}}
-{{- fail (printf "runPolicy.suspend=true with kueue.queueName=%q: Kueue owns suspend (it creates the job suspended and resumes it on admission); to hold the run, stop the LocalQueue or ClusterQueue instead" .Values.kueue.queueName) -}}
+{{- fail (printf "runPolicy.suspend=true with kueue.queueName=%q: Kueue owns suspend (its webhook creates the job suspended and Kueue resumes it on admission), so the chart leaves the field out; to hold the run, hold its queue (stopPolicy: Hold)" .Values.kueue.queueName) -}}
 {{- end -}}
 {{- end -}}
 
