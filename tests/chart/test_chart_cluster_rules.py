@@ -74,6 +74,19 @@ def test_root_memlock_without_ib_changes_nothing(render):
         assert "securityContext" not in container
 
 
+@pytest.mark.parametrize(
+    ("memlock", "says"),
+    [
+        ("runtime", "must come from the node's container runtime (RLIMIT_MEMLOCK unlimited)"),
+        ("root", "running as root with IPC_LOCK"),
+    ],
+)
+def test_notes_say_where_locked_memory_comes_from_and_how_to_check(render, memlock, says):
+    notes = render(values_from(sets=[*IB, f"nccl.ib.memlock={memlock}"])).notes
+    assert f"InfiniBand is on (nccl.ib.memlock={memlock})" in notes and says in notes
+    assert f"kubectl -n {NAMESPACE} exec {RELEASE}-master-0 -c pytorch -- megdet doctor" in notes
+
+
 def test_memlock_takes_only_runtime_or_root(render):
     message = render.error(values_from(sets=[*IB, "nccl.ib.memlock=unlimited"]))
     assert "at '/nccl/ib/memlock'" in message and "'runtime', 'root'" in message
