@@ -85,7 +85,10 @@ rules:
 {{- end }}
 {{- end -}}
 
-{{/* The Job's podFailurePolicy for restartPolicy=ExitCode: exit codes 1-127 are permanent. */}}
+{{/*
+The Job's podFailurePolicy for restartPolicy=ExitCode: exit codes 1-127 are permanent. An empty
+onPodConditions because Kubernetes before 1.29 requires the field.
+*/}}
 {{- define "megdet.podFailurePolicy" -}}
 rules:
   - action: FailJob
@@ -93,4 +96,5 @@ rules:
       containerName: node
       operator: In
       values: {{ untilStep 1 128 1 | toJson }}
+    onPodConditions: []
 {{- end -}}

@@ -1,0 +1,478 @@
+"""target=trainjob: the Kubeflow Trainer v2 TrainJob and its per-run TrainingRuntime.
+
+The pod must be the PyTorchJob path's pod apart from what the two operators dictate; the
+objects must pass a schema written from Trainer v2.3.0's API types and the rules its webhooks
+and plugins apply (kubeflow/trainer v2.3.0: pkg/webhooks/trainingruntime_webhook.go,
+pkg/runtime/framework/plugins/torch/torch.go; kubernetes-sigs/jobset v0.12.0:
+pkg/webhooks/jobset_webhook.go). docs/trainer-v2.md has the mapping these tests pin.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+from chart_helpers import CHART_DIR, CI_VALUES, RELEASE, SCHEMAS, values_file, values_from
+
+from megdet.plan import plan_run
+
+K8S_VERSIONS = ("1.27.0", "1.34.0")
+ANCESTOR = "trainer.kubeflow.org/trainjob-ancestor-step"
+# Trainer v2.3.0 pkg/constants/constants.go TorchRunReservedEnvNames: the torch plugin owns them.
+PET_ENV = {
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+    "PET_NODE_RANK",
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+}
+
+# The only differences allowed between a PyTorchJob replica's pod template and the TrainJob's
+# pod template, each dictated by one of the operators (path in the template -> why).
+INJECTED = {
+    ("spec", "containers", 0, "name"): (
+        "kubeflow.org/v1's webhook requires a container named `pytorch`; Trainer v2's "
+        "TrainingRuntime webhook requires `node` for the trainer step, and its torch plugin "
+        "injects PET_* only into `node`"
+    ),
+    ("metadata", "labels", "app.kubernetes.io/component"): (
+        "v1 has Master and Worker replicas (master|worker); Trainer v2 runs every node from "
+        "one replicated job named `node`"
+    ),
+    ("spec", "restartPolicy"): (
+        "the v1 operator sets the pod's restartPolicy from the replica's; a JobSet's Job pod "
+        "template must carry it: Never, so JobSet's failurePolicy restarts the whole gang"
+    ),
+}
+
+RDMA = "rdma/rdma_shared_device_a"
+
+
+def trainjob_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The same values with target=trainjob."""
+    return {**copy.deepcopy(dict(values)), "target": "trainjob"}
+
+
+def objects_of(render, values: Mapping[str, Any]) -> dict[str, list[dict]]:
+    """Rendered objects grouped by kind."""
+    out: dict[str, list[dict]] = {}
+    for obj in render(values).objects:
+        out.setdefault(obj["kind"], []).append(obj)
+    return out
+
+
+def trainer_run(render, values: Mapping[str, Any]) -> tuple[dict, dict, dict]:
+    """The TrainJob, its TrainingRuntime and the merged values, for target=trainjob."""
+    rendered = render(trainjob_values(values))
+    kinds: dict[str, list[dict]] = {}
+    for obj in rendered.objects:
+        kinds.setdefault(obj["kind"], []).append(obj)
+    assert "PyTorchJob" not in kinds
+    (trainjob,) = kinds["TrainJob"]
+    (runtime,) = kinds["TrainingRuntime"]
+    return trainjob, runtime, rendered.values
+
+
+def trainer_pair(render, values: Mapping[str, Any]) -> tuple[dict, dict]:
+    """The one TrainJob and the one TrainingRuntime for values with target=trainjob."""
+    trainjob, runtime, _ = trainer_run(render, values)
+    return trainjob, runtime
+
+
+def node_job(runtime: dict) -> dict:
+    """The runtime's replicated job for the trainer step."""
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    trainers = [j for j in jobs if j["template"]["metadata"]["labels"].get(ANCESTOR) == "trainer"]
+    assert len(trainers) == 1, jobs
+    return trainers[0]
+
+
+def node_pod_template(runtime: dict) -> dict:
+    return node_job(runtime)["template"]["spec"]["template"]
+
+
+def diff_paths(a: Any, b: Any, path: tuple = ()) -> set[tuple]:
+    """Paths where two JSON-like documents differ (a missing key differs from any value)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[tuple] = set()
+        for key in a.keys() | b.keys():
+            if key not in a or key not in b:
+                out.add((*path, key))
+            else:
+                out |= diff_paths(a[key], b[key], (*path, key))
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return set().union(
+            *(diff_paths(x, y, (*path, i)) for i, (x, y) in enumerate(zip(a, b, strict=True)))
+        )
+    return set() if a == b else {path}
+
+
+# gpus x InfiniBand x gang; restartPolicy alternates with InfiniBand (its own tests cover it).
+MATRIX = list(
+    itertools.product(
+        [1, 16, 64],  # gpus
+        [False, True],  # InfiniBand
+        ["off", "volcano", "scheduler-plugins"],  # gang
+    )
+)
+
+
+def matrix_values(gpus: int, ib: bool, gang: str) -> dict:
+    sets = [f"gpus={gpus}", f"restartPolicy={'ExitCode' if ib else 'OnFailure'}"]
+    if ib:
+        sets += ["nccl.ib.enabled=true", f"nccl.ib.rdmaResourceName={RDMA}", "nccl.ib.hca=mlx5"]
+    if gang == "volcano":
+        sets += ["gang.enabled=true", "gang.schedulerName=volcano", "gang.queue=research"]
+    elif gang == "scheduler-plugins":
+        sets += [
+            "gang.enabled=true",
+            "gang.schedulerName=scheduler-plugins-scheduler",
+            "gang.scheduleTimeoutSeconds=300",
+        ]
+    return values_from(sets=sets)
+
+
+CASES = {
+    "defaults": {},
+    **{p.name: values_file(p) for p in CI_VALUES},
+    **{"matrix-{}-{}-{}".format(*m): matrix_values(*m) for m in MATRIX},
+}
+
+
+@pytest.fixture(scope="module")
+def schemas() -> dict[str, jsonschema.Draft202012Validator]:
+    """Validators for the project's Trainer v2.3.0 schemas, by kind (checked once)."""
+    out = {}
+    for kind, name in [("TrainJob", "trainjob"), ("TrainingRuntime", "trainingruntime")]:
+        schema = json.loads((SCHEMAS / f"{name}-v1alpha1.schema.json").read_text())
+        jsonschema.Draft202012Validator.check_schema(schema)
+        out[kind] = jsonschema.Draft202012Validator(schema)
+    return out
+
+
+# --- the switch --------------------------------------------------------------------------------
+
+
+def test_default_target_renders_the_pytorchjob_and_no_trainer_objects(render):
+    kinds = objects_of(render, {})
+    assert len(kinds["PyTorchJob"]) == 1
+    assert "TrainJob" not in kinds and "TrainingRuntime" not in kinds
+
+
+def test_trainjob_target_renders_the_trainjob_first_then_its_runtime(render):
+    objects = [
+        o for o in render({"target": "trainjob"}).objects if o["apiVersion"].startswith("trainer.")
+    ]
+    assert [o["kind"] for o in objects] == ["TrainJob", "TrainingRuntime"]
+
+
+@pytest.mark.parametrize("bad", ["TrainJob", "trainer", "v2", ""])
+def test_schema_refuses_an_unknown_target_naming_the_values(render, bad):
+    message = render.error({"target": bad})
+    assert "at '/target'" in message
+    assert "'pytorchjob', 'trainjob'" in message
+
+
+# --- the same pod ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pod_is_the_pytorchjob_pod_apart_from_operator_injected_parts(render, case):
+    values = CASES[case]
+    v1 = objects_of(render, values)["PyTorchJob"][0]
+    _, runtime = trainer_pair(render, values)
+    node = node_pod_template(runtime)
+    for role, replica in v1["spec"]["pytorchReplicaSpecs"].items():
+        v1_pod = replica["template"]
+        # Exactly the listed paths differ: nothing else of the pod may drift between targets.
+        assert diff_paths(v1_pod, node) == set(INJECTED), role
+        assert v1_pod["spec"]["containers"][0]["name"] == "pytorch"
+        assert v1_pod["metadata"]["labels"]["app.kubernetes.io/component"] == role.lower()
+        assert "restartPolicy" not in v1_pod["spec"]
+    assert node["spec"]["containers"][0]["name"] == "node"
+    assert node["metadata"]["labels"]["app.kubernetes.io/component"] == "node"
+    assert node["spec"]["restartPolicy"] == "Never"
+
+
+def test_pod_comparison_notices_a_difference_outside_the_injected_parts(render):
+    # Guards the comparison: one changed field in the TrainJob pod is reported.
+    v1 = objects_of(render, {})["PyTorchJob"][0]["spec"]["pytorchReplicaSpecs"]["Master"]
+    node = copy.deepcopy(node_pod_template(trainer_pair(render, {})[1]))
+    node["spec"]["terminationGracePeriodSeconds"] += 1
+    assert ("spec", "terminationGracePeriodSeconds") in diff_paths(v1["template"], node)
+
+
+# --- Trainer's API and rules -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_trainjob_and_runtime_pass_the_trainer_schema_and_operator_rules(render, schemas, case):
+    values = CASES[case]
+    trainjob, runtime, merged = trainer_run(render, values)
+    for obj in (trainjob, runtime):
+        schemas[obj["kind"]].validate(obj)
+    plan = plan_run({k: merged[k] for k in ("gpus", "gpusPerNode", "imagesPerGpu")})
+    spec, trainer = trainjob["spec"], trainjob["spec"]["trainer"]
+
+    # The TrainJob references this run's runtime, in its own namespace.
+    assert spec["runtimeRef"] == {
+        "name": runtime["metadata"]["name"],
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "TrainingRuntime",
+    }
+    assert runtime["metadata"]["namespace"] == trainjob["metadata"]["namespace"]
+    # Trainer's webhook refuses a TrainJob whose runtime does not exist yet; Helm installs
+    # unknown kinds alphabetically (TrainJob first), so the runtime is a pre-install hook.
+    assert runtime["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+
+    # TrainingRuntime webhook: the trainer step's replicated job has replicas 1 and a `node`
+    # container. The torch plugin's PET_MASTER_ADDR is <job>-node-0-0, so the job is `node`.
+    job = node_job(runtime)
+    assert job["name"] == "node" and job["replicas"] == 1
+    pod = job["template"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]].count("node") == 1
+    # Torch plugin: PET_* are injected only when spec.trainer is set; numNodes sets the node
+    # count (PET_NNODES), numProcPerNode becomes PET_NPROC_PER_NODE.
+    assert trainer["numNodes"] == plan.nodes == runtime["spec"]["mlPolicy"]["numNodes"]
+    assert job["template"]["spec"]["parallelism"] == job["template"]["spec"]["completions"]
+    assert job["template"]["spec"]["completions"] == plan.nodes
+    assert trainer["numProcPerNode"] == plan.procs_per_node
+    assert trainer["numNodes"] * trainer["numProcPerNode"] == plan.world_size
+    (node,) = [c for c in pod["containers"] if c["name"] == "node"]
+    gpu = merged["gpuResource"]
+    assert node["resources"]["requests"][gpu] == node["resources"]["limits"][gpu]
+    assert node["resources"]["limits"][gpu] == trainer["numProcPerNode"]
+    assert "torch" in runtime["spec"]["mlPolicy"]
+    # The torch plugin overwrites PET_*, and refuses them in spec.trainer.env.
+    assert not PET_ENV & {e["name"] for e in node.get("env", [])}
+    assert not PET_ENV & {e["name"] for e in trainer.get("env", [])}
+    # Job pods may only be Never or OnFailure; a podFailurePolicy needs Never.
+    assert pod["restartPolicy"] == "Never"
+    # JobSet's webhook: <jobset>-<job>-<job index>-<pod index>-<5 random> within 63.
+    name = trainjob["metadata"]["name"]
+    assert len(f"{name}-node-0-{plan.nodes - 1}-abcde") <= 63
+
+
+def as_job(runtime: dict) -> dict:
+    """The runtime's trainer Job template as a batch/v1 Job, which kubernetes-validate knows."""
+    job = node_job(runtime)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"{runtime['metadata']['name']}-node-0",
+            **job["template"]["metadata"],
+        },
+        "spec": job["template"]["spec"],
+    }
+
+
+@pytest.mark.parametrize("case", ["defaults", *(p.name for p in CI_VALUES)])
+def test_runtime_job_and_pod_pass_kubernetes_validate_strict(render, case):
+    _, runtime = trainer_pair(render, CASES[case])
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(as_job(runtime), version, strict=True)
+
+
+def test_kubernetes_validate_strict_catches_a_typo_in_the_runtime_job(render):
+    job = as_job(trainer_pair(render, {})[1])
+    job["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(job, K8S_VERSIONS[-1], strict=True)
+
+
+# Fields that moved between Trainer releases, and JobSet rules the webhook enforces: the schema
+# must refuse each (kind, path, value, message).
+MISTAKES = [
+    ("TrainJob", ("spec", "trainer", "numProcPerNode"), "auto", "is not of type 'integer'"),
+    ("TrainJob", ("spec", "podTemplateOverrides"), [], "'podTemplateOverrides' was unexpected"),
+    ("TrainJob", ("spec", "labels"), {"a": "b"}, "'labels' was unexpected"),
+    ("TrainJob", ("metadata", "name"), "1run", "does not match"),
+    ("TrainJob", ("spec", "runtimeRef", "kind"), "Runtime", "is not one of"),
+    ("TrainingRuntime", ("spec", "mlPolicy", "torch", "numProcPerNode"), 8, "unexpected"),
+    ("TrainingRuntime", ("spec", "mlPolicy", "mpi"), {}, "should not be valid"),
+    (
+        "TrainingRuntime",
+        ("spec", "podGroupPolicy"),
+        {"volcano": {}, "coscheduling": {}},
+        "too many properties",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "path", "value", "message"), MISTAKES)
+def test_trainer_schema_refuses_fields_of_other_releases(
+    render, schemas, kind, path, value, message
+):
+    trainjob, runtime = trainer_pair(render, {})
+    obj = trainjob if kind == "TrainJob" else runtime
+    node = obj
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError, match=re.escape(message)):
+        schemas[kind].validate(obj)
+
+
+def test_jobset_rule_names_follow_the_jobset_webhook_pattern(render, schemas):
+    _, runtime = trainer_pair(render, {"restartPolicy": "ExitCode"})
+    schemas["TrainingRuntime"].validate(runtime)
+    runtime["spec"]["template"]["spec"]["failurePolicy"]["rules"][0]["name"] = "trainer-error"
+    with pytest.raises(jsonschema.ValidationError, match="does not match"):
+        schemas["TrainingRuntime"].validate(runtime)
+
+
+# --- how each setting maps -----------------------------------------------------------------------
+
+
+def failure_policy(runtime: dict) -> dict:
+    return runtime["spec"]["template"]["spec"]["failurePolicy"]
+
+
+@pytest.mark.parametrize(("policy", "max_restarts"), [("OnFailure", 5), ("Never", 0)])
+def test_restart_policy_maps_to_whole_gang_restarts_up_to_backoff_limit(
+    render, policy, max_restarts
+):
+    _, runtime = trainer_pair(render, {"restartPolicy": policy, "runPolicy": {"backoffLimit": 5}})
+    assert failure_policy(runtime) == {"maxRestarts": max_restarts}
+    job_spec = node_job(runtime)["template"]["spec"]
+    assert job_spec["backoffLimit"] == 0  # a failed pod fails its Job; JobSet restarts the set
+    assert "podFailurePolicy" not in job_spec
+
+
+def test_exit_code_policy_fails_the_run_on_trainer_errors_and_restarts_on_signals(render):
+    _, runtime = trainer_pair(
+        render, {"restartPolicy": "ExitCode", "runPolicy": {"backoffLimit": 2}}
+    )
+    assert failure_policy(runtime) == {
+        "maxRestarts": 2,
+        "rules": [
+            {
+                "name": "TrainerExitCode",
+                "action": "FailJobSet",
+                "onJobFailureReasons": ["PodFailurePolicy"],
+            }
+        ],
+    }
+    (rule,) = node_job(runtime)["template"]["spec"]["podFailurePolicy"]["rules"]
+    assert rule["action"] == "FailJob"
+    assert rule["onExitCodes"] == {
+        "containerName": "node",
+        "operator": "In",
+        "values": list(range(1, 128)),
+    }
+
+
+def test_gang_with_volcano_uses_the_volcano_pod_group_and_queue_annotation(render):
+    values = {
+        "gpus": 16,
+        "gang": {"enabled": True, "schedulerName": "volcano", "queue": "research"},
+    }
+    _, runtime = trainer_pair(render, values)
+    assert runtime["spec"]["podGroupPolicy"] == {"volcano": {}}
+    metadata = runtime["spec"]["template"]["metadata"]
+    assert metadata["annotations"] == {"scheduling.volcano.sh/queue-name": "research"}
+    assert node_pod_template(runtime)["spec"]["schedulerName"] == "volcano"
+
+
+def test_gang_with_scheduler_plugins_uses_coscheduling_with_the_timeout(render):
+    gang = {
+        "enabled": True,
+        "schedulerName": "scheduler-plugins-scheduler",
+        "scheduleTimeoutSeconds": 120,
+    }
+    _, runtime = trainer_pair(render, {"gpus": 16, "gang": gang})
+    assert runtime["spec"]["podGroupPolicy"] == {"coscheduling": {"scheduleTimeoutSeconds": 120}}
+    assert "annotations" not in runtime["spec"]["template"]["metadata"]
+    pod = node_pod_template(runtime)
+    assert pod["spec"]["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+def test_without_gang_there_is_no_pod_group_policy(render):
+    _, runtime = trainer_pair(render, {"gpus": 16})
+    assert "podGroupPolicy" not in runtime["spec"]
+    assert "schedulerName" not in node_pod_template(runtime)["spec"]
+
+
+def test_kueue_labels_the_trainjob_and_leaves_suspend_to_kueue(render):
+    trainjob, _ = trainer_pair(render, {"kueue": {"queueName": "gpu-queue"}})
+    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    # Kueue creates the job suspended and resumes it on admission: `false` here would undo that.
+    assert "suspend" not in trainjob["spec"]
+
+
+@pytest.mark.parametrize("suspend", [True, False])
+def test_suspend_is_rendered_without_kueue(render, suspend):
+    trainjob, _ = trainer_pair(render, {"runPolicy": {"suspend": suspend}})
+    assert trainjob["spec"]["suspend"] is suspend
+    assert "kueue.x-k8s.io/queue-name" not in trainjob["metadata"]["labels"]
+
+
+def test_deadline_goes_to_the_trainjob_and_ttl_to_the_jobset(render):
+    run_policy = {"activeDeadlineSeconds": 7200, "ttlSecondsAfterFinished": 600}
+    trainjob, runtime = trainer_pair(render, {"runPolicy": run_policy})
+    assert trainjob["spec"]["activeDeadlineSeconds"] == 7200
+    assert runtime["spec"]["template"]["spec"]["ttlSecondsAfterFinished"] == 600
+    trainjob, runtime = trainer_pair(render, {})
+    assert "activeDeadlineSeconds" not in trainjob["spec"]
+    assert "ttlSecondsAfterFinished" not in runtime["spec"]["template"]["spec"]
+
+
+def test_names_and_labels_follow_the_release(render):
+    trainjob, runtime = trainer_pair(render, {})
+    assert trainjob["metadata"]["name"] == runtime["metadata"]["name"] == RELEASE
+    for obj in (trainjob, runtime):
+        assert obj["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "megdet"
+    labels = node_pod_template(runtime)["metadata"]["labels"]
+    assert labels["app.kubernetes.io/instance"] == RELEASE
+    assert labels["app.kubernetes.io/part-of"] == "megdet"
+
+
+# --- names Trainer v2 refuses --------------------------------------------------------------------
+
+
+def test_a_name_starting_with_a_digit_fails_for_trainjob_only(render):
+    name = "1run"
+    assert render({"fullnameOverride": name}).objects  # kubeflow.org/v1 takes RFC 1123 names
+    message = render.error({"fullnameOverride": name, "target": "trainjob"})
+    assert 'target=trainjob: the job name "1run" must start with a letter' in message
+
+
+@pytest.mark.parametrize(("gpus", "limit"), [(8, 48), (128, 47)])
+def test_a_name_too_long_for_jobset_pod_names_fails_naming_the_limit(render, gpus, limit):
+    ok = "r" * limit
+    trainjob, _ = trainer_pair(render, {"gpus": gpus, "fullnameOverride": ok})
+    assert trainjob["metadata"]["name"] == ok
+    long = "r" * (limit + 1)
+    message = render.error({"gpus": gpus, "fullnameOverride": long, "target": "trainjob"})
+    assert f"is {limit + 1} characters" in message
+    assert f"it can have at most {limit}" in message
+
+
+# --- lint and NOTES ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ["defaults", *(p.name for p in CI_VALUES)])
+def test_lint_strict_passes_for_the_trainjob_target(case):
+    values = trainjob_values(CASES[case])
+    report = helm_python.lint(str(CHART_DIR), values, strict=True, namespace="vision")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_notes_tell_how_to_follow_a_trainjob(render):
+    notes = render({"target": "trainjob", "gpus": 16}).notes
+    assert "a TrainJob (Kubeflow Trainer v2)" in notes
+    assert f"get trainjob {RELEASE} -w" in notes
+    assert "pytorchjob" not in notes.lower()
+    assert "2 (TrainJob numNodes), 8 GPUs each" in notes
