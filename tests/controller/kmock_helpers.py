@@ -1,0 +1,351 @@
+"""Helpers for the controller tests: kmock as the API server, the operator in its own thread.
+
+No kube-apiserver can run on this machine, so these tests talk to kmock (an in-memory emulator
+of the Kubernetes API by kopf's author): real HTTP, list/watch/create/patch/delete, but no
+schema validation, no defaulting, no garbage collection, no uids or resourceVersions. The tests
+therefore create MegDetRuns with a ``uid`` and ``generation`` as the API server would assign.
+
+The operator is the real one (:func:`megdet.controller.operator.build_registry`, real kopf,
+the official ``kubernetes`` client), run by ``kopf.operator`` in a thread with its own event
+loop while kmock serves from the test's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import jsonpatch
+import kmock as kmock_lib
+import kopf
+import pytest_asyncio
+from kubernetes import client as k8s
+
+from megdet.controller.operator import Backoff, Cluster, build_registry, configure
+
+NAMESPACE = "vision"
+RUNS = "megdet.io/v1alpha1/megdetruns"
+PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
+TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
+RUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
+PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
+PEERING_NAME = "megdet-test"
+
+#: Short delays so a retry or a kopf batch costs tens of milliseconds, not seconds.
+FAST_BACKOFF = Backoff(base=0.05, cap=0.4, conflict_delay=0.3)
+
+#: The resources the emulator serves, as an API server with the operator's CRDs would.
+RESOURCES: dict[str, dict[str, Any]] = {
+    "v1/namespaces": {"kind": "Namespace", "namespaced": False},
+    "v1/events": {"kind": "Event", "namespaced": True},
+    RUNS: {
+        "kind": "MegDetRun",
+        "namespaced": True,
+        "shortnames": ["mdr"],
+        "subresources": ["status"],
+    },
+    PYTORCHJOBS: {"kind": "PyTorchJob", "namespaced": True, "subresources": ["status"]},
+    TRAINJOBS: {"kind": "TrainJob", "namespaced": True, "subresources": ["status"]},
+    RUNTIMES: {"kind": "TrainingRuntime", "namespaced": True},
+    PEERINGS: {"kind": "ClusterKopfPeering", "namespaced": False, "subresources": ["status"]},
+}
+VERBS = ["list", "watch", "get", "create", "patch", "delete"]
+
+
+def declare_resources(api: Any) -> None:
+    """Declare every resource the controller touches, with discovery info."""
+    for key, info in RESOURCES.items():
+        api.resources[key] = kmock_lib.ResourceInfo(verbs=VERBS, **info)
+
+
+class Emulator(kmock_lib.KubernetesEmulator):
+    """kmock's emulator plus three things every API server does and kmock does not.
+
+    - ``metadata.generateName``: kopf names its Events that way; kmock would store them all
+      under no name and answer 409 from the second Event on.
+    - ``metadata.resourceVersion`` bumped on every write: kopf skips watch events older than
+      its own last patch by this number; with a constant version it re-handles stale events.
+      A JSON-patch ``test`` of an outdated version fails with 422, as kopf expects.
+      A list reports the current version, and a watch from that version sends only objects
+      changed since (kmock re-sends every object, so kopf saw each run twice at start-up).
+    - ``metadata.uid`` on create when absent (owner references point at uids).
+    """
+
+    _versions = itertools.count(1000)
+    _latest = 1000
+
+    def _next_version(self) -> str:
+        Emulator._latest = next(self._versions)
+        return str(Emulator._latest)
+
+    async def _serve_list(self, request: Any) -> Any:
+        listed = await super()._serve_list(request)
+        listed["metadata"]["resourceVersion"] = str(Emulator._latest)
+        return listed
+
+    async def _serve_watch(self, request: Any) -> Any:
+        since = request.params.get("resourceVersion", "")
+        async for event in super()._serve_watch(request):
+            added = isinstance(event, dict) and event.get("type") == "ADDED"
+            obj = event.get("object") if added else None
+            if since.isdigit() and isinstance(obj, dict):
+                version = (obj.get("metadata") or {}).get("resourceVersion", "")
+                if version.isdigit() and int(version) <= int(since):
+                    continue  # listed already: a real watch from `since` does not repeat it
+            yield event
+
+    async def _handle(self, request: Any) -> Any:
+        data = request.data
+        version = self._next_version()
+        if request.action == kmock_lib.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta["resourceVersion"] = version
+        elif request.action == kmock_lib.action.UPDATE and isinstance(data, dict):
+            data.setdefault("metadata", {})["resourceVersion"] = version
+        elif request.action == kmock_lib.action.UPDATE and isinstance(data, list):
+            data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
+        try:
+            return await super()._handle(request)
+        except jsonpatch.JsonPatchTestFailed as err:
+            raise kmock_lib.KubernetesError(
+                status=422, reason="Invalid", message=str(err)
+            ) from None
+
+
+@pytest_asyncio.fixture()
+async def cluster() -> AsyncIterator[Any]:
+    """The emulator with the controller's resources declared and the run namespace present."""
+    async with Emulator() as kmock, kmock_lib.Server(kmock):
+        declare_resources(kmock)
+        kmock.objects["v1/namespaces", None, NAMESPACE] = {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": NAMESPACE},
+        }
+        yield kmock
+
+
+def run_body(name: str, spec: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    """A MegDetRun as the API server would store it (with a uid and a generation)."""
+    return {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": meta.pop("uid", str(uuid.uuid4())),
+            "generation": meta.pop("generation", 1),
+            **meta,
+        },
+        "spec": spec if spec is not None else {"gpus": 8},
+    }
+
+
+async def apply(api: Any, body: dict[str, Any]) -> None:
+    """POST an object to the emulator (its watchers see ADDED, as from `kubectl apply`)."""
+    meta = body["metadata"]
+    group, version = (
+        body["apiVersion"].rsplit("/", 1) if "/" in body["apiVersion"] else ("", body["apiVersion"])
+    )
+    plural = {
+        "MegDetRun": "megdetruns",
+        "PyTorchJob": "pytorchjobs",
+        "TrainJob": "trainjobs",
+        "TrainingRuntime": "trainingruntimes",
+    }[body["kind"]]
+    prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    resp = await api.post(f"{prefix}/namespaces/{meta['namespace']}/{plural}", json=body)
+    assert resp.status in (200, 201), await resp.text()
+
+
+async def patch(
+    api: Any, resource: str, name: str, body: dict[str, Any], *, status: bool = False
+) -> None:
+    """A merge patch on an object (or its status), as a user or another controller would."""
+    group_version, plural = resource.rsplit("/", 1)
+    prefix = (
+        f"/apis/{group_version}" if "." in group_version.split("/")[0] else f"/api/{group_version}"
+    )
+    url = f"{prefix}/namespaces/{NAMESPACE}/{plural}/{name}" + ("/status" if status else "")
+    resp = await api.patch(url, json=body, headers={"Content-Type": "application/merge-patch+json"})
+    assert resp.status == 200, await resp.text()
+
+
+async def delete(api: Any, resource: str, name: str) -> None:
+    group_version, plural = resource.rsplit("/", 1)
+    resp = await api.delete(f"/apis/{group_version}/namespaces/{NAMESPACE}/{plural}/{name}")
+    assert resp.status == 200, await resp.text()
+
+
+def objects(api: Any, resource: str) -> dict[str, dict[str, Any]]:
+    """Live (not deleted) objects of a resource in the test namespace, by name."""
+    out = {}
+    for (res, ns, name), obj in list(api.objects.items()):
+        if res == kmock_lib.resource(resource) and ns == NAMESPACE and not obj.deleted:
+            out[name] = dict(obj.raw)
+    return out
+
+
+def get(api: Any, resource: str, name: str) -> dict[str, Any] | None:
+    return objects(api, resource).get(name)
+
+
+async def eventually(
+    check: Callable[[], Any], timeout: float = 15.0, message: str = "condition"
+) -> Any:
+    """Poll ``check`` (on the test's loop, so kmock keeps serving) until it returns truthy."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {message}; last value: {value!r}")
+        await asyncio.sleep(0.02)
+
+
+async def settle(seconds: float = 0.5) -> None:
+    """Let the operator act on whatever it could still act on (for 'nothing else happens')."""
+    await asyncio.sleep(seconds)
+
+
+def events_for(api: Any, name: str) -> list[dict[str, Any]]:
+    """Kubernetes Events posted about the object called ``name``."""
+    return [
+        e
+        for e in objects(api, "v1/events").values()
+        if (e.get("involvedObject") or {}).get("name") == name
+    ]
+
+
+def requests_to(api: Any, method: str, path_suffix: str) -> list[Any]:
+    """Requests the emulator received with this HTTP method and a path ending so."""
+    return [r for r in list(api) if r.method == method and r.url.path.endswith(path_suffix)]
+
+
+def is_create(plural: str) -> Callable[[Any], bool]:
+    return lambda r: r.method == "POST" and r.url.path.endswith(f"/{plural}")
+
+
+def is_status_patch(name: str) -> Callable[[Any], bool]:
+    return lambda r: r.method == "PATCH" and r.url.path.endswith(f"/megdetruns/{name}/status")
+
+
+def inject(api: Any, match: Callable[[Any], bool], fault: str, times: int) -> list[Any]:
+    """Fail the first ``times`` requests that ``match``: "500", "409" or "timeout".
+
+    kmock stores a created or patched object before any reaction answers, so an injected
+    failure on a POST is a create whose answer was lost: the object exists, the client saw an
+    error. "timeout" answers after the controller's client timeout (2 s in these tests).
+    Returns the list of failed requests (it grows as they happen).
+    """
+    failed: list[Any] = []
+
+    async def react(request: Any) -> Any:
+        if not match(request) or len(failed) >= times:
+            return None  # no answer: kmock goes on to its emulated API
+        failed.append(request)
+        if fault == "timeout":
+            await asyncio.sleep(2.5)
+            raise kmock_lib.KubernetesError(status=504, reason="Timeout", message="too late")
+        status = int(fault)
+        raise kmock_lib.KubernetesError(
+            status=status, reason="Injected", message=f"injected {status}"
+        )
+
+    api << react
+    return failed
+
+
+class OperatorThread:
+    """The real operator (kopf + our handlers) in a thread with its own event loop."""
+
+    _ids = itertools.count()
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        peering: str | None = None,
+        priority: int = 0,
+        timeout: float = 2.0,
+        backoff: Backoff = FAST_BACKOFF,
+    ) -> None:
+        self.url = url
+        self.peering = peering
+        self.priority = priority
+        self.identity = f"operator-{next(self._ids)}"
+        self.user_agent = f"megdet-controller/{self.identity}"
+        self.timeout = timeout
+        self.backoff = backoff
+        self.stop_flag = threading.Event()
+        self.ready_flag = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=self.identity, daemon=True)
+
+    def _client(self) -> k8s.ApiClient:
+        config = k8s.Configuration()
+        config.host = self.url
+        api = k8s.ApiClient(config)
+        api.user_agent = self.user_agent
+        return api
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as err:  # surfaced by stop()
+            self.error = err
+
+    async def _main(self) -> None:
+        registry = build_registry(Cluster(self._client(), timeout=self.timeout), self.backoff)
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=self.url, insecure=True, default_namespace=NAMESPACE)
+
+        settings = kopf.OperatorSettings()
+        configure(settings, peering=self.peering, fast=True)
+        settings.peering.priority = self.priority
+        await kopf.operator(
+            registry=registry,
+            settings=settings,
+            clusterwide=True,
+            identity=self.identity,
+            stop_flag=self.stop_flag,
+            ready_flag=self.ready_flag,
+        )
+
+    def stop(self) -> None:
+        self.stop_flag.set()
+        self.thread.join(15)
+        if self.error is not None:
+            raise self.error
+
+
+async def start_operator(url: str, **kwargs: Any) -> OperatorThread:
+    """Start an operator thread and wait (on the test's loop, so kmock serves) until ready."""
+    op = OperatorThread(url, **kwargs)
+    op.thread.start()
+    await eventually(op.ready_flag.is_set, message=f"{op.identity} to start")
+    return op
+
+
+async def stop_operator(op: OperatorThread) -> None:
+    """Stop an operator thread without blocking the loop kmock serves from."""
+    await asyncio.to_thread(op.stop)
+
+
+@pytest_asyncio.fixture()
+async def operator(cluster: Any) -> AsyncIterator[OperatorThread]:
+    """One operator (standalone, no peering) against the emulator."""
+    op = await start_operator(str(cluster.url))
+    yield op
+    await stop_operator(op)
