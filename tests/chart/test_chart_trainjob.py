@@ -20,7 +20,15 @@ import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
-from chart_helpers import CHART_DIR, CI_VALUES, RELEASE, SCHEMAS, values_file, values_from
+from chart_helpers import (
+    ALL_CI_VALUES,
+    CHART_DIR,
+    RELEASE,
+    SCHEMAS,
+    TRAINJOB_CI_VALUES,
+    values_file,
+    values_from,
+)
 
 from megdet.plan import plan_run
 
@@ -59,6 +67,11 @@ RDMA = "rdma/rdma_shared_device_a"
 def trainjob_values(values: Mapping[str, Any]) -> dict[str, Any]:
     """The same values with target=trainjob."""
     return {**copy.deepcopy(dict(values)), "target": "trainjob"}
+
+
+def pytorchjob_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The same values with target=pytorchjob."""
+    return {**copy.deepcopy(dict(values)), "target": "pytorchjob"}
 
 
 def objects_of(render, values: Mapping[str, Any]) -> dict[str, list[dict]]:
@@ -143,7 +156,7 @@ def matrix_values(gpus: int, ib: bool, gang: str) -> dict:
 
 CASES = {
     "defaults": {},
-    **{p.name: values_file(p) for p in CI_VALUES},
+    **{p.name: values_file(p) for p in ALL_CI_VALUES},
     **{"matrix-{}-{}-{}".format(*m): matrix_values(*m) for m in MATRIX},
 }
 
@@ -188,7 +201,7 @@ def test_schema_refuses_an_unknown_target_naming_the_values(render, bad):
 @pytest.mark.parametrize("case", list(CASES))
 def test_pod_is_the_pytorchjob_pod_apart_from_operator_injected_parts(render, case):
     values = CASES[case]
-    v1 = objects_of(render, values)["PyTorchJob"][0]
+    (v1,) = objects_of(render, pytorchjob_values(values))["PyTorchJob"]
     _, runtime = trainer_pair(render, values)
     node = node_pod_template(runtime)
     for role, replica in v1["spec"]["pytorchReplicaSpecs"].items():
@@ -276,7 +289,7 @@ def as_job(runtime: dict) -> dict:
     }
 
 
-@pytest.mark.parametrize("case", ["defaults", *(p.name for p in CI_VALUES)])
+@pytest.mark.parametrize("case", ["defaults", *(p.name for p in ALL_CI_VALUES)])
 def test_runtime_job_and_pod_pass_kubernetes_validate_strict(render, case):
     _, runtime = trainer_pair(render, CASES[case])
     for version in K8S_VERSIONS:
@@ -462,7 +475,7 @@ def test_a_name_too_long_for_jobset_pod_names_fails_naming_the_limit(render, gpu
 # --- lint and NOTES ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["defaults", *(p.name for p in CI_VALUES)])
+@pytest.mark.parametrize("case", ["defaults", *(p.name for p in ALL_CI_VALUES)])
 def test_lint_strict_passes_for_the_trainjob_target(case):
     values = trainjob_values(CASES[case])
     report = helm_python.lint(str(CHART_DIR), values, strict=True, namespace="vision")
@@ -476,3 +489,23 @@ def test_notes_tell_how_to_follow_a_trainjob(render):
     assert f"get trainjob {RELEASE} -w" in notes
     assert "pytorchjob" not in notes.lower()
     assert "2 (TrainJob numNodes), 8 GPUs each" in notes
+
+
+def test_the_trainjob_ci_example_renders_a_trainjob_as_it_says(render):
+    (path,) = [p for p in TRAINJOB_CI_VALUES if p.name == "trainjob-multinode-values.yaml"]
+    kinds = objects_of(render, values_file(path))
+    assert "PyTorchJob" not in kinds
+    (trainjob,) = kinds["TrainJob"]
+    (runtime,) = kinds["TrainingRuntime"]
+    assert trainjob["spec"]["trainer"] == {"numNodes": 4, "numProcPerNode": 8}
+    assert trainjob["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu-queue"
+    assert "suspend" not in trainjob["spec"]
+    assert trainjob["spec"]["activeDeadlineSeconds"] == 172800
+    assert runtime["spec"]["podGroupPolicy"] == {"coscheduling": {"scheduleTimeoutSeconds": 600}}
+    jobset = runtime["spec"]["template"]["spec"]
+    assert jobset["failurePolicy"]["maxRestarts"] == 4
+    assert jobset["ttlSecondsAfterFinished"] == 86400
+    pod = node_pod_template(runtime)["spec"]
+    (node,) = pod["containers"]
+    assert node["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
+    assert pod["schedulerName"] == "scheduler-plugins-scheduler"
