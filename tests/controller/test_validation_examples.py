@@ -1,0 +1,156 @@
+"""examples/ and hand-written invalid MegDetRuns: what the CRD, CEL and validate_run say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from megdet.controller.crd import IMMUTABLE_FIELDS, build_crd
+from megdet.controller.render import render_run
+from megdet.controller.schema import apply_defaults, to_json_schema
+from megdet.controller.validation import validate_run, validate_update
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def cr_schema() -> dict[str, Any]:
+    (version,) = build_crd()["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def load(path: Path) -> dict[str, Any]:
+    (doc,) = yaml.safe_load_all(path.read_text())
+    return doc
+
+
+def test_examples_cover_8_16_and_64_gpus_with_ib_and_gang():
+    specs = {load(p)["spec"]["gpus"]: load(p)["spec"] for p in EXAMPLES}
+    assert set(specs) == {8, 16, 64}
+    assert any(s.get("nccl", {}).get("ib", {}).get("enabled") for s in specs.values())
+    assert any(s.get("gang", {}).get("enabled") for s in specs.values())
+    for path in EXAMPLES:
+        assert 10 <= len(path.read_text().splitlines()) <= 25, path.name
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_is_valid(path, cr_schema):
+    doc = load(path)
+    assert (doc["apiVersion"], doc["kind"]) == ("megdet.io/v1alpha1", "MegDetRun")
+    # The CRD's schema, as JSON Schema, on the object as the API server would default it.
+    defaulted = dict(doc, spec=apply_defaults(cr_schema["properties"]["spec"], dict(doc["spec"])))
+    jsonschema.validate(defaulted, to_json_schema(cr_schema))
+    assert validate_run(doc["spec"], name=doc["metadata"]["name"]) == []
+
+
+# What each example's comment promises, from plan_run via render_run.
+PLANS = {
+    "megdetrun-8gpu.yaml": (8, 1, 16, 0.02, 90000),
+    "megdetrun-16gpu-ib.yaml": (16, 2, 32, 0.04, 45000),
+    "megdetrun-64gpu-gang.yaml": (64, 8, 128, 0.16, 11250),
+}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_plan(path):
+    doc = load(path)
+    plan = render_run(doc["metadata"]["name"], "vision", doc["spec"]).status_plan()
+    got = (plan["worldSize"], plan["nodes"], plan["globalBatch"], plan["lr"], plan["maxIter"])
+    assert got == pytest.approx(PLANS[path.name])
+
+
+BASE = {"gpus": 16, "dataset": {"claimName": "coco"}}
+
+# spec change -> the field path validate_run must name (and a word of the message).
+INVALID = [
+    ({"gpus": 12}, "spec.gpus", "multiple of gpusPerNode"),
+    ({"gpus": 0}, "spec.gpus", "minimum"),
+    ({"gpus": "16"}, "spec.gpus", "not of type"),
+    ({"gpus": True}, "spec.gpus", "not of type"),
+    ({"gpu": 16}, "spec.gpu", "unknown field"),
+    ({"imagesPerGpu": 0}, "spec.imagesPerGpu", "minimum"),
+    ({"baseLr": 0}, "spec.baseLr", "minimum"),
+    ({"scaling": "cosine"}, "spec.scaling", "not one of"),
+    ({"schedule": "cosine"}, "spec.schedule", "not one of"),
+    ({"steps": [80000, 60000]}, "spec.steps", "strictly increasing"),
+    ({"steps": [60000, 95000]}, "spec.steps", "below maxIter"),
+    ({"warmupIters": 90000}, "spec.warmupIters", "below maxIter"),
+    ({"maxIter": 1, "gpus": 64, "steps": []}, "spec.maxIter", "less than one iteration"),
+    ({"gpus": 64, "maxIter": 100, "steps": [50, 51], "warmupIters": 0}, "spec.steps", "collapse"),
+    ({"syncBN": "some"}, "spec.syncBN", "not one of"),
+    ({"dataset": {"claimName": "Not_A_PVC"}}, "spec.dataset.claimName", "does not match"),
+    ({"dataset": {"claimName": "coco", "valJson": ""}}, "spec.dataset.valJson", "neither"),
+    ({"nccl": {"ib": {"enabled": True}}}, "spec.nccl.ib.rdmaResourceName", "rdmaResourceName"),
+    ({"nccl": {"ib": {"enabled": "yes"}}}, "spec.nccl.ib.enabled", "not of type"),
+    ({"nccl": {"ib": {"timeout": 99}}}, "spec.nccl.ib.timeout", "maximum"),
+    ({"extraOverrides": {"SOLVER.BASE_LR": 0.1}}, "spec.extraOverrides", "use spec.baseLr"),
+    ({"extraOverrides": {"test.eval_period": 1}}, "spec.extraOverrides", "detectron2 config"),
+    ({"extraOverrides": {"TEST.EVAL_PERIOD": [1]}}, "spec.extraOverrides", "strings, numbers"),
+    ({"restartPolicy": "Sometimes"}, "spec.restartPolicy", "not one of"),
+    ({"shm": {"sizeLimit": "lots"}}, "spec.shm.sizeLimit", "does not match"),
+    ({"nameOverride": "x"}, "spec.nameOverride", "unknown field"),
+]
+
+
+@pytest.mark.parametrize(("change", "path", "words"), INVALID, ids=[i[1] for i in INVALID])
+def test_invalid_spec_names_the_field(change, path, words, cr_schema):
+    spec = {**BASE, **change}
+    problems = validate_run(spec)
+    assert problems, f"{spec} was accepted"
+    assert any(p.path == path and words in p.message for p in problems), problems
+
+
+RUN_SPEC_INVALID = INVALID[:14]
+
+
+@pytest.mark.parametrize(
+    ("change", "path", "words"), RUN_SPEC_INVALID, ids=[i[1] for i in RUN_SPEC_INVALID]
+)
+def test_invalid_run_spec_fields_fail_the_crd_alone(change, path, words, cr_schema):
+    """The RunSpec rules are all refused at `kubectl apply` already (schema or CEL)."""
+    from megdet.controller.validation import crd_problems, default_spec
+
+    problems = crd_problems(default_spec({**BASE, **change}))
+    assert any(p.path == path for p in problems), problems
+
+
+def test_metadata_name_too_long_is_refused():
+    problems = validate_run(BASE, name="r" * 51)
+    assert [p.path for p in problems] == ["metadata.name"]
+    assert validate_run(BASE, name="r" * 50) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "path"),
+    [
+        ({"gpus": 32}, "spec.gpus"),
+        ({"baseLr": 0.01}, "spec.baseLr"),
+        ({"steps": [50000, 80000]}, "spec.steps"),
+        ({"dataset": {"claimName": "other"}}, "spec.dataset"),
+        ({"output": {"claimName": "other"}}, "spec.output"),
+        ({"syncBN": "all"}, "spec.syncBN"),
+    ],
+)
+def test_changing_an_immutable_field_is_refused_with_the_reason(change, path):
+    problems = validate_update(BASE, {**BASE, **change})
+    assert [p.path for p in problems] == [path]
+    field = path.removeprefix("spec.")
+    assert problems[0].message == f"{field} is immutable: {IMMUTABLE_FIELDS[field]}"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"runPolicy": {"suspend": True}},
+        {"image": {"tag": "v2"}},
+        {"nccl": {"debug": "INFO"}},
+        {"gang": {"enabled": True}},
+    ],
+)
+def test_operational_fields_stay_changeable(change):
+    assert validate_update(BASE, {**BASE, **change}) == []
