@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,15 @@ def _atomic_write(path: Path, write) -> None:
 
 
 class AtomicCheckpointer(DetectionCheckpointer):
-    """DetectionCheckpointer whose files appear complete or not at all."""
+    """DetectionCheckpointer whose files appear complete or not at all.
+
+    ``on_saved`` callbacks get the path of each checkpoint once it is complete under its final
+    name (the metrics exporter's last-checkpoint time).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.on_saved: list[Callable[[Path], None]] = []
 
     def save(self, name: str, **kwargs: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -50,6 +59,8 @@ class AtomicCheckpointer(DetectionCheckpointer):
         self.logger.info("Saving checkpoint to %s", path)
         _atomic_write(path, lambda f: torch.save(data, f))
         self.tag_last_checkpoint(path.name)
+        for callback in self.on_saved:
+            callback(path)
 
     def tag_last_checkpoint(self, last_filename_basename: str) -> None:
         path = Path(self.save_dir) / "last_checkpoint"

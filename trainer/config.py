@@ -67,6 +67,14 @@ def add_megdet_config(cfg: CfgNode) -> None:
     _C.MEGDET.BN_GROUP_SIZE = 0
     # Mixed precision (CUDA only; asking for it on CPU is an error).
     _C.MEGDET.AMP = False
+    # Every this many iterations all ranks compare their backbone BN running statistics and
+    # log/export the largest difference within a BN group (~0 when BN is synchronized).
+    # 0 = off. One small all-reduce per check (docs/benchmarks.md).
+    _C.MEGDET.SYNCBN_CHECK_PERIOD = 100
+    # Prometheus exporter: local rank 0 of each node/pod serves /metrics on this port for all
+    # ranks of that node. 0 = off (the default outside the run chart, which sets it).
+    _C.MEGDET.METRICS = CfgNode()
+    _C.MEGDET.METRICS.PORT = 0
     # COCO-format datasets: annotation JSON and image folder. The CLI flags --train-json etc.
     # set these. Empty VAL_JSON: no evaluation.
     _C.MEGDET.DATA = CfgNode()
@@ -143,12 +151,19 @@ def validate_config(cfg: CfgNode) -> None:
         ("ACCUMULATION_STEPS", 1),
         ("REFERENCE_BATCH", 1),
         ("BN_GROUP_SIZE", 0),
+        ("SYNCBN_CHECK_PERIOD", 0),
     ):
         value = m[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(
                 f"MEGDET.{key}: {value!r} is invalid: expected an integer >= {minimum}"
             )
+    port = m.METRICS.PORT
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(
+            f"MEGDET.METRICS.PORT: {port!r} is invalid: expected a port number 1-65535, "
+            "or 0 (metrics off)"
+        )
     if not isinstance(m.AMP, bool):
         raise ConfigError(f"MEGDET.AMP: {m.AMP!r} is invalid: expected True or False")
 

@@ -72,6 +72,11 @@ class MegDetTrainer(SimpleTrainer):
         super().__init__(model, data_loader, optimizer)
         self.accumulation_steps = accumulation_steps
         self.grad_scaler = grad_scaler
+        #: This rank's data-loading seconds in the last step (detectron2's storage keeps only
+        #: the maximum over ranks, on rank 0); read by the metrics exporter.
+        self.data_time: float | None = None
+        #: The NonFiniteLossError that stopped the run, for hooks' after_train (run history).
+        self.nonfinite_error: NonFiniteLossError | None = None
 
     def run_step(self) -> None:
         assert self.model.training, "[MegDetTrainer] model was changed to eval mode!"
@@ -95,6 +100,7 @@ class MegDetTrainer(SimpleTrainer):
             for k, v in loss_dict.items():
                 summed[k] = summed.get(k, 0) + v.detach() / steps
         self.after_backward()
+        self.data_time = data_time
         self._write_metrics(summed, data_time)
         if self.grad_scaler is not None:
             self.grad_scaler.step(self.optimizer)
@@ -116,11 +122,12 @@ class MegDetTrainer(SimpleTrainer):
         if torch.isfinite(losses).item():
             return
         parts = ", ".join(f"{k}={v.item():.4g}" for k, v in loss_dict.items())
-        raise NonFiniteLossError(
+        self.nonfinite_error = NonFiniteLossError(
             f"non-finite loss at iteration {self.iter} on rank {comm.get_rank()}: {parts}. "
             "Lower SOLVER.BASE_LR, lengthen SOLVER.WARMUP_ITERS or enable "
             "SOLVER.CLIP_GRADIENTS."
         )
+        raise self.nonfinite_error
 
     def state_dict(self) -> dict[str, Any]:
         ret = super().state_dict()

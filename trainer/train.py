@@ -30,6 +30,7 @@ from megdet.trainer.engine import (
     build_trainer,
 )
 from megdet.trainer.evaluation import evaluate_model, write_metrics
+from megdet.trainer.metrics import build_monitoring_hooks
 
 logger = logging.getLogger("megdet.trainer")
 
@@ -132,6 +133,8 @@ def _train(job: TrainJob) -> int:
         return results
 
     bundle = build_trainer(cfg, plan, evaluate if cfg.DATASETS.TEST else None, resume=job.resume)
+    # After build_trainer: the hooks need its checkpointer and model, and run after its hooks.
+    bundle.trainer.register_hooks(build_monitoring_hooks(cfg, plan, bundle))
     if comm.is_main_process():
         logger.info(
             "SyncBN scope %r: %d BatchNorm layers synchronized (BN group size %s)",

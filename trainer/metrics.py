@@ -1,0 +1,468 @@
+"""Prometheus metrics of a training run: the metric names, the exporter hook, the run history.
+
+Design (docs/trainer.md, "Metrics"):
+
+* :data:`TRAINER_METRICS` is the one list of what a trainer exports (names, types, labels,
+  help); dashboards and alerts are checked against it (:data:`TRAINER_METRIC_NAMES`,
+  :func:`build_registry`).
+* :class:`PrometheusExporter` is a detectron2 hook: it reads what the loop already records (the
+  event storage: iteration time, LR, losses, eval results, SyncBN divergence) after each step
+  and sets gauges; it adds no code to the loop.
+* One port per pod although a pod runs one process per GPU: prometheus_client's multiprocess
+  mode. Every rank writes its values to memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR``
+  (one folder per pod); local rank 0 serves them all, merged by ``MultiProcessCollector``.
+  Gauges use the ``mostrecent`` mode, which drops the ``pid`` label the other modes add: the
+  per-rank gauges carry ``rank`` instead, and global gauges exist only in rank 0's process.
+* Resumes and non-finite-loss events are appended to ``run_history.jsonl`` in the output
+  folder (:class:`RunHistory`), so their counts survive restarts of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from detectron2.engine import hooks
+from detectron2.utils import comm
+
+from megdet.trainer.bn_health import DIVERGENCE_KEYS
+from megdet.trainer.config import ConfigError
+from megdet.trainer.evaluation import BOX_METRICS
+
+logger = logging.getLogger(__name__)
+
+#: prometheus_client's multiprocess folder; must be set before prometheus_client is imported.
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: Append-only JSON lines in the output folder: one object per resume / non-finite loss.
+HISTORY_FILE = "run_history.jsonl"
+#: Loss history window for the loss gauges (detectron2's console printer uses the same).
+LOSS_WINDOW = 20
+#: Iteration-time window for the ETA (detectron2's CommonMetricPrinter uses the same).
+ETA_WINDOW = 1000
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One exported metric: exposition name, type, labels, who exports it, help text."""
+
+    name: str
+    kind: str  # "gauge" | "counter" (counter names end in _total, as exposed)
+    labels: tuple[str, ...]
+    scope: str  # "global": rank 0 only | "rank": every rank, with a rank label
+    help: str
+
+
+_G, _C = "gauge", "counter"
+#: Every metric the trainer exports (the contract with the dashboards and alerts).
+TRAINER_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("megdet_train_iteration", _G, (), "global", "Iterations completed."),
+    MetricSpec("megdet_train_max_iterations", _G, (), "global", "Planned iterations (max_iter)."),
+    MetricSpec(
+        "megdet_train_loss",
+        _G,
+        ("component",),
+        "global",
+        f"Training loss by component (total = their sum); median of the last {LOSS_WINDOW} "
+        "iterations.",
+    ),
+    MetricSpec("megdet_train_learning_rate", _G, (), "global", "Learning rate in use."),
+    MetricSpec(
+        "megdet_train_planned_learning_rate",
+        _G,
+        (),
+        "global",
+        "Learning rate the plan gives for the same iteration (megdet.plan Plan.lr_at).",
+    ),
+    MetricSpec(
+        "megdet_train_images_total", _C, ("rank",), "rank", "Training images processed by a rank."
+    ),
+    MetricSpec(
+        "megdet_train_iteration_seconds",
+        _G,
+        ("rank",),
+        "rank",
+        "Wall time of a rank's last iteration.",
+    ),
+    MetricSpec(
+        "megdet_train_data_seconds",
+        _G,
+        ("rank",),
+        "rank",
+        "Data-loading time of a rank's last iteration.",
+    ),
+    MetricSpec(
+        "megdet_train_eta_seconds",
+        _G,
+        (),
+        "global",
+        f"Estimated seconds to the last iteration (median of the last {ETA_WINDOW} iteration "
+        "times x iterations left).",
+    ),
+    MetricSpec(
+        "megdet_train_gpu_memory_max_bytes",
+        _G,
+        ("rank",),
+        "rank",
+        "Peak GPU memory allocated by a rank (torch.cuda.max_memory_allocated); CUDA only.",
+    ),
+    MetricSpec(
+        "megdet_train_run_info",
+        _G,
+        ("world_size", "sync_bn", "bn_group_size", "global_batch"),
+        "global",
+        "The run's shape (value 1): world size, SyncBN scope, BN group size, global batch.",
+    ),
+    MetricSpec(
+        "megdet_eval_ap",
+        _G,
+        ("metric",),
+        "global",
+        "COCO box AP of the last evaluation, percent (AP, AP50, AP75, APs, APm, APl).",
+    ),
+    MetricSpec(
+        "megdet_train_last_checkpoint_timestamp_seconds",
+        _G,
+        (),
+        "global",
+        "Unix time of the last complete checkpoint in the output folder.",
+    ),
+    MetricSpec(
+        "megdet_train_nonfinite_loss_total",
+        _C,
+        (),
+        "global",
+        f"Non-finite losses in this run, restarts included ({HISTORY_FILE}).",
+    ),
+    MetricSpec(
+        "megdet_train_resumes",
+        _G,
+        (),
+        "global",
+        f"Times this run resumed from a checkpoint ({HISTORY_FILE}).",
+    ),
+    MetricSpec(
+        "megdet_syncbn_divergence",
+        _G,
+        ("stat",),
+        "global",
+        "Largest |difference| of backbone BN running statistics (stat=mean|var) between ranks "
+        "of a BN group; ~0 when BN is synchronized.",
+    ),
+)
+#: The exposition names of :data:`TRAINER_METRICS`.
+TRAINER_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in TRAINER_METRICS)
+
+
+class TrainerMetrics:
+    """The prometheus_client objects of :data:`TRAINER_METRICS` for one process.
+
+    ``scopes`` picks which to create: ranks other than 0 create only the per-rank ones, so a
+    pod without rank 0 exports no global series at all. ``registry=None`` registers nothing
+    (multiprocess mode: the values live in files and the server's collector reads them).
+    """
+
+    def __init__(self, registry=None, scopes: tuple[str, ...] = ("global", "rank")) -> None:
+        from prometheus_client import Counter, Gauge
+
+        self._metrics: dict[str, Any] = {}
+        for spec in TRAINER_METRICS:
+            if spec.scope not in scopes:
+                continue
+            if spec.kind == _C:
+                # prometheus_client appends _total to a counter's name.
+                metric = Counter(spec.name.removesuffix("_total"), spec.help, spec.labels,
+                                 registry=registry)  # fmt: skip
+            else:
+                metric = Gauge(spec.name, spec.help, spec.labels, registry=registry,
+                               multiprocess_mode="mostrecent")  # fmt: skip
+            self._metrics[spec.name] = metric
+
+    def __getitem__(self, name: str):
+        return self._metrics[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._metrics
+
+
+def build_registry():
+    """A fresh single-process registry holding every trainer metric (for checks and tests)."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    TrainerMetrics(registry)
+    return registry
+
+
+# --- run history -------------------------------------------------------------------------
+
+
+def append_history(output_dir: str | Path, event: str, **fields: Any) -> None:
+    """Append one event to the run history (one ``write`` of one line: safe across ranks)."""
+    line = json.dumps({"event": event, "time": time.time(), **fields}) + "\n"
+    fd = os.open(Path(output_dir) / HISTORY_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def count_history(output_dir: str | Path, event: str) -> int:
+    """How many events of a kind the run history holds (0 without a history)."""
+    path = Path(output_dir) / HISTORY_FILE
+    if not path.is_file():
+        return 0
+    count = 0
+    for line in path.read_text().splitlines():
+        try:
+            count += json.loads(line).get("event") == event
+        except (json.JSONDecodeError, AttributeError):
+            continue  # a line cut by a kill
+    return count
+
+
+class RunHistory(hooks.HookBase):
+    """Records resumes (rank 0) and non-finite losses (the rank that met one) in the history.
+
+    A resume is a start from a checkpoint (start iteration > 0). The non-finite loss comes from
+    the seam in ``MegDetTrainer._check_finite`` (``trainer.nonfinite_error``); the run stops
+    there, so the event is recorded in ``after_train``, which detectron2 runs on failure too.
+    """
+
+    def __init__(self, output_dir: str) -> None:
+        self._output_dir = output_dir
+
+    def before_train(self) -> None:
+        if comm.is_main_process() and self.trainer.start_iter > 0:
+            append_history(self._output_dir, "resume", iteration=self.trainer.start_iter)
+
+    def after_train(self) -> None:
+        err = getattr(self.trainer, "nonfinite_error", None)
+        if err is not None:
+            append_history(
+                self._output_dir,
+                "nonfinite_loss",
+                iteration=self.trainer.iter,
+                rank=comm.get_rank(),
+                message=str(err),
+            )
+
+
+# --- serving ---------------------------------------------------------------------------
+
+
+def default_multiproc_dir(port: int) -> Path:
+    """The pod's metrics folder when ``PROMETHEUS_MULTIPROC_DIR`` is unset: by port, because
+    one port is served per host and every local rank of the run knows it."""
+    return Path(tempfile.gettempdir()) / f"megdet-metrics-{port}"
+
+
+def _multiproc_dir(port: int) -> Path:
+    path = Path(os.environ.setdefault(MULTIPROC_ENV, str(default_multiproc_dir(port))))
+    from prometheus_client import values
+
+    if not getattr(values.ValueClass, "_multiprocess", False):
+        raise RuntimeError(
+            f"prometheus_client was imported before {MULTIPROC_ENV} was set; the exporter "
+            "needs its multiprocess mode"
+        )
+    return path
+
+
+def _serve(port: int, path: Path):
+    """Bind the port and serve the merged metrics of ``path``; (server, None) or (None, why)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    path.mkdir(parents=True, exist_ok=True)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(path))
+    try:
+        server, _ = start_http_server(port, registry=registry)
+    except OSError as err:
+        return None, f"cannot serve on port {port}: {err.strerror or err}"
+    # Bound: this pod owns the folder now. Files of an earlier attempt would mix in.
+    for stale in path.glob("*.db"):
+        stale.unlink(missing_ok=True)
+    return server, None
+
+
+def start_metrics_server(port: int):
+    """Local rank 0 serves the pod's metrics on ``port``; collective over the world.
+
+    Returns the server on local rank 0 (None elsewhere). If any pod cannot bind its port,
+    every rank raises ConfigError naming the key, so the run stops with exit 2 before training.
+    """
+    path = _multiproc_dir(port)
+    server, problem = _serve(port, path) if comm.get_local_rank() == 0 else (None, None)
+    problems = [p for p in comm.all_gather(problem) if p]  # also the barrier after the clean-up
+    if problems:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        raise ConfigError(
+            f"MEGDET.METRICS.PORT: {problems[0]}; choose a free port or 0 (metrics off)"
+        )
+    if server is not None:
+        logger.info("Serving Prometheus metrics on port %d (/metrics, from %s)", port, path)
+    return server
+
+
+# --- the exporter hook -----------------------------------------------------------------
+
+
+@dataclass
+class RunFacts:
+    """What the exporter needs to know about the run besides the trainer."""
+
+    output_dir: str
+    plan: Any  # megdet.plan.Plan
+    sync_bn: str
+    bn_group_size: int
+    images_per_step: int  # per rank: IMAGES_PER_GPU x ACCUMULATION_STEPS
+    checkpointer: Any = None  # AtomicCheckpointer (rank 0 listens for complete saves)
+    on_cuda: bool = False
+
+
+class PrometheusExporter(hooks.HookBase):
+    """Sets the trainer metrics after every step from the event storage (see module doc).
+
+    Register it after the hooks that write what it reads (IterationTimer, LRScheduler,
+    EvalHook, SyncBNHealthCheck, RunHistory).
+    """
+
+    def __init__(self, metrics: TrainerMetrics, facts: RunFacts, server=None) -> None:
+        self._m = metrics
+        self._facts = facts
+        self._server = server
+        self._main = "megdet_train_iteration" in metrics
+        rank = str(comm.get_rank())
+        self._images = metrics["megdet_train_images_total"].labels(rank=rank)
+        self._iter_seconds = metrics["megdet_train_iteration_seconds"].labels(rank=rank)
+        self._data_seconds = metrics["megdet_train_data_seconds"].labels(rank=rank)
+        # No GPU, no series (a child would expose 0 from its creation on).
+        gpu = metrics["megdet_train_gpu_memory_max_bytes"]
+        self._gpu_memory = gpu.labels(rank=rank) if facts.on_cuda else None
+        self._nonfinite_seen = 0
+
+    # rank 0 only ------------------------------------------------------------------------
+
+    def _start_globals(self) -> None:
+        facts, m = self._facts, self._m
+        plan = facts.plan
+        m["megdet_train_max_iterations"].set(plan.max_iter)
+        m["megdet_train_iteration"].set(self.trainer.start_iter)
+        m["megdet_train_run_info"].labels(
+            world_size=str(plan.world_size),
+            sync_bn=facts.sync_bn,
+            bn_group_size=str(facts.bn_group_size or plan.world_size),
+            global_batch=str(plan.global_batch),
+        ).set(1)
+        m["megdet_train_resumes"].set(count_history(facts.output_dir, "resume"))
+        self._sync_nonfinite()
+        if facts.checkpointer is not None:
+            last = facts.checkpointer.get_checkpoint_file()  # named by last_checkpoint
+            if last and os.path.isfile(last):
+                m["megdet_train_last_checkpoint_timestamp_seconds"].set(os.path.getmtime(last))
+            facts.checkpointer.on_saved.append(self._checkpoint_saved)
+
+    def _checkpoint_saved(self, path: Path) -> None:
+        self._m["megdet_train_last_checkpoint_timestamp_seconds"].set(time.time())
+
+    def _sync_nonfinite(self) -> None:
+        count = count_history(self._facts.output_dir, "nonfinite_loss")
+        if count > self._nonfinite_seen:
+            self._m["megdet_train_nonfinite_loss_total"].inc(count - self._nonfinite_seen)
+            self._nonfinite_seen = count
+
+    def _export_globals(self, done: int) -> None:
+        m, storage = self._m, self.trainer.storage
+        m["megdet_train_iteration"].set(done)
+        latest = storage.latest()
+        if "lr" in latest:
+            m["megdet_train_learning_rate"].set(latest["lr"][0])
+        m["megdet_train_planned_learning_rate"].set(self._facts.plan.lr_at(done - 1))
+        loss = m["megdet_train_loss"]
+        for key in latest:
+            if key.startswith("loss_") or key == "total_loss":
+                component = "total" if key == "total_loss" else key
+                loss.labels(component=component).set(storage.history(key).median(LOSS_WINDOW))
+        if "time" in latest:
+            left = self._facts.plan.max_iter - done
+            eta = storage.history("time").median(ETA_WINDOW) * left
+            m["megdet_train_eta_seconds"].set(eta)
+        for stat, key in DIVERGENCE_KEYS.items():
+            if key in latest:
+                m["megdet_syncbn_divergence"].labels(stat=stat).set(latest[key][0])
+        self._export_eval(latest)
+
+    def _export_eval(self, latest: dict[str, tuple[float, int]]) -> None:
+        for name in BOX_METRICS:
+            value = latest.get(f"bbox/{name}")
+            if value is not None:
+                self._m["megdet_eval_ap"].labels(metric=name).set(value[0])
+
+    # hooks ------------------------------------------------------------------------------
+
+    def before_train(self) -> None:
+        if self._main:
+            self._start_globals()
+
+    def after_step(self) -> None:
+        self._images.inc(self._facts.images_per_step)
+        latest = self.trainer.storage.latest()
+        if "time" in latest:
+            self._iter_seconds.set(latest["time"][0])
+        data_time = getattr(self.trainer, "data_time", None)
+        if data_time is not None:
+            self._data_seconds.set(data_time)
+        if self._gpu_memory is not None:
+            import torch
+
+            self._gpu_memory.set(torch.cuda.max_memory_allocated())
+        if self._main:
+            self._export_globals(self.trainer.iter + 1)
+
+    def after_train(self) -> None:
+        if self._main:
+            # The last evaluation runs in EvalHook.after_train, before this hook.
+            self._export_eval(self.trainer.storage.latest())
+            self._sync_nonfinite()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
+    """The run history, the SyncBN health check and (MEGDET.METRICS.PORT > 0) the exporter.
+
+    Collective (the health check's groups, the exporter's port agreement): call on every rank,
+    after ``build_trainer``. Raises ConfigError on every rank when a metrics port is taken.
+    """
+    from megdet.trainer.bn_health import build_health_check
+
+    result: list[hooks.HookBase] = [RunHistory(cfg.OUTPUT_DIR)]
+    check = build_health_check(cfg, bundle.model)
+    if check is not None:
+        result.append(check)
+    port = cfg.MEGDET.METRICS.PORT
+    if port:
+        server = start_metrics_server(port)
+        scopes = ("global", "rank") if comm.is_main_process() else ("rank",)
+        facts = RunFacts(
+            output_dir=cfg.OUTPUT_DIR,
+            plan=plan,
+            sync_bn=cfg.MEGDET.SYNC_BN,
+            bn_group_size=cfg.MEGDET.BN_GROUP_SIZE,
+            images_per_step=cfg.MEGDET.IMAGES_PER_GPU * cfg.MEGDET.ACCUMULATION_STEPS,
+            checkpointer=bundle.checkpointer,
+            on_cuda=next(bundle.model.parameters()).is_cuda,
+        )
+        result.append(PrometheusExporter(TrainerMetrics(scopes=scopes), facts, server))
+    return result
