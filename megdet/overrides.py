@@ -38,6 +38,8 @@ OWNED_OVERRIDES: dict[str, str] = {
     "SOLVER.STEPS": "steps",
     "SOLVER.WARMUP_ITERS": "warmupIters",
     "DATALOADER.NUM_WORKERS": "numWorkers",
+    # The metrics port must be the container port the chart declares (named `metrics`).
+    "MEGDET.METRICS.PORT": "metrics.port",
     # Planned by the trainer from the world size it finds (gpus x imagesPerGpu x accumulation).
     "SOLVER.IMS_PER_BATCH": "imagesPerGpu",
     "SOLVER.REFERENCE_WORLD_SIZE": "gpus",

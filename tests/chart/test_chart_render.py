@@ -210,6 +210,7 @@ def test_trainer_args_carry_the_spec_fields_and_paths(render):
             "SOLVER.WARMUP_ITERS": "1000",
             "MEGDET.SYNC_BN": "backbone",
             "MEGDET.BN_GROUP_SIZE": "0",
+            "MEGDET.METRICS.PORT": "9477",
             "DATALOADER.NUM_WORKERS": "6",
             # extraOverrides, sorted by key; booleans as Python literals for yacs.
             "MEGDET.AMP": "True",

@@ -23,7 +23,8 @@ are passed: the trainer plans LR and schedule itself from the world size it find
   "SOLVER.STEPS" (printf (ternary "(%s,)" "(%s)" (eq (len $steps) 1)) (join ", " $steps))
   "SOLVER.WARMUP_ITERS" (toString (int64 $v.warmupIters))
   "MEGDET.SYNC_BN" $v.syncBN
-  "MEGDET.BN_GROUP_SIZE" (toString (int64 $v.bnGroupSize))) -}}
+  "MEGDET.BN_GROUP_SIZE" (toString (int64 $v.bnGroupSize))
+  "MEGDET.METRICS.PORT" (ternary (toString (int64 $v.metrics.port)) "0" $v.metrics.enabled)) -}}
 {{- /* `megdet train --num-workers` spawns processes; torchrun does that in a pod, so
        DataLoader workers go through detectron2's own key. */ -}}
 {{- if not (kindIs "invalid" $v.numWorkers) -}}
@@ -35,7 +36,7 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- toYaml $args -}}
 {{- end -}}
 
-{{/* Container env: NCCL transport, error handling, then the user's extraEnv. */}}
+{{/* Container env: NCCL transport, error handling, the metrics folder, then the user's extraEnv. */}}
 {{- define "megdet.env" -}}
 {{- $n := .Values.nccl -}}
 {{- $env := list (dict "name" "TORCH_NCCL_ASYNC_ERROR_HANDLING" "value" (toString (int64 $n.asyncErrorHandling))) -}}
@@ -50,6 +51,11 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- if not (eq (toString $n.ib.gdrLevel) "") -}}{{- $env = append $env (dict "name" "NCCL_NET_GDR_LEVEL" "value" (include "megdet.pyValue" $n.ib.gdrLevel)) -}}{{- end -}}
 {{- else -}}
 {{- $env = append $env (dict "name" "NCCL_IB_DISABLE" "value" "1") -}}
+{{- end -}}
+{{- if .Values.metrics.enabled -}}
+{{- /* prometheus_client's multiprocess folder: every rank of the pod writes its metrics there
+       and local rank 0 serves them all on the metrics port (trainer/metrics.py). */ -}}
+{{- $env = append $env (dict "name" "PROMETHEUS_MULTIPROC_DIR" "value" "/tmp/megdet-metrics") -}}
 {{- end -}}
 {{- $env = concat $env .Values.extraEnv -}}
 {{- toYaml $env -}}
@@ -156,6 +162,12 @@ spec:
     - name: pytorch
       image: {{ include "megdet.image" $root }}
       imagePullPolicy: {{ $v.image.pullPolicy }}
+      {{- if $v.metrics.enabled }}
+      ports:
+        - name: metrics
+          containerPort: {{ $v.metrics.port | int64 }}
+          protocol: TCP
+      {{- end }}
       args:
         {{- include "megdet.trainArgs" $root | nindent 8 }}
       env:
