@@ -13,16 +13,20 @@ import copy
 import itertools
 import json
 import re
+import shutil
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import helm_python
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 from chart_helpers import (
     ALL_CI_VALUES,
     CHART_DIR,
+    NAMESPACE,
     RELEASE,
     SCHEMAS,
     TRAINJOB_CI_VALUES,
@@ -509,3 +513,124 @@ def test_the_trainjob_ci_example_renders_a_trainjob_as_it_says(render):
     (node,) = pod["containers"]
     assert node["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1
     assert pod["schedulerName"] == "scheduler-plugins-scheduler"
+
+
+# --- upgrades: what already exists -------------------------------------------------------------
+
+LOOKUPS = {
+    "trainjob": 'lookup "trainer.kubeflow.org/v1alpha1" "TrainJob" .Release.Namespace $name',
+    "pytorchjob": 'lookup "kubeflow.org/v1" "PyTorchJob" .Release.Namespace $name',
+}
+
+
+@pytest.fixture(scope="module")
+def chart_with_existing(tmp_path_factory) -> Path:
+    """A chart copy whose upgrade lookups read files/existing-<kind>.yaml instead of a cluster.
+
+    helm_python renders offline, where `lookup` returns nothing; each call is swapped for a
+    file (the swap must find each call once: the wiring is part of the test).
+    """
+    chart = tmp_path_factory.mktemp("chart") / "megdet"
+    shutil.copytree(CHART_DIR, chart)
+    template = chart / "templates" / "trainjob.yaml"
+    text = template.read_text()
+    for key, call in LOOKUPS.items():
+        assert text.count(call) == 1, f"trainjob.yaml no longer has: {call}"
+        text = text.replace(call, f'.Files.Get "files/existing-{key}.yaml" | fromYaml')
+    template.write_text(text)
+    return chart
+
+
+def render_upgrade(chart: Path, existing: Mapping[str, dict], values: Mapping[str, Any]) -> dict:
+    """Render an upgrade of `values` (target=trainjob) against the existing objects given."""
+    for key in LOOKUPS:
+        obj = existing.get(key)
+        (chart / "files" / f"existing-{key}.yaml").write_text(yaml.safe_dump(obj) if obj else "")
+    with helm_python.Chart.load(str(chart)) as loaded:
+        return loaded.render(
+            values=trainjob_values(values), name=RELEASE, namespace=NAMESPACE, is_upgrade=True
+        )
+
+
+def existing_trainjob(nodes: int, procs: int, deadline: int | None = None) -> dict:
+    spec: dict[str, Any] = {"trainer": {"numNodes": nodes, "numProcPerNode": procs}}
+    if deadline is not None:
+        spec["activeDeadlineSeconds"] = deadline
+    meta = {"name": RELEASE, "namespace": NAMESPACE}
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": meta,
+        "spec": spec,
+    }
+
+
+def test_upgrade_keeping_the_shape_renders(chart_with_existing):
+    existing = {"trainjob": existing_trainjob(2, 8, 3600)}
+    files = render_upgrade(
+        chart_with_existing, existing, {"gpus": 16, "runPolicy": {"activeDeadlineSeconds": 3600}}
+    )
+    (trainjob, _) = [d for d in yaml.safe_load_all(files["megdet/templates/trainjob.yaml"]) if d]
+    assert trainjob["spec"]["trainer"] == {"numNodes": 2, "numProcPerNode": 8}
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({"gpus": 32}, "runs 2 nodes x 8 processes and this upgrade asks for 4 x 8"),
+        (
+            {"gpus": 16, "gpusPerNode": 4},
+            "gpus=16, gpusPerNode=4: the existing TrainJob vision/megdet",
+        ),
+    ],
+)
+def test_upgrade_that_changes_the_immutable_trainer_fails_naming_the_values(
+    chart_with_existing, values, expected
+):
+    existing = {"trainjob": existing_trainjob(2, 8)}
+    with pytest.raises(helm_python.HelmError) as err:
+        render_upgrade(chart_with_existing, existing, values)
+    assert expected in str(err.value)
+    assert "spec.trainer cannot change on a TrainJob" in str(err.value)
+
+
+def test_upgrade_that_changes_the_deadline_fails_naming_the_value(chart_with_existing):
+    existing = {"trainjob": existing_trainjob(1, 8, 3600)}
+    with pytest.raises(helm_python.HelmError) as err:
+        render_upgrade(
+            chart_with_existing, existing, {"runPolicy": {"activeDeadlineSeconds": 7200}}
+        )
+    assert "runPolicy.activeDeadlineSeconds: the existing TrainJob vision/megdet has 3600" in str(
+        err.value
+    )
+
+
+def test_switching_a_live_run_from_pytorchjob_to_trainjob_fails(chart_with_existing):
+    meta = {"name": RELEASE, "namespace": NAMESPACE}
+    existing = {
+        "pytorchjob": {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": meta}
+    }
+    with pytest.raises(helm_python.HelmError) as err:
+        render_upgrade(chart_with_existing, existing, {})
+    assert "target=trainjob: the run already has a PyTorchJob vision/megdet" in str(err.value)
+
+
+SWITCH_LOOKUP = (
+    'lookup "trainer.kubeflow.org/v1alpha1" "TrainJob" .Release.Namespace'
+    ' (include "megdet.fullname" .)'
+)
+
+
+def test_switching_a_live_run_from_trainjob_to_pytorchjob_fails(tmp_path):
+    chart = tmp_path / "megdet"
+    shutil.copytree(CHART_DIR, chart)
+    template = chart / "templates" / "pytorchjob.yaml"
+    text = template.read_text()
+    assert text.count(SWITCH_LOOKUP) == 1, "pytorchjob.yaml no longer looks up a TrainJob"
+    template.write_text(
+        text.replace(SWITCH_LOOKUP, '.Files.Get "files/existing-trainjob.yaml" | fromYaml')
+    )
+    (chart / "files" / "existing-trainjob.yaml").write_text(yaml.safe_dump(existing_trainjob(1, 8)))
+    with helm_python.Chart.load(str(chart)) as loaded, pytest.raises(helm_python.HelmError) as err:
+        loaded.render(values={}, name=RELEASE, namespace=NAMESPACE, is_upgrade=True)
+    assert "target=pytorchjob: the run already has a TrainJob vision/megdet" in str(err.value)

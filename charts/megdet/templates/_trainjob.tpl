@@ -98,3 +98,40 @@ rules:
       values: {{ untilStep 1 128 1 | toJson }}
     onPodConditions: []
 {{- end -}}
+
+{{/*
+Rules against what already exists on `helm upgrade` (.trainjob: the TrainJob, .pytorchjob: a
+PyTorchJob of the same name, as the API server returns them, or empty; lookup is empty under
+`helm template` and dry runs). Trainer v2.3.0's CRD makes spec.trainer and
+spec.activeDeadlineSeconds immutable ("self == oldSelf"); say which value changed instead of
+the API server's "field is immutable". A PyTorchJob of the same run means the target changed on
+a live run: two jobs would train into one output folder.
+*/}}
+{{- define "megdet.validateTrainJobUpgrade" -}}
+{{- $v := .root.Values -}}
+{{- with .pytorchjob -}}
+{{- fail (printf "target=trainjob: the run already has a PyTorchJob %s/%s; switching target on a live run would start a second training into the same output folder. Keep target=pytorchjob, or delete the PyTorchJob (checkpoints on /output stay) and upgrade again" .metadata.namespace .metadata.name) -}}
+{{- end -}}
+{{- with .trainjob -}}
+{{- $oldNodes := int64 (dig "spec" "trainer" "numNodes" 0 .) -}}
+{{- $oldProcs := int64 (dig "spec" "trainer" "numProcPerNode" 0 .) -}}
+{{- $nodes := int64 $.plan.nodes -}}
+{{- $procs := int64 $.plan.procsPerNode -}}
+{{- if or (ne $oldNodes $nodes) (ne $oldProcs $procs) -}}
+{{- fail (printf "gpus=%d, gpusPerNode=%d: the existing TrainJob %s/%s runs %d nodes x %d processes and this upgrade asks for %d x %d; spec.trainer cannot change on a TrainJob (immutable in Trainer v2). Keep gpus and gpusPerNode, or delete the TrainJob (checkpoints on /output stay) and install again" (int64 $v.gpus) (int64 $v.gpusPerNode) .metadata.namespace .metadata.name $oldNodes $oldProcs $nodes $procs) -}}
+{{- end -}}
+{{- $oldDeadline := int64 (dig "spec" "activeDeadlineSeconds" 0 .) -}}
+{{- $deadline := int64 (default 0 $v.runPolicy.activeDeadlineSeconds) -}}
+{{- if ne $oldDeadline $deadline -}}
+{{- fail (printf "runPolicy.activeDeadlineSeconds: the existing TrainJob %s/%s has %d (0: none) and this upgrade sets %d; it cannot change on a TrainJob (immutable in Trainer v2). Keep the old value, or delete the TrainJob and install again" .metadata.namespace .metadata.name $oldDeadline $deadline) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* target=pytorchjob on upgrade: a TrainJob of the same run (the argument, or empty) means the
+target changed on a live run. */}}
+{{- define "megdet.validateSwitchFromTrainJob" -}}
+{{- with . -}}
+{{- fail (printf "target=pytorchjob: the run already has a TrainJob %s/%s; switching target on a live run would start a second training into the same output folder. Keep target=trainjob, or delete the TrainJob (checkpoints on /output stay) and upgrade again" .metadata.namespace .metadata.name) -}}
+{{- end -}}
+{{- end -}}
