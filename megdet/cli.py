@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "megdet.plan_cli",
     "megdet.trainer.cli",
     "megdet.image.cli",
+    "megdet.controller.cli",
 )
 
 
