@@ -31,9 +31,11 @@ import jsonschema
 from megdet.controller.problems import Problem, field_path
 
 __all__ = [
+    "ABSENT",
     "apply_defaults",
     "cel_problems",
     "coerce_numbers",
+    "rule_sites",
     "schema_problems",
     "to_json_schema",
 ]
@@ -154,7 +156,7 @@ def _is_transition(rule: str) -> bool:
     return "oldSelf" in rule
 
 
-def _rules(
+def rule_sites(
     schema: Mapping[str, Any], value: Any, old: Any, parts: _Path
 ) -> Iterator[tuple[Mapping[str, Any], Any, Any, _Path]]:
     """(schema node, value, old value, path) for every node that carries CEL rules."""
@@ -166,21 +168,21 @@ def _rules(
         for name, child in value.items():
             sub = props.get(name, extra if isinstance(extra, Mapping) else None)
             if sub:
-                child_old = old.get(name, _ABSENT) if isinstance(old, Mapping) else _ABSENT
-                yield from _rules(sub, child, child_old, [*parts, name])
+                child_old = old.get(name, ABSENT) if isinstance(old, Mapping) else ABSENT
+                yield from rule_sites(sub, child, child_old, [*parts, name])
     elif isinstance(value, Sequence) and not isinstance(value, str):
         items = schema.get("items")
         if isinstance(items, Mapping):
             # Kubernetes correlates list items for transition rules only in map/set lists.
             for i, child in enumerate(value):
-                yield from _rules(items, child, _ABSENT, [*parts, i])
+                yield from rule_sites(items, child, ABSENT, [*parts, i])
 
 
 class _Absent:
     """No old value (create, or the field was not set before)."""
 
 
-_ABSENT = _Absent()
+ABSENT = _Absent()
 
 
 def _relative(parts: _Path, field_path_text: str) -> _Path:
@@ -192,14 +194,14 @@ def _relative(parts: _Path, field_path_text: str) -> _Path:
 def cel_problems(
     schema: Mapping[str, Any],
     value: Any,
-    old: Any = _ABSENT,
+    old: Any = ABSENT,
     root: str = "spec",
 ) -> list[Problem]:
     """Problems from the schema's CEL rules. Transition rules run only when ``old`` is given."""
     typed = coerce_numbers(schema, value)
     typed_old = coerce_numbers(schema, old) if not isinstance(old, _Absent) else old
     problems: list[Problem] = []
-    for node, node_value, node_old, parts in _rules(schema, typed, typed_old, []):
+    for node, node_value, node_old, parts in rule_sites(schema, typed, typed_old, []):
         # One context per node: converting the values to CEL costs more than most rules.
         context = cel.Context({"self": node_value})
         transition = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import shutil
 from collections.abc import Iterator, Mapping
@@ -13,6 +15,8 @@ import celpy
 import kubernetes_validate
 import pytest
 import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from megdet.controller import crd as crd_module
 from megdet.controller.crd import (
@@ -24,7 +28,13 @@ from megdet.controller.crd import (
     crd_yaml,
     spec_schema,
 )
-from megdet.controller.schema import apply_defaults, cel_problems, schema_problems
+from megdet.controller.schema import (
+    apply_defaults,
+    cel_problems,
+    coerce_numbers,
+    rule_sites,
+    schema_problems,
+)
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
 
@@ -254,3 +264,57 @@ def test_status_declares_the_controller_fields(root):
     assert set(condition) == {
         "type", "status", "reason", "message", "lastTransitionTime", "observedGeneration",
     }  # fmt: skip
+
+
+# -- the two CEL implementations agree ----------------------------------------------------------
+
+_cross_specs = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpus": st.integers(1, 130),
+        "gpusPerNode": st.integers(1, 16),
+        "imagesPerGpu": st.integers(1, 8),
+        "maxIter": st.integers(1, 3000),
+        "steps": st.lists(st.integers(1, 3000), max_size=4),
+        "warmupIters": st.integers(0, 3000),
+        "schedule": st.sampled_from(["step", "three-stage"]),
+        "extraOverrides": st.dictionaries(
+            st.sampled_from(["TEST.EVAL_PERIOD", "SOLVER.BASE_LR", "lower.key"]),
+            st.one_of(st.integers(), st.booleans(), st.text(max_size=2), st.just([1])),
+            max_size=2,
+        ),
+        "dataset": st.fixed_dictionaries(
+            {"valJson": st.sampled_from(["", "v.json"]), "valImages": st.sampled_from(["", "v"])}
+        ),
+    },
+)
+
+
+_CELPY = celpy.Environment()
+
+
+@functools.cache
+def _programs(rule: str) -> tuple[cel.Program, Any]:
+    return cel.compile(rule), _CELPY.program(_CELPY.compile(rule))
+
+
+def _both_verdicts(rule: str, activation: dict[str, Any]) -> tuple[Any, Any]:
+    rust, python = _programs(rule)
+    python_result = python.evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+    return rust.execute(activation), bool(python_result)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=_cross_specs, old=_cross_specs)
+def test_cel_python_and_the_rust_interpreter_agree_on_every_rule(root, spec, old):
+    schema = root["properties"]["spec"]
+    new = coerce_numbers(schema, apply_defaults(schema, copy.deepcopy(spec)))
+    before = coerce_numbers(schema, apply_defaults(schema, copy.deepcopy(old)))
+    assume(not schema_problems(schema, new) and not schema_problems(schema, before))
+    for node, value, old_value, _ in rule_sites(schema, new, before, []):
+        for rule in node["x-kubernetes-validations"]:
+            activation = {"self": value}
+            if "oldSelf" in rule["rule"]:
+                activation["oldSelf"] = old_value
+            rust, python = _both_verdicts(rule["rule"], activation)
+            assert rust is python, (rule["rule"], activation)
