@@ -1,57 +1,14 @@
-"""Shared helpers for the monitoring tests: render the operator chart's monitoring objects."""
+"""Fixtures for the monitoring tests."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-
-ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_CHART = Path(
-    os.environ.get("MEGDET_TEST_OPERATOR_CHART") or ROOT / "charts" / "megdet-operator"
-)
-RELEASE, NAMESPACE = "megdet", "monitoring"
-ALL_ON = {
-    "dashboards": {"enabled": True},
-    "alerts": {"enabled": True},
-    "podMonitor": {"enabled": True},
-}
-
-
-def render_operator(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every object the operator chart renders with these values (real Helm engine)."""
-    import helm_python
-
-    with helm_python.Chart.load(str(OPERATOR_CHART)) as chart:
-        out = chart.render(values=values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return [
-        doc
-        for path, text in out.items()
-        if not path.endswith("NOTES.txt")
-        for doc in yaml.safe_load_all(text)
-        if doc
-    ]
-
-
-def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects if o["kind"] == kind]
-
-
-def rule_groups(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The rendered PrometheusRule's groups (alerts enabled, other values merged in)."""
-    merged = {**(values or {})}
-    merged["alerts"] = {"enabled": True, **merged.get("alerts", {})}
-    (rule,) = of_kind(render_operator(merged), "PrometheusRule")
-    return rule["spec"]["groups"]
-
-
-def rules_by_alert(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in groups for r in g["rules"]}
+from monitoring_helpers import rule_groups
 
 
 @pytest.fixture(scope="session")
 def default_rule_groups() -> list[dict[str, Any]]:
+    """The PrometheusRule's groups as the operator chart renders them with default values."""
     return rule_groups()

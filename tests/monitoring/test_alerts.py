@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, render_operator, rule_groups, rules_by_alert
+from monitoring_helpers import ROOT, render_operator, rule_groups, rules_by_alert
 
 from megdet.monitoring.alerts import ALERTS, GROUPS
 from megdet.monitoring.prometheus import promtool

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import helm_python
-from conftest import ALL_ON, NAMESPACE, OPERATOR_CHART, of_kind, render_operator
+from monitoring_helpers import ALL_ON, NAMESPACE, OPERATOR_CHART, of_kind, render_operator
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR
 from megdet.monitoring.dashboards import DASHBOARDS
