@@ -251,7 +251,9 @@ def inject(api: Any, match: Callable[[Any], bool], fault: str, times: int) -> li
 
     async def react(request: Any) -> Any:
         if not match(request) or len(failed) >= times:
-            return None  # no answer: kmock goes on to its emulated API
+            # "Matched, nothing to answer": kmock goes on to its emulated API and keeps this
+            # reaction (returning None would disable it for good).
+            raise NotImplementedError
         failed.append(request)
         if fault == "timeout":
             await asyncio.sleep(2.5)

@@ -1,0 +1,89 @@
+"""Two controller replicas with kopf peering: only the higher-priority one acts.
+
+kopf pauses an operator while a live peer with a higher priority is registered in the same
+peering object (kopf 1.45 ``_core/engines/peering.py``). The chart gives each replica a random
+priority at start-up (``megdet controller --priority random``), so one leads; these tests give
+fixed ones. kmock stands in for the API server (none runs here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kmock_helpers import (
+    PEERING_NAME,
+    PEERINGS,
+    PYTORCHJOBS,
+    RUNS,
+    apply,
+    eventually,
+    get,
+    objects,
+    requests_to,
+    run_body,
+    settle,
+    start_operator,
+    stop_operator,
+)
+
+
+def peers(api: Any) -> set[str]:
+    for (res, _ns, name), obj in list(api.objects.items()):
+        if res == PEERINGS and name == PEERING_NAME and not obj.deleted:
+            return set((obj.raw.get("status") or {}).keys())
+    return set()
+
+
+def agents(requests: list[Any]) -> set[str]:
+    return {r.headers.get("User-Agent", "") for r in requests}
+
+
+async def test_two_replicas_only_the_leader_acts_and_the_other_takes_over(cluster) -> None:
+    cluster.objects[PEERINGS, None, PEERING_NAME] = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING_NAME},
+    }
+    url = str(cluster.url)
+    leader = await start_operator(url, peering=PEERING_NAME, priority=200)
+    follower = await start_operator(url, peering=PEERING_NAME, priority=100)
+    try:
+        await eventually(
+            lambda: peers(cluster) >= {leader.identity, follower.identity}, message="peers"
+        )
+        for i in range(4):
+            await apply(cluster, run_body(f"ha-{i}"))
+        for i in range(4):
+            await eventually(
+                lambda i=i: ((get(cluster, RUNS, f"ha-{i}") or {}).get("status") or {}).get(
+                    "jobName"
+                )
+            )
+        await settle()
+        assert sorted(objects(cluster, PYTORCHJOBS)) == [f"ha-{i}" for i in range(4)]
+        creates = requests_to(cluster, "POST", "/pytorchjobs")
+        assert len(creates) == 4
+        writes = [
+            r
+            for r in list(cluster)
+            if r.method == "PATCH"
+            and r.url.path.endswith("/status")
+            and "/megdetruns/" in r.url.path
+        ]
+        assert agents(creates) == agents(writes) == {leader.user_agent}
+
+        # The leader goes away (kopf removes it from the peering object on exit): the follower
+        # resumes, re-checks the existing runs without creating anything, and serves new ones.
+        await stop_operator(leader)
+        await apply(cluster, run_body("after"))
+        await eventually(
+            lambda: get(cluster, PYTORCHJOBS, "after"), timeout=20, message="follower acts"
+        )
+        await settle()
+        creates = requests_to(cluster, "POST", "/pytorchjobs")
+        assert len(creates) == 5
+        assert agents(creates[4:]) == {follower.user_agent}
+    finally:
+        await stop_operator(follower)
+        if leader.thread.is_alive():
+            await stop_operator(leader)
