@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "megdet.trainer.cli",
     "megdet.image.cli",
     "megdet.controller.cli",
+    "megdet.controller.main",
 )
 
 
