@@ -98,6 +98,11 @@ IMMUTABLE_FIELDS: dict[str, str] = {
 _BATCH = "(self.gpus * self.imagesPerGpu * self.accumulationSteps)"
 
 
+def _null_or_absent(obj: str, field: str) -> str:
+    """CEL for "obj.field is unset" (absent, or null in a nullable field)."""
+    return f"(!has({obj}.{field}) || {obj}.{field} == null)"
+
+
 def _rescaled(expr: str) -> str:
     return f"((2 * ({expr}) * self.referenceBatch + {_BATCH}) / (2 * {_BATCH}))"
 
@@ -259,6 +264,37 @@ def _strictly_increasing(items: str, max_items: int, rescale: bool) -> str:
     return expr
 
 
+def _chart_spec_rules(props: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The run chart's cross-field `fail`s that span several spec fields."""
+    rules = [
+        {
+            "rule": "self.kueue.queueName == '' || !self.runPolicy.suspend",
+            "fieldPath": ".runPolicy.suspend",
+            "reason": "FieldValueForbidden",
+            "message": "runPolicy.suspend=true with kueue.queueName: Kueue owns suspend (its "
+            "webhook creates the job suspended and resumes it on admission); to hold the run, "
+            "hold its queue (stopPolicy: Hold)",
+        }
+    ]
+    if "target" in props:
+        deadline = "self.runPolicy.activeDeadlineSeconds"
+        old_deadline = "oldSelf.runPolicy.activeDeadlineSeconds"
+        rules.append(
+            {
+                # Trainer v2 makes a TrainJob's spec immutable but for suspend.
+                "rule": f"self.target != 'trainjob' || "
+                f"({_null_or_absent('self.runPolicy', 'activeDeadlineSeconds')} ? 0 : {deadline})"
+                f" == ({_null_or_absent('oldSelf.runPolicy', 'activeDeadlineSeconds')} ? 0 : "
+                f"{old_deadline})",
+                "fieldPath": ".runPolicy.activeDeadlineSeconds",
+                "reason": "FieldValueForbidden",
+                "message": "runPolicy.activeDeadlineSeconds is immutable with target=trainjob: it "
+                "cannot change on a TrainJob (Trainer v2)",
+            }
+        )
+    return rules
+
+
 def _spec_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Cross-field rules on the spec: the same rules, in the same order, as megdet.plan."""
     max_steps = spec["properties"]["steps"].get("maxItems", 16)
@@ -328,6 +364,52 @@ def _nested_rules(props: dict[str, Any]) -> None:
             "(train only)",
         }
     ]
+    resources = props["resources"]
+    if "qos" in resources.get("properties", {}):
+        resources["x-kubernetes-validations"] = [
+            {
+                "rule": "self.qos != 'Guaranteed' || "
+                "self.cpu.matches('^([1-9][0-9]*|[1-9][0-9]*000m)$')",
+                "fieldPath": ".cpu",
+                "reason": "FieldValueInvalid",
+                "message": "resources.cpu is not a whole number of CPUs; with "
+                "resources.qos=Guaranteed the kubelet's static CPU manager pins whole CPUs "
+                'only: use e.g. "32", or set resources.qos=Burstable',
+            },
+            {
+                "rule": "self.qos != 'Guaranteed' || self.memoryLimit == ''",
+                "fieldPath": ".memoryLimit",
+                "reason": "FieldValueForbidden",
+                "message": "with resources.qos=Guaranteed the memory limit equals "
+                "resources.memory; leave memoryLimit empty or set resources.qos=Burstable",
+            },
+        ]
+    props["gang"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"!self.enabled || self.schedulerName != 'volcano' || "
+            f"{_null_or_absent('self', 'scheduleTimeoutSeconds')}",
+            "fieldPath": ".scheduleTimeoutSeconds",
+            "reason": "FieldValueForbidden",
+            "message": "gang.scheduleTimeoutSeconds has no effect with gang.schedulerName=volcano: "
+            "the training operator copies it only into scheduler-plugins' PodGroup; remove it",
+        },
+        {
+            "rule": "!self.enabled || self.schedulerName == 'volcano' || self.queue == ''",
+            "fieldPath": ".queue",
+            "reason": "FieldValueForbidden",
+            "message": "gang.queue has no effect unless gang.schedulerName=volcano: the training "
+            "operator copies the queue only into Volcano's PodGroup; remove it, or use Kueue "
+            "(kueue.queueName) for queueing",
+        },
+        {
+            # kubeflow.org/v1 makes schedulingPolicy.queue immutable ("self == oldSelf").
+            "rule": "(oldSelf.enabled ? oldSelf.queue : '') == (self.enabled ? self.queue : '')",
+            "fieldPath": ".queue",
+            "message": "gang.queue is immutable: the job's schedulingPolicy.queue cannot change "
+            "on a running job (kubeflow.org/v1); delete the run and create it again "
+            "(checkpoints on the output volume stay)",
+        },
+    ]
     props["steps"].setdefault("x-kubernetes-validations", []).append(
         {
             "rule": _strictly_increasing("self", props["steps"].get("maxItems", 16), False),
@@ -358,7 +440,7 @@ def spec_schema(chart: Path | None = None) -> dict[str, Any]:
     )
     _nested_rules(spec["properties"])
     _transition_rules(spec["properties"])
-    spec["x-kubernetes-validations"] = _spec_rules(spec)
+    spec["x-kubernetes-validations"] = _spec_rules(spec) + _chart_spec_rules(spec["properties"])
     return spec
 
 
@@ -428,8 +510,44 @@ def _printer_columns() -> list[dict[str, Any]]:
     ]
 
 
+def _root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Rules on the whole object: the job is named after the run (metadata.name)."""
+    rules = [
+        {
+            "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
+            "fieldPath": ".metadata.name",
+            "reason": "FieldValueTooLong",
+            "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters, so "
+            "that the training operator's Services <name>-worker-<index> stay within 63",
+        }
+    ]
+    if "target" in spec["properties"]:
+        trainjob = "!has(self.spec.target) || self.spec.target != 'trainjob' || "
+        nodes = "((self.spec.gpus + self.spec.gpusPerNode - 1) / self.spec.gpusPerNode)"
+        rules += [
+            {
+                "rule": trainjob + "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                "fieldPath": ".metadata.name",
+                "reason": "FieldValueInvalid",
+                "message": "with target=trainjob, metadata.name must start with a letter and be "
+                "lower-case letters, digits and '-' (the TrainJob CRD's RFC 1035 rule)",
+            },
+            {
+                # JobSet names pods <job>-node-0-<nodes - 1>-<5 random>: 14 characters + digits.
+                "rule": trainjob
+                + f"size(self.metadata.name) + size(string({nodes} - 1)) + 14 <= 63",
+                "fieldPath": ".metadata.name",
+                "reason": "FieldValueTooLong",
+                "message": "with target=trainjob, metadata.name is too long for this many nodes: "
+                "JobSet's pod names <name>-node-0-<nodes - 1>-<5 characters> must fit in 63",
+            },
+        ]
+    return rules
+
+
 def build_crd(chart: Path | None = None) -> dict[str, Any]:
     """The MegDetRun CustomResourceDefinition, generated from the run chart."""
+    schema_spec = spec_schema(chart)
     schema = {
         "type": "object",
         "description": "A MegDet training run: the controller validates it, plans it and "
@@ -439,18 +557,10 @@ def build_crd(chart: Path | None = None) -> dict[str, Any]:
             "apiVersion": _field("string", "API version of this object (megdet.io/v1alpha1)."),
             "kind": _field("string", "Kind of this object (MegDetRun)."),
             "metadata": {"type": "object"},
-            "spec": spec_schema(chart),
+            "spec": schema_spec,
             "status": status_schema(),
         },
-        "x-kubernetes-validations": [
-            {
-                "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
-                "fieldPath": ".metadata.name",
-                "reason": "FieldValueTooLong",
-                "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters, so "
-                "that the training operator's Services <name>-worker-<index> stay within 63",
-            }
-        ],
+        "x-kubernetes-validations": _root_rules(schema_spec),
     }
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -50,8 +50,9 @@ RUN_SPEC_VALUES: dict[str, str] = {to_camel(name): name for name in RunSpec.mode
 
 # Helm's template `fail`: "execution error at (megdet/templates/x.yaml:1:4): <message>".
 _EXECUTION_ERROR = re.compile(r"execution error at \([^)]*\):\s*(?P<message>.*)", re.DOTALL)
-# The chart's fail messages start with the value they are about: "gpus=12 is not ...".
-_FAIL_FIELD = re.compile(r"^(?P<field>[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*)=")
+# The chart's fail messages start with the value they are about: "gpus=12 is not ..." or
+# "extraOverrides: SOLVER.BASE_LR is set by ...".
+_FAIL_FIELD = re.compile(r"^(?P<field>[A-Za-z][A-Za-z0-9]*(?:\.[A-Za-z][A-Za-z0-9]*)*)(?:=|: )")
 # Helm's values-schema errors, one per line: "- at '/nccl/ib/hca': <message>".
 _SCHEMA_ERROR = re.compile(r"^(?P<indent>\s*)- at '(?P<pointer>[^']*)': (?P<message>.*)$")
 _ADDITIONAL = re.compile(

@@ -27,7 +27,6 @@ from megdet.controller.render import (
     spec_error_problem,
 )
 from megdet.controller.schema import apply_defaults, cel_problems, coerce_numbers, schema_problems
-from megdet.naming import job_name_problem
 from megdet.plan import SpecError, plan_run
 
 __all__ = [
@@ -59,16 +58,34 @@ def default_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
     return apply_defaults(crd_spec_schema(), plain(spec))
 
 
-def crd_problems(spec: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> list[Problem]:
+@functools.cache
+def _root_rules() -> dict[str, Any]:
+    from megdet.controller.crd import build_crd
+
+    (version,) = build_crd(default_renderer().path)["spec"]["versions"]
+    return {
+        "x-kubernetes-validations": version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
+    }
+
+
+def crd_problems(
+    spec: Mapping[str, Any], old: Mapping[str, Any] | None = None, name: str | None = None
+) -> list[Problem]:
     """What the API server refuses: the structural schema, then the CEL rules (on a defaulted
-    spec). With ``old``, transition rules (immutable fields) run too."""
+    spec). With ``old``, transition rules (immutable fields) run too; with ``name``, the rules
+    on the whole object (metadata.name)."""
     schema = crd_spec_schema()
     problems = schema_problems(schema, spec)
     if problems:
         return problems
     if old is None:
-        return cel_problems(schema, spec)
-    return cel_problems(schema, spec, default_spec(old))
+        problems = cel_problems(schema, spec)
+    else:
+        problems = cel_problems(schema, spec, default_spec(old))
+    if name is not None:
+        whole = {"metadata": {"name": name}, "spec": coerce_numbers(schema, spec)}
+        problems = cel_problems(_root_rules(), whole, root="") + problems
+    return problems
 
 
 def plan_problems(spec: Mapping[str, Any]) -> list[Problem]:
@@ -108,15 +125,10 @@ def chart_problems(spec: Mapping[str, Any], name: str, namespace: str) -> list[P
 
 
 def _validate(spec: Any, old: Any, name: str | None, namespace: str) -> list[Problem]:
-    problems: list[Problem] = []
-    if name is not None:
-        too_long = job_name_problem(name)
-        if too_long:
-            problems.append(Problem("metadata.name", too_long))
     if not isinstance(spec, Mapping):
-        return [*problems, Problem("spec", f"expected an object, got {type(spec).__name__}")]
+        return [Problem("spec", f"expected an object, got {type(spec).__name__}")]
     defaulted = default_spec(spec)
-    problems += crd_problems(defaulted, old if isinstance(old, Mapping) else None)
+    problems = crd_problems(defaulted, old if isinstance(old, Mapping) else None, name)
     if problems:
         return problems
     typed = coerce_numbers(crd_spec_schema(), defaulted)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from megdet.controller.render import RUN_SPEC_VALUES, render_run
 from megdet.controller.validation import (
+    chart_problems,
     crd_problems,
     default_spec,
     plan_problems,
@@ -299,3 +300,77 @@ def test_fuzz_validate_and_render_never_raise_and_name_a_field(spec):
         # What validate_run accepts, the controller can render.
         rendered = render_run("fuzz", "vision", default_spec(spec))
         assert rendered.job["kind"] in ("PyTorchJob", "TrainJob")
+
+
+# -- CRD + CEL vs the run chart's own `fail`s ---------------------------------------------------
+
+_names = st.sampled_from(["r", "run-a", "9lives", "x" * 40, "x" * 48, "x" * 50])
+chart_rule_specs = st.fixed_dictionaries(
+    {},
+    optional={
+        "gpus": st.sampled_from([1, 8, 16, 12, 64, 800]),
+        "gpusPerNode": st.sampled_from([1, 8]),
+        "target": st.sampled_from(["pytorchjob", "trainjob"]),
+        "resources": st.fixed_dictionaries(
+            {},
+            optional={
+                "qos": st.sampled_from(["Guaranteed", "Burstable"]),
+                "cpu": st.sampled_from(["32", "1.5", "500m", "2000m", "0"]),
+                "memoryLimit": st.sampled_from(["", "300Gi"]),
+            },
+        ),
+        "gang": st.fixed_dictionaries(
+            {},
+            optional={
+                "enabled": st.booleans(),
+                "schedulerName": st.sampled_from(["volcano", "scheduler-plugins-scheduler"]),
+                "queue": st.sampled_from(["", "training"]),
+                "scheduleTimeoutSeconds": st.one_of(st.none(), st.just(600)),
+            },
+        ),
+        "kueue": st.fixed_dictionaries({}, optional={"queueName": st.sampled_from(["", "q"])}),
+        "runPolicy": st.fixed_dictionaries({}, optional={"suspend": st.booleans()}),
+        "nccl": st.fixed_dictionaries(
+            {},
+            optional={
+                "ib": st.fixed_dictionaries(
+                    {"enabled": st.booleans()},
+                    optional={"rdmaResourceName": st.sampled_from(["", "rdma/ib"])},
+                )
+            },
+        ),
+        "dataset": st.fixed_dictionaries(
+            {},
+            optional={
+                "valJson": st.sampled_from(["", "v.json"]),
+                "valImages": st.sampled_from(["", "v"]),
+            },
+        ),
+        "extraOverrides": st.dictionaries(
+            st.sampled_from(["TEST.EVAL_PERIOD", "SOLVER.BASE_LR", "OUTPUT_DIR"]),
+            st.integers(1, 9),
+            max_size=2,
+        ),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=chart_rule_specs, name=_names)
+def test_crd_and_cel_refuse_exactly_what_the_chart_refuses(spec, name):
+    """Every `fail` of the run chart is already a CRD rule: refused at `kubectl apply`."""
+    defaulted = default_spec(spec)
+    crd = crd_problems(defaulted, name=name)
+    chart = chart_problems(defaulted, name, "vision")
+    assert bool(crd) == bool(chart), (crd, chart)
+    if chart:
+        # ...about the same part of the spec (the chart may name the switch, nccl.ib.enabled,
+        # where the CRD names the value it needs, nccl.ib.rdmaResourceName).
+        def top(path: str) -> str:
+            return ".".join(path.replace("[", ".").split(".")[:2])
+
+        crd_parts = {top(p.path) for p in crd}
+        assert {top(p.path) for p in chart} & crd_parts or "metadata.name" in crd_parts, (
+            crd,
+            chart,
+        )

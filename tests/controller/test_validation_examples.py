@@ -94,6 +94,23 @@ INVALID = [
     ({"restartPolicy": "Sometimes"}, "spec.restartPolicy", "not one of"),
     ({"shm": {"sizeLimit": "lots"}}, "spec.shm.sizeLimit", "does not match"),
     ({"nameOverride": "x"}, "spec.nameOverride", "unknown field"),
+    ({"resources": {"cpu": "1.5"}}, "spec.resources.cpu", "whole number"),
+    ({"resources": {"memoryLimit": "300Gi"}}, "spec.resources.memoryLimit", "Guaranteed"),
+    (
+        {"gang": {"enabled": True, "scheduleTimeoutSeconds": 60}},
+        "spec.gang.scheduleTimeoutSeconds",
+        "no effect",
+    ),
+    (
+        {"gang": {"enabled": True, "schedulerName": "sp", "queue": "q"}},
+        "spec.gang.queue",
+        "no effect",
+    ),
+    (
+        {"kueue": {"queueName": "q"}, "runPolicy": {"suspend": True}},
+        "spec.runPolicy.suspend",
+        "Kueue owns suspend",
+    ),
 ]
 
 
@@ -117,6 +134,21 @@ def test_invalid_run_spec_fields_fail_the_crd_alone(change, path, words, cr_sche
 
     problems = crd_problems(default_spec({**BASE, **change}))
     assert any(p.path == path for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("spec", "name", "words"),
+    [
+        ({"target": "trainjob"}, "9lives", "RFC 1035"),
+        # 64 GPUs = 8 nodes: JobSet pod names <name>-node-0-7-xxxxx need 15 characters.
+        ({"target": "trainjob", "gpus": 64}, "r" * 49, "too long for this many nodes"),
+    ],
+)
+def test_trainjob_names_are_checked_at_apply(spec, name, words):
+    problems = validate_run(spec, name=name)
+    assert [p.path for p in problems] == ["metadata.name"]
+    assert words in problems[0].message
+    assert validate_run({**spec, "target": "pytorchjob"}, name=name) == []
 
 
 def test_metadata_name_too_long_is_refused():
@@ -154,3 +186,29 @@ def test_changing_an_immutable_field_is_refused_with_the_reason(change, path):
 )
 def test_operational_fields_stay_changeable(change):
     assert validate_update(BASE, {**BASE, **change}) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "path"),
+    [
+        (
+            {"gang": {"enabled": True, "queue": "a"}},
+            {"gang": {"enabled": True, "queue": "b"}},
+            "spec.gang.queue",
+        ),
+        (
+            {"target": "trainjob"},
+            {"target": "trainjob", "runPolicy": {"activeDeadlineSeconds": 9}},
+            "spec.runPolicy.activeDeadlineSeconds",
+        ),
+        ({"target": "trainjob"}, {"target": "pytorchjob"}, "spec.target"),
+    ],
+)
+def test_job_fields_fixed_once_the_job_exists(old, new, path):
+    problems = validate_update({**BASE, **old}, {**BASE, **new})
+    assert [p.path for p in problems] == [path]
+
+
+def test_deadline_stays_changeable_for_pytorchjobs():
+    new = {**BASE, "runPolicy": {"activeDeadlineSeconds": 9}}
+    assert validate_update(BASE, new) == []
