@@ -56,6 +56,9 @@ RATE = "$__rate_interval"
 
 REFRESH = "30s"
 
+# Any panel builder (time series, stat, table).
+_Panel = timeseries.Panel | stat.Panel | table.Panel
+
 
 @dataclass
 class _Ids:
@@ -68,14 +71,16 @@ class _Ids:
         return self.last
 
 
-def _query(expr: str, legend: str = "", ref: str = "A", instant: bool = False):
+def _query(
+    expr: str, legend: str = "", ref: str = "A", instant: bool = False
+) -> prometheus.Dataquery:
     q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
     if legend:
         q = q.legend_format(legend)
     return q.instant().format("table") if instant else q
 
 
-def _targets(panel, queries: list[tuple[str, str]]):
+def _targets(panel: _Panel, queries: list[tuple[str, str]]) -> _Panel:
     for index, (expr, legend) in enumerate(queries):
         panel = panel.with_target(_query(expr, legend, ref=chr(ord("A") + index)))
     return panel
@@ -88,7 +93,7 @@ def _timeseries(
     queries: list[tuple[str, str]],
     unit: str = "short",
     width: int = 12,
-):
+) -> timeseries.Panel:
     panel = (
         timeseries.Panel()
         .id(ids.next())
@@ -109,7 +114,9 @@ def _timeseries(
     return _targets(panel, queries)
 
 
-def _stat(ids: _Ids, title: str, description: str, expr: str, unit: str = "short", legend=""):
+def _stat(
+    ids: _Ids, title: str, description: str, expr: str, unit: str = "short", legend: str = ""
+) -> stat.Panel:
     panel = (
         stat.Panel()
         .id(ids.next())
@@ -126,15 +133,15 @@ def _stat(ids: _Ids, title: str, description: str, expr: str, unit: str = "short
     return panel.with_target(_query(expr, legend))
 
 
-def _row(ids: _Ids, title: str):
+def _row(ids: _Ids, title: str) -> db.Row:
     return db.Row(title).id(ids.next())
 
 
-def _datasource_variable():
+def _datasource_variable() -> db.DatasourceVariable:
     return db.DatasourceVariable("datasource").label("Data source").type("prometheus")
 
 
-def _query_variable(name: str, label: str, query: str, multi: bool = False):
+def _query_variable(name: str, label: str, query: str, multi: bool = False) -> db.QueryVariable:
     variable = (
         db.QueryVariable(name)
         .label(label)
@@ -149,7 +156,7 @@ def _query_variable(name: str, label: str, query: str, multi: bool = False):
     return variable
 
 
-def _dashboard(title: str, uid: str, description: str):
+def _dashboard(title: str, uid: str, description: str) -> db.Dashboard:
     return (
         db.Dashboard(title)
         .uid(uid)
@@ -202,7 +209,7 @@ def run_dashboard() -> db.Dashboard:
     return d
 
 
-def _overview_panels(ids: _Ids) -> list:
+def _overview_panels(ids: _Ids) -> list[_Panel]:
     images_per_s = f"sum(rate(megdet_train_images_total{{{RUN}}}[{RATE}]))"
     return [
         _stat(
@@ -261,7 +268,7 @@ def _overview_panels(ids: _Ids) -> list:
     ]
 
 
-def _learning_panels(ids: _Ids) -> list:
+def _learning_panels(ids: _Ids) -> list[_Panel]:
     return [
         _timeseries(
             ids,
@@ -289,7 +296,7 @@ def _learning_panels(ids: _Ids) -> list:
     ]
 
 
-def _speed_panels(ids: _Ids) -> list:
+def _speed_panels(ids: _Ids) -> list[_Panel]:
     return [
         _timeseries(
             ids,
@@ -337,7 +344,7 @@ def _speed_panels(ids: _Ids) -> list:
     ]
 
 
-def _health_panels(ids: _Ids) -> list:
+def _health_panels(ids: _Ids) -> list[_Panel]:
     return [
         _timeseries(
             ids,
@@ -376,7 +383,7 @@ def _health_panels(ids: _Ids) -> list:
     ]
 
 
-def _gpu_panels(ids: _Ids) -> list:
+def _gpu_panels(ids: _Ids) -> list[_Panel]:
     return [
         _timeseries(
             ids,
@@ -427,7 +434,7 @@ def fleet_dashboard() -> db.Dashboard:
     return d
 
 
-def _fleet_run_panels(ids: _Ids) -> list:
+def _fleet_run_panels(ids: _Ids) -> list[_Panel]:
     runs_table = (
         table.Panel()
         .id(ids.next())
@@ -468,7 +475,7 @@ def _fleet_run_panels(ids: _Ids) -> list:
     ]
 
 
-def _fleet_controller_panels(ids: _Ids) -> list:
+def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
     duration = "megdet_controller_reconcile_duration_seconds_bucket"
     return [
         _timeseries(
@@ -518,7 +525,7 @@ def _fleet_controller_panels(ids: _Ids) -> list:
     ]
 
 
-def _fleet_job_panels(ids: _Ids) -> list:
+def _fleet_job_panels(ids: _Ids) -> list[_Panel]:
     def jobs(kind: str) -> str:
         return (
             f"sum by (namespace, target) "
