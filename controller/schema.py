@@ -3,10 +3,11 @@
 No API server can run here, so these three steps reproduce the documented behaviour of
 kube-apiserver's apiextensions code with real implementations where they exist:
 
-- defaulting follows ``structuraldefaulting.Default`` (kubernetes/apiextensions-apiserver,
-  ``pkg/apiserver/schema/defaulting/algorithm.go``): a missing field, or a null in a field that
-  is not nullable, takes its default (a deep copy); then defaulting recurses into the value,
-  so ``default: {}`` on an object brings in its children's defaults;
+- defaulting follows ``defaulting.Default`` (kubernetes/kubernetes,
+  ``staging/src/k8s.io/apiextensions-apiserver/pkg/apiserver/schema/defaulting/algorithm.go``
+  and ``prunenulls.go``): a missing field, or a null in a field that is not nullable, takes its
+  default (a deep copy); then defaulting recurses into every value, so ``default: {}`` on an
+  object brings in its children's defaults;
 - the structural schema is converted to JSON Schema (``nullable``, ``x-kubernetes-int-or-string``,
   ``x-kubernetes-preserve-unknown-fields``, boolean ``exclusiveMinimum``) and checked with
   ``jsonschema``; unknown fields are errors, as with ``kubectl apply --validate=strict``;
