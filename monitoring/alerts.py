@@ -58,12 +58,15 @@ ALERTS: tuple[Alert, ...] = (
         name="MegDetNonFiniteLoss",
         key="nonFiniteLoss",
         group="megdet-training",
-        # The counter survives restarts (run history); the loss gauge catches a NaN/inf
-        # before the trainer stops on it.
+        # The trainer stops on a non-finite loss, usually before the next scrape; the count
+        # comes back from the run history when the run restarts, in a new series (new pod IP).
+        # So compare the run's count across all its series in the window, not one series'
+        # increase().
         expr=(
-            "increase(megdet_train_nonfinite_loss_total[<<window>>]) > 0\n"
-            'or megdet_train_loss{component="total"} != megdet_train_loss{component="total"}\n'
-            'or abs(megdet_train_loss{component="total"}) == Inf'
+            "max by (namespace, run) "
+            "(max_over_time(megdet_train_nonfinite_loss_total[<<window>>]))\n"
+            "> min by (namespace, run) "
+            "(min_over_time(megdet_train_nonfinite_loss_total[<<window>>]))"
         ),
         for_="0m",
         summary=f"Run {_RUN}: the training loss became NaN or infinite",
