@@ -33,6 +33,8 @@ from chart_helpers import (
     values_file,
     values_from,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from megdet.plan import plan_run
 
@@ -218,6 +220,42 @@ def test_pod_is_the_pytorchjob_pod_apart_from_operator_injected_parts(render, ca
     assert node["spec"]["containers"][0]["name"] == "node"
     assert node["metadata"]["labels"]["app.kubernetes.io/component"] == "node"
     assert node["spec"]["restartPolicy"] == "Never"
+
+
+@st.composite
+def run_values(draw) -> dict[str, Any]:
+    """Values across the pod's optional parts: shape, network, IB, gang, placement, extras."""
+    per_node = draw(st.sampled_from([1, 2, 4, 8]))
+    values: dict[str, Any] = {
+        "gpus": per_node * draw(st.integers(1, 12)),
+        "gpusPerNode": per_node,
+        "network": {"hostNetwork": draw(st.booleans())},
+        "terminationGracePeriodSeconds": draw(st.integers(30, 3600)),
+        "priorityClassName": draw(st.sampled_from(["", "high"])),
+        "podLabels": draw(st.dictionaries(st.sampled_from(["team", "tier"]), st.just("x"))),
+        "podAnnotations": draw(st.dictionaries(st.sampled_from(["a.io/x"]), st.just("y"))),
+        "extraEnv": draw(st.sampled_from([[], [{"name": "OMP_NUM_THREADS", "value": "4"}]])),
+        "restartPolicy": draw(st.sampled_from(["OnFailure", "Never", "ExitCode"])),
+    }
+    if draw(st.booleans()):
+        values["nccl"] = {"ib": {"enabled": True, "rdmaResourceName": RDMA}}
+    if draw(st.booleans()):
+        values["gang"] = {"enabled": True, "schedulerName": "volcano"}
+    if draw(st.booleans()):
+        values["extraVolumes"] = [{"name": "cfg", "configMap": {"name": "c"}}]
+        values["extraVolumeMounts"] = [{"name": "cfg", "mountPath": "/cfg"}]
+    return values
+
+
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(values=run_values())
+def test_pod_equality_holds_across_generated_values(render, values):
+    (v1,) = objects_of(render, pytorchjob_values(values))["PyTorchJob"]
+    node = node_pod_template(trainer_pair(render, values)[1])
+    for replica in v1["spec"]["pytorchReplicaSpecs"].values():
+        assert diff_paths(replica["template"], node) == set(INJECTED)
 
 
 def test_pod_comparison_notices_a_difference_outside_the_injected_parts(render):
