@@ -52,7 +52,8 @@ RESOURCES: dict[str, dict[str, Any]] = {
     PYTORCHJOBS: {"kind": "PyTorchJob", "namespaced": True, "subresources": ["status"]},
     TRAINJOBS: {"kind": "TrainJob", "namespaced": True, "subresources": ["status"]},
     RUNTIMES: {"kind": "TrainingRuntime", "namespaced": True},
-    PEERINGS: {"kind": "ClusterKopfPeering", "namespaced": False, "subresources": ["status"]},
+    # As the chart's CRD declares it: no status subresource (kopf patches the object itself).
+    PEERINGS: {"kind": "ClusterKopfPeering", "namespaced": False},
 }
 VERBS = ["list", "watch", "get", "create", "patch", "delete"]
 

@@ -1,0 +1,142 @@
+"""The operator chart renders a restricted, probed, HA-ready controller (real Helm engine)."""
+
+from __future__ import annotations
+
+import pytest
+from operator_chart_helpers import CI_VALUES, NAMESPACE, render, render_error, values_file
+
+from megdet.cli import build_parser
+
+
+def controller(rendered):
+    deployment = rendered.one("Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return deployment, container
+
+
+def test_defaults_render_the_controller_objects_and_nothing_optional() -> None:
+    rendered = render()
+    kinds = sorted(o["kind"] for o in rendered.objects)
+    assert kinds == sorted(
+        [
+            "ClusterKopfPeering",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    for obj in rendered.objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "megdet-operator"
+        assert labels["app.kubernetes.io/instance"] == "megdet-operator"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/part-of"] == "megdet"
+
+
+def test_controller_pod_is_restricted() -> None:
+    deployment, container = controller(render())
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["runAsNonRoot"] is True
+    assert (
+        container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
+    )
+    assert container["resources"]["limits"]["memory"]
+    # The one writable place: /tmp (HOME points there).
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+    assert {"name": "HOME", "value": "/tmp"} in container["env"]
+
+
+def test_probes_and_metrics_port() -> None:
+    _, container = controller(render())
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    service = render().one("Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
+def test_container_args_parse_with_the_controller_command() -> None:
+    # The chart's args are exactly what `megdet controller` accepts (the image's ENTRYPOINT is
+    # `megdet`), for every CI values file.
+    for values in [{}, *(values_file(p) for p in CI_VALUES)]:
+        _, container = controller(render(values))
+        args = build_parser().parse_args(container["args"])
+        assert args.command == "controller"
+        assert args.metrics_port == 8080 and args.health_port == 8081
+
+
+def test_peering_object_and_args_match() -> None:
+    rendered = render(values_file(next(p for p in CI_VALUES if "servicemonitor" in p.name)))
+    peering = rendered.one("ClusterKopfPeering")
+    _, container = controller(rendered)
+    assert peering["metadata"]["name"] == "megdet-controllers"
+    assert "--peering=megdet-controllers" in container["args"]
+    assert "--priority=100" in container["args"]
+    assert rendered.one("Deployment")["spec"]["replicas"] == 3
+
+
+def test_single_replica_without_peering_is_standalone_and_namespaced() -> None:
+    rendered = render(values_file(next(p for p in CI_VALUES if "single" in p.name)))
+    _, container = controller(rendered)
+    assert "--standalone" in container["args"]
+    assert "--namespace=vision" in container["args"] and "--namespace=research" in container["args"]
+    assert rendered.of_kind("ClusterKopfPeering") == []
+
+
+def test_service_monitor_behind_a_flag_with_additional_labels() -> None:
+    assert render().of_kind("ServiceMonitor") == []
+    rendered = render({"serviceMonitor": {"enabled": True, "additionalLabels": {"release": "kps"}}})
+    monitor = rendered.one("ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["metadata"]["namespace"] == NAMESPACE
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    service_labels = rendered.one("Service")["metadata"]["labels"]
+    assert selector.items() <= service_labels.items()
+
+
+def test_names_fit_in_63_characters_for_a_long_release() -> None:
+    rendered = render(release="a-very-long-release-name-for-the-platform-teams-cluster-operator-x")
+    for obj in rendered.objects:
+        assert len(obj["metadata"]["name"]) <= 63, obj["metadata"]["name"]
+
+
+def test_notes_say_what_was_installed_and_what_to_run() -> None:
+    notes = render().notes
+    assert (
+        "Deployment megdet-operator (2 replicas; kopf peering megdet-operator: one acts)" in notes
+    )
+    assert "kubectl get mdr -w" in notes
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"replicaCount": 0}, ["/replicaCount", "minimum"]),
+        ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy"]),
+        ({"serviceMonitor": {"interval": "30 seconds"}}, ["/serviceMonitor/interval"]),
+        ({"controller": {"peering": {"priority": "high"}}}, ["/controller/peering/priority"]),
+        ({"controller": {"logLevel": "TRACE"}}, ["/controller/logLevel"]),
+        ({"replicas": 2}, ["replicas", "not allowed"]),
+        (
+            {"replicaCount": 2, "controller": {"peering": {"enabled": False}}},
+            ["replicaCount=2 needs controller.peering.enabled=true"],
+        ),
+    ],
+)
+def test_bad_values_are_refused_naming_the_value(values, words) -> None:
+    error = render_error(values)
+    for word in words:
+        assert word in error

@@ -1,0 +1,60 @@
+"""Operator chart: helm lint strict and kubernetes-validate --strict for built-in kinds."""
+
+from __future__ import annotations
+
+import copy
+
+import helm_python
+import kubernetes_validate
+import pytest
+import yaml
+from operator_chart_helpers import CHART_DIR, CI_VALUES, NAMESPACE, render, values_file
+
+K8S_VERSIONS = ("1.27.0", "1.34.0")  # Chart.yaml: kubeVersion >=1.27
+CUSTOM_GROUPS = ("kopf.dev/", "monitoring.coreos.com/", "megdet.io/")
+CASES = {
+    "defaults": {},
+    "serviceMonitor": {"serviceMonitor": {"enabled": True}},
+    **{p.name: values_file(p) for p in CI_VALUES},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_lint_strict_reports_no_errors(case) -> None:
+    report = helm_python.lint(str(CHART_DIR), CASES[case], strict=True, namespace=NAMESPACE)
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] > 1] == []  # info ("icon") only
+
+
+def test_lint_reports_bad_values() -> None:
+    # Guards the test above: the same call does report a values problem.
+    report = helm_python.lint(str(CHART_DIR), {"replicaCount": "two"}, strict=True)
+    assert report["errors"] or any(m["severity"] > 1 for m in report["messages"])
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_builtin_objects_pass_kubernetes_validate_strict(case) -> None:
+    objects = [
+        o for o in render(CASES[case]).objects if not o["apiVersion"].startswith(CUSTOM_GROUPS)
+    ]
+    assert {o["kind"] for o in objects} >= {"Deployment", "Service", "ClusterRole"}
+    for obj in objects:
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_kubernetes_validate_strict_catches_a_typo_in_the_deployment() -> None:
+    deployment = copy.deepcopy(render().one("Deployment"))
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, K8S_VERSIONS[-1], strict=True)
+
+
+def test_peering_crd_is_a_valid_apiextensions_object() -> None:
+    crd = yaml.safe_load((CHART_DIR / "crds" / "clusterkopfpeerings.kopf.dev.yaml").read_text())
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(crd, version, strict=True)
+    assert crd["spec"]["scope"] == "Cluster"
+    (served,) = crd["spec"]["versions"]
+    # kopf patches the peering status through the object itself: no status subresource.
+    assert "subresources" not in served
