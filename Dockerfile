@@ -107,9 +107,12 @@ COPY . /src
 RUN pip install --no-cache-dir "/src[controller]" \
     && rm -rf /src \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin megdet
+# The run chart: the controller renders each MegDetRun's job with it, in process (one job builder).
+COPY charts/megdet /opt/megdet/charts/megdet
+ENV MEGDET_CHART_DIR=/opt/megdet/charts/megdet
 USER 10001:10001
 ENTRYPOINT ["megdet"]
-# `megdet controller` arrives with the controller issue (see docs/image.md).
+# `megdet controller`: the MegDetRun operator (docs/operations.md).
 CMD ["controller"]
 
 # ---------------------------------------------------------------------------------------------
