@@ -12,10 +12,13 @@ The chart is loaded once per process and reused; a render takes a few millisecon
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
+import json
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +48,8 @@ __all__ = [
 CHART_DIR_ENV = "MEGDET_CHART_DIR"
 #: Kinds the chart may render as the run's job (issue 11 adds the Trainer v2 TrainJob).
 JOB_KINDS = ("PyTorchJob", "TrainJob")
+#: Renders kept per renderer (a reconcile renders the same run twice: validate, then create).
+RECENT_RENDERS = 256
 #: Chart value name (camelCase) -> RunSpec field (snake_case), for every RunSpec field.
 RUN_SPEC_VALUES: dict[str, str] = {to_camel(name): name for name in RunSpec.model_fields}
 
@@ -130,6 +135,7 @@ class ChartRenderer:
         self.path = Path(path) if path is not None else chart_dir()
         self._chart = helm_python.Chart.load(str(self.path))
         self._lock = threading.Lock()
+        self._recent: OrderedDict[tuple[str, str, str], RenderedRun] = OrderedDict()
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -148,8 +154,27 @@ class ChartRenderer:
         return values
 
     def render(self, name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRun:
-        """Render the chart for a run, or raise InvalidRunError naming the fields at fault."""
+        """Render the chart for a run, or raise InvalidRunError naming the fields at fault.
+
+        The last few renders are kept: a reconcile validates (which renders) and then creates
+        what it rendered, so the second call is a copy, not a second Helm render.
+        """
         values = self.values(name, spec)
+        key = (name, namespace, json.dumps(values, sort_keys=True, default=repr))
+        with self._lock:
+            cached = self._recent.get(key)
+            if cached is not None:
+                self._recent.move_to_end(key)
+        if cached is not None:
+            return _copy(cached)
+        rendered = self._render(name, namespace, values)
+        with self._lock:
+            self._recent[key] = rendered
+            while len(self._recent) > RECENT_RENDERS:
+                self._recent.popitem(last=False)
+        return _copy(rendered)
+
+    def _render(self, name: str, namespace: str, values: dict[str, Any]) -> RenderedRun:
         with self._lock:
             try:
                 files = self._chart.render(
@@ -175,6 +200,15 @@ class ChartRenderer:
             plan=plan,
             notes=notes,
         )
+
+
+def _copy(rendered: RenderedRun) -> RenderedRun:
+    """A copy whose dicts the caller may change (owner references, labels)."""
+    return dataclasses.replace(
+        rendered,
+        values=copy.deepcopy(rendered.values),
+        objects=copy.deepcopy(rendered.objects),
+    )
 
 
 def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:

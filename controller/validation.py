@@ -136,7 +136,11 @@ def _validate(spec: Any, old: Any, name: str | None, namespace: str) -> list[Pro
         problems = layer(typed)
         if problems:
             return problems
-    return chart_problems(typed, name or _PLACEHOLDER_NAME, namespace)
+    # The spec as the API server hands it over: defaulted (a null in a defaulted field, which
+    # Helm would treat as "delete the chart's default", has become the default). For a spec
+    # from the cluster that is the spec itself, so the controller's render_run(name, namespace,
+    # spec) after validation reuses this render.
+    return chart_problems(defaulted, name or _PLACEHOLDER_NAME, namespace)
 
 
 def validate_run(
