@@ -252,3 +252,29 @@ def test_chart_dir_comes_from_the_environment(monkeypatch, tmp_path):
     job = ChartRenderer().render("r", "ns", {"gpus": 8}).job
     image = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert image["image"].startswith("registry.example.com/megdet:")
+
+
+def test_repeated_render_reuses_the_helm_render_and_hands_out_copies():
+    renderer = ChartRenderer()
+
+    class CountingChart:
+        def __init__(self, chart: Any) -> None:
+            self.chart, self.renders = chart, 0
+
+        def render(self, **kwargs: Any) -> Any:
+            self.renders += 1
+            return self.chart.render(**kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.chart, name)
+
+    counting = CountingChart(renderer._chart)
+    renderer._chart = counting
+    first = renderer.render("r", "ns", {"gpus": 16})
+    first.job["metadata"]["name"] = "changed by a caller"
+    second = renderer.render("r", "ns", {"gpus": 16})
+    assert counting.renders == 1
+    assert second.job["metadata"]["name"] == "r"
+    renderer.render("r", "ns", {"gpus": 32})
+    renderer.render("other", "ns", {"gpus": 16})
+    assert counting.renders == 3
