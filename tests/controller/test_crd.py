@@ -339,3 +339,38 @@ def test_cel_python_and_the_rust_interpreter_agree_on_every_rule(root, spec, old
                 activation["oldSelf"] = old_value
             rust, python = _both_verdicts(rule["rule"], activation)
             assert rust is python, (rule["rule"], activation)
+
+
+# -- JSON Schema constructs without an OpenAPI 3.0 equivalent -----------------------------------
+
+
+def test_json_schema_constructs_map_to_structural_ones():
+    from megdet.controller.crd import _convert
+
+    level = _convert(
+        {
+            "description": "d",
+            "oneOf": [
+                {"type": "string", "enum": ["", "LOC"]},
+                {"type": "integer", "minimum": 0, "maximum": 2},
+            ],
+        },
+        "LOC",
+        "spec.x",
+    )
+    assert level == {
+        "description": "d",
+        "x-kubernetes-int-or-string": True,
+        "enum": ["", "LOC", 0, 1, 2],
+        "default": "LOC",
+    }
+    nullable = _convert({"type": ["integer", "null"], "exclusiveMinimum": 0}, None, "spec.y")
+    assert nullable == {"type": "integer", "nullable": True, "minimum": 0, "exclusiveMinimum": True}
+    free = _convert({"type": "object"}, {"a": 1}, "spec.z")
+    assert free == {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "default": {"a": 1},
+    }
+    with pytest.raises(ValueError, match="no structural equivalent"):
+        _convert({"type": ["string", "integer"]}, None, "spec.w")
