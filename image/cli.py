@@ -43,12 +43,11 @@ def run_doctor(args: argparse.Namespace) -> int:
 
 def run_launch(args: argparse.Namespace) -> int:
     from megdet.cli import UsageError
-    from megdet.image.launcher import run_forwarding_signals, torchrun_command
-    from megdet.image.nccl import with_nccl_defaults
+    from megdet.image.launcher import run_forwarding_signals, torchrun_command, with_launch_defaults
 
     if not args.megdet_args:
         raise UsageError("give the megdet command to run, e.g. `megdet launch train --config X`")
-    env, added = with_nccl_defaults(os.environ)
+    env, added = with_launch_defaults(os.environ)
     topology = _topology(env)
     cmd = torchrun_command(topology, args.megdet_args)
     if not args.dry_run:

@@ -4,24 +4,45 @@ The launcher runs torchrun as a child rather than replacing itself with it so th
 the start-up diagnostic first and still be a well-behaved parent: SIGTERM (the kubelet stopping
 the pod) goes to torchrun, whose agent passes it to every trainer process so they can write a
 checkpoint before the grace period ends. The child's exit code becomes the pod's, except after a
-forwarded signal (see :func:`run_forwarding_signals`).
+forwarded signal: the rule is :mod:`megdet.signals`' (shared with ``megdet train``'s own
+spawning of local workers).
 """
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from types import FrameType
 
+from megdet.image.nccl import with_nccl_defaults
 from megdet.image.topology import LaunchTopology, torchrun_arguments
+from megdet.signals import FORWARDED_SIGNALS, SignalForwarder, exit_status
 
-__all__ = ["FORWARDED_SIGNALS", "run_forwarding_signals", "torchrun_command"]
+__all__ = [
+    "FORWARDED_SIGNALS",
+    "TORCHRUN_ENV_DEFAULTS",
+    "exit_status",
+    "run_forwarding_signals",
+    "torchrun_command",
+    "with_launch_defaults",
+]
 
-#: Signals passed on to the child. SIGINT too, because the child runs in its own process group
-#: (so a terminal's Ctrl-C reaches it once, through us, not twice).
-FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: Set for torchrun when unset (the chart's or the user's value wins).
+TORCHRUN_ENV_DEFAULTS: dict[str, str] = {
+    # torch >= 2.5 shares the rendezvous TCPStore with the trainers and keeps it across restart
+    # rounds; after one node's workers restart, keys of the previous round are read back and the
+    # new process group hangs (pytorch/pytorch#135712; seen here in tests/image/
+    # test_gang_restart.py: gloo waited forever in connectFullMesh). "1" gives every round a
+    # fresh store, hosted by the new rank 0 worker.
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+}
+
+
+def with_launch_defaults(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``env`` plus the NCCL and torchrun defaults it lacks, and the defaults that were added."""
+    env, added = with_nccl_defaults(env)
+    more = {k: v for k, v in TORCHRUN_ENV_DEFAULTS.items() if k not in env}
+    return {**env, **more}, {**added, **more}
 
 
 def torchrun_command(
@@ -39,37 +60,19 @@ def torchrun_command(
     ]
 
 
-def exit_status(returncode: int) -> int:
-    """A child's return code as a shell would report it (killed by signal N -> 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def run_forwarding_signals(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     """Run ``cmd``, forward FORWARDED_SIGNALS to it, and return the exit status for the pod.
 
-    That is the child's exit status, unless a signal was forwarded: then 128 + that signal
-    (what a process killed by it reports), whatever the child returned after checkpointing.
-    A stopped pod thus reads as interrupted, never as finished (0) nor as a permanent failure
-    (torchrun exits 1 on SIGTERM); PyTorchJob's ``ExitCode`` restart policy retries 128+.
+    That is the child's exit status, unless a signal was forwarded: then 128 + that signal,
+    whatever the child returned after checkpointing (PyTorchJob's ``ExitCode`` restart policy
+    retries 128+). The child runs in its own process group (see FORWARDED_SIGNALS).
     """
     child: subprocess.Popen[bytes] | None = None
-    pending: list[int] = []
-    received: list[int] = []
 
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        received.append(signum)
-        if child is None:
-            pending.append(signum)  # arrived while the child was starting
-        elif child.poll() is None:
-            child.send_signal(signum)
+    def targets() -> list[int]:
+        return [child.pid] if child is not None and child.poll() is None else []
 
-    previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
-    try:
+    with SignalForwarder(targets) as forwarder:
         child = subprocess.Popen(list(cmd), env=None if env is None else dict(env), process_group=0)
-        for signum in pending:
-            child.send_signal(signum)
-        status = exit_status(child.wait())
-        return 128 + received[0] if received else status
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        forwarder.deliver_pending()  # a SIGTERM that arrived while the child was starting
+        return forwarder.status(child.wait())

@@ -148,10 +148,21 @@ def _check_data(cfg, need_train: bool) -> None:
             raise ConfigError(f"MEGDET.DATA.{images_key}: {images!r} is not a folder")
 
 
+def _check_launch_env() -> None:
+    """Refuse an operator's pod env without torchrun (it would give the wrong world)."""
+    from megdet.cli import UsageError
+    from megdet.trainer.launch import bare_pod_problem
+
+    problem = bare_pod_problem()
+    if problem:
+        raise UsageError(problem)
+
+
 def _world(num_workers: int) -> tuple[int, int]:
     from megdet.cli import UsageError
     from megdet.trainer.launch import env_world, in_torchrun
 
+    _check_launch_env()
     if in_torchrun():
         if num_workers > 1:
             raise UsageError(
@@ -203,6 +214,7 @@ def run_eval(args: argparse.Namespace) -> int:
 
     if not Path(args.weights).is_file():
         raise UsageError(f"--weights: {args.weights} does not exist or is not a file")
+    _check_launch_env()
     cfg = _load(args, "eval")
     if not cfg.MEGDET.DATA.VAL_JSON:
         raise UsageError("MEGDET.DATA.VAL_JSON: required for evaluation (or --val-json)")

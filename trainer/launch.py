@@ -1,9 +1,16 @@
-"""Start the training processes: spawn N local workers, or join a torchrun / PyTorchJob world.
+"""Start the training processes: spawn N local workers, or be one rank of a torchrun world.
 
-* Inside torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), this
-  process is one worker: it initializes the process group from the environment and runs.
+* Started by torchrun (``megdet launch`` in a pod, or torchrun by hand): this process is one
+  worker; it initializes the process group from the env torchrun's agent set for it.
 * Otherwise ``num_workers`` processes are spawned on this machine (gloo on CPU, NCCL on GPUs)
-  on a free localhost port; SIGTERM to the parent is forwarded to them.
+  on a free localhost port; the parent passes SIGTERM on to them (:mod:`megdet.signals`).
+
+"Started by torchrun" is keyed on ``TORCHELASTIC_RUN_ID``, which torchrun's agent sets for every
+worker (torch/distributed/elastic/agent/server/local_elastic_agent.py, ``_start_workers``) and
+no operator sets. ``RANK``/``WORLD_SIZE``/``MASTER_*`` alone do not say it: the Kubeflow
+PyTorchJob operator sets them on the pod, ``RANK`` being the NODE rank and ``WORLD_SIZE``
+often the node count. A pod that runs ``megdet train`` without ``megdet launch`` is refused
+(:func:`bare_pod_problem`) rather than joining a world of the wrong size or training alone.
 
 A worker function takes one picklable job and returns an exit code.
 """
@@ -11,24 +18,50 @@ A worker function takes one picklable job and returns an exit code.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from megdet.signals import SignalForwarder
+
+#: Set by torchrun's agent for each worker it starts, and by nobody else.
+TORCHRUN_MARKER = "TORCHELASTIC_RUN_ID"
+#: What a rank initializes its process group from (torchrun sets them per process).
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+#: Set on a pod by the Kubeflow operators (v1 PyTorchJob: all; Trainer v2: the PET_ ones).
+OPERATOR_ENV = ("PET_NNODES", "PET_NODE_RANK", "RANK", "WORLD_SIZE")
 
 Worker = Callable[[Any], int]
 
 
-def in_torchrun() -> bool:
-    """Whether a launcher already made this process one rank of a world."""
-    return all(key in os.environ for key in TORCHRUN_ENV)
+def in_torchrun(env: Mapping[str, str] = os.environ) -> bool:
+    """Whether torchrun started this process as one rank of its world."""
+    return TORCHRUN_MARKER in env and all(key in env for key in TORCHRUN_ENV)
+
+
+def bare_pod_problem(env: Mapping[str, str] = os.environ) -> str | None:
+    """Why this process must not train here, or None.
+
+    An operator's pod env (PET_NNODES, RANK, WORLD_SIZE...) without torchrun means
+    ``megdet train`` was run as the container command instead of ``megdet launch train``.
+    """
+    if in_torchrun(env):
+        return None
+    found = [key for key in OPERATOR_ENV if key in env]
+    if not found:
+        return None
+    shown = ", ".join(f"{key}={env[key]}" for key in found)
+    return (
+        f"{shown} set but this process was not started by torchrun ({TORCHRUN_MARKER} is "
+        "unset): in a PyTorchJob/TrainJob pod these describe the NODES, not the training "
+        "processes. Run `megdet launch train ...` (the image's entrypoint), which starts "
+        "torchrun with the right world size; or unset them to train on this machine alone"
+    )
 
 
 def env_world() -> tuple[int, int]:
-    """World size and local (per-node) world size from the launcher's environment."""
+    """World size and local (per-node) world size from torchrun's environment."""
     world = int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     return world, local
@@ -96,26 +129,20 @@ def _spawn(worker: Worker, job: Any, num_workers: int, use_cuda: bool) -> int:
         start_method="spawn",
     )
 
-    def forward(signum: int, frame: Any) -> None:
+    def targets() -> list[int]:
         # The workers save a checkpoint and exit; the parent waits for them.
-        for process in context.processes:
-            if process.is_alive() and process.pid:
-                os.kill(process.pid, signum)
+        return [p.pid for p in context.processes if p.is_alive() and p.pid]
 
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
+    with SignalForwarder(targets) as forwarder:
         while True:
             try:
                 if context.join():
-                    return 0
+                    return forwarder.status(0)
             except mp.ProcessExitedException as err:
-                code = err.exit_code
-                return code if code >= 0 else 128 - code
+                return forwarder.status(err.exit_code)
             except mp.ProcessRaisedException as err:
                 print(err, file=sys.stderr)
-                return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+                return forwarder.status(1)
 
 
 def launch(worker: Worker, job: Any, num_workers: int = 1, use_cuda: bool = False) -> int:

@@ -9,7 +9,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from megdet.image.launcher import exit_status, run_forwarding_signals
+from megdet.image.launcher import run_forwarding_signals
+from megdet.signals import exit_status
 
 # A stand-in for torchrun + trainer: it writes "ready", then on SIGTERM writes what it got
 # (as a checkpointing trainer would) and exits with a distinctive code.
@@ -76,16 +77,26 @@ def test_a_signal_that_arrives_while_the_child_starts_is_delivered(tmp_path):
         import os, signal, sys, subprocess
         from megdet.image import launcher
         real_popen = subprocess.Popen
+        children = []
         def popen_after_sigterm(*args, **kwargs):
             os.kill(os.getpid(), signal.SIGTERM)  # lands before the child exists
-            return real_popen(*args, **kwargs)
+            children.append(real_popen(*args, **kwargs))
+            return children[-1]
         launcher.subprocess.Popen = popen_after_sigterm
-        sys.exit(launcher.run_forwarding_signals([sys.executable, "-c", {CHILD!r}, {str(out)!r}]))
+        code = launcher.run_forwarding_signals([sys.executable, "-c", {CHILD!r}, {str(out)!r}])
+        print("child returncode", children[0].returncode)
+        sys.exit(code)
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], timeout=30)
+    result = subprocess.run([sys.executable, "-c", script], timeout=30, capture_output=True)
     # Without the pending-signal delivery the child would sleep 60 s and the run time out.
     assert result.returncode == 128 + signal.SIGTERM
+    # The child really got SIGTERM: delivered right after it started, it lands before the
+    # child's Python installed its handler, so it dies of it (-15); had the handler run it
+    # would have exited 43 after writing its file.
+    returncode = int(result.stdout.decode().split("child returncode")[1])
+    assert returncode in (-signal.SIGTERM, 43)
+    assert returncode == 43 or not out.exists()
 
 
 def test_exit_code_of_a_failing_child_propagates():

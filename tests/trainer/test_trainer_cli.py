@@ -136,3 +136,60 @@ def test_registering_the_cli_does_not_import_torch():
         "assert 'torch' not in sys.modules and 'detectron2' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# What the operators put on a pod (node meaning): Kubeflow v1 PyTorchJob (kubeflow/trainer
+# v1.9.4 pkg/controller.v1/pytorch/envvar.go) and Trainer v2 (v2.3.0 plugins/torch/torch.go).
+PYTORCHJOB_POD_ENV = {
+    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", "PET_MASTER_ADDR": "127.0.0.1",
+    "PET_MASTER_PORT": "1", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+    "PET_NPROC_PER_NODE": "1", "WORLD_SIZE": "2", "RANK": "1",
+}  # fmt: skip
+TRAINJOB_POD_ENV = {
+    "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_NODE_RANK": "1",
+    "PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": "1",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("pod_env", [PYTORCHJOB_POD_ENV, TRAINJOB_POD_ENV], ids=["v1", "v2"])
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_train_in_an_operator_pod_without_torchrun_is_refused(
+    tmp_path, shapes, capsys, monkeypatch, pod_env, command
+):
+    # `megdet train` as the container command: RANK is the node rank, WORLD_SIZE the node
+    # count (or absent under Trainer v2). It must neither join that "world" (MASTER_PORT 1:
+    # a hang, then a wrong-size world) nor train alone; it says what to run instead.
+    for key in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in pod_env.items():
+        monkeypatch.setenv(key, value)
+    weights = tmp_path / "w.pth"
+    weights.write_bytes(b"")
+    output = tmp_path / "out"
+    if command == "train":
+        argv = _train_args(shapes, "--output", str(output))
+    else:
+        argv = [
+            "eval", "--config", "megdet_tiny_cpu", "--weights", str(weights), "--output",
+            str(output), "--val-json", str(shapes["val_json"]),
+            "--val-images", str(shapes["val_images"]),
+        ]  # fmt: skip
+    code, err = _run_cli(argv, capsys)
+    assert code == 2, err[-2000:]
+    assert "not started by torchrun (TORCHELASTIC_RUN_ID is unset)" in err
+    assert "megdet launch train" in err
+    assert f"PET_NNODES={pod_env['PET_NNODES']}" in err
+    assert not output.exists()  # nothing trained
+
+
+def test_only_torchruns_own_variable_makes_a_process_a_rank():
+    from megdet.trainer.launch import bare_pod_problem, in_torchrun
+
+    torchrun_worker = {
+        **PYTORCHJOB_POD_ENV, "TORCHELASTIC_RUN_ID": "job", "RANK": "3", "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1", "GROUP_RANK": "1",
+    }  # fmt: skip
+    assert in_torchrun(torchrun_worker) and bare_pod_problem(torchrun_worker) is None
+    assert not in_torchrun(PYTORCHJOB_POD_ENV) and bare_pod_problem(PYTORCHJOB_POD_ENV)
+    assert not in_torchrun(TRAINJOB_POD_ENV) and bare_pod_problem(TRAINJOB_POD_ENV)
+    assert not in_torchrun({}) and bare_pod_problem({}) is None  # a laptop: spawn locally
