@@ -135,9 +135,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     HOME=/home/megdet
 
 # Same reason as in the build stage: the base image tag pins the Ubuntu package series.
+# libibverbs1 + ibverbs-providers (rdma-core's user space; Ubuntu 24.04 names): NCCL dlopens
+# libibverbs.so.1, which loads the HCA's provider (libmlx5-rdmav*.so); without them NCCL's
+# InfiniBand transport finds no device and falls back to TCP sockets. `megdet doctor` checks.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.12 tini \
+    && apt-get install -y --no-install-recommends python3.12 tini libibverbs1 ibverbs-providers \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin megdet \
     && mkdir -p /data /output \

@@ -1,10 +1,11 @@
 """`megdet doctor`: what this pod sees, printed before training starts.
 
 The checks answer the questions a failed multi-node start raises: are the GPUs visible, which
-NCCL is this, is InfiniBand there, is /dev/shm big enough for DataLoader workers, which NCCL
-settings are in effect, and what will the run do at this world size. Only a malformed launch
-env is fatal (the launcher could not start torchrun correctly anyway); everything else is
-reported, with warnings, and left to the operator.
+NCCL is this, is InfiniBand there and usable from this process (verbs library, provider,
+devices, locked memory: :mod:`megdet.image.rdma`), is /dev/shm big enough for DataLoader
+workers, which NCCL settings are in effect, and what will the run do at this world size. Only
+a malformed launch env is fatal (the launcher could not start torchrun correctly anyway);
+everything else is reported, with warnings, and left to the operator.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from pathlib import Path
 
 from megdet import __version__
 from megdet.image.nccl import nccl_env
-from megdet.image.topology import LaunchTopology, torchrun_arguments
+from megdet.image.rdma import RdmaInfo, probe_rdma, rdma_lines, rdma_warnings
+from megdet.image.topology import (
+    TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT,
+    LaunchTopology,
+    torchrun_arguments,
+)
 from megdet.plan import Plan, SpecError, plan_run
 
 __all__ = [
@@ -168,10 +174,12 @@ def build_report(
     shm_path: str = "/dev/shm",
     infiniband_root: Path = INFINIBAND_SYSFS,
     plan_function: PlanFunction = default_plan,
+    rdma: RdmaInfo | None = None,
 ) -> Report:
-    """Collect the diagnostic for this pod."""
+    """Collect the diagnostic for this pod (``rdma``: injected facts, else probed here)."""
     report = Report()
     gpus = gpus if gpus is not None else probe_gpus()
+    rdma = rdma if rdma is not None else probe_rdma()
 
     software = [f"megdet {__version__}, Python {platform.python_version()}"]
     if gpus.torch_version is None:
@@ -203,6 +211,8 @@ def build_report(
                 "multi-node GPU run without InfiniBand/RoCE devices: expect slow all-reduce"
             )
     report.sections.append(("InfiniBand", ib_lines))
+    report.sections.append(("RDMA", rdma_lines(rdma)))
+    report.warnings += rdma_warnings(rdma, env)
 
     shm = shm_bytes(shm_path)
     if shm is None:
@@ -223,8 +233,21 @@ def build_report(
         f"nodes {topology.nnodes}, this node's rank {topology.node_rank}",
         f"processes per node {topology.nproc_per_node} ({topology.nproc_source})",
         f"world size {topology.world_size}",
+        f"worker group restarts {topology.max_restarts} (MEGDET_MAX_RESTARTS)",
         "torchrun " + shlex.join(torchrun_arguments(topology)),
     ]
+    if topology.shutdown_timeout is None:
+        launch.append(f"shutdown timeout: torchrun's default {TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT} s")
+        report.warnings.append(
+            "MEGDET_GRACE_PERIOD_SECONDS is unset: torchrun kills the trainers "
+            f"{TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT} s after SIGTERM, whatever the pod's grace "
+            "period; a slower checkpoint is lost (the run chart sets it)"
+        )
+    else:
+        launch.append(
+            f"shutdown timeout {topology.shutdown_timeout} s "
+            "(MEGDET_GRACE_PERIOD_SECONDS minus the launcher's margin)"
+        )
     report.sections.append(("launch", launch))
 
     try:

@@ -9,6 +9,17 @@ The PyTorchJob operator (kubeflow.org/v1) sets, in every pod:
 - ``WORLD_SIZE``: pods x nprocPerNode when nprocPerNode is an integer, otherwise the number of
   pods (kubeflow/trainer#1790). Hence the launcher computes the global world size itself and
   only uses ``WORLD_SIZE`` as a consistency check.
+
+Kubeflow Trainer v2 (TrainJob, kubeflow/trainer v2.3.0 ``pkg/runtime/framework/plugins/torch/
+torch.go``) injects only the ``PET_*`` five: ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
+``PET_NODE_RANK``, ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``; the aliases below cover it.
+
+The run chart adds what no operator knows (docs/image.md):
+
+- ``MEGDET_GRACE_PERIOD_SECONDS``: the pod's ``terminationGracePeriodSeconds``; torchrun's
+  ``--shutdown-timeout`` is that minus :data:`SHUTDOWN_MARGIN_SECONDS`;
+- ``MEGDET_MAX_RESTARTS``: torchrun's ``--max-restarts`` (chart value ``workerRestarts``);
+- ``MEGDET_RUN_ID``: the rendezvous id (the job's name).
 """
 
 from __future__ import annotations
@@ -18,7 +29,10 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
+    "DEFAULT_RUN_ID",
     "NPROC_KEYWORDS",
+    "SHUTDOWN_MARGIN_SECONDS",
+    "TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT",
     "EnvError",
     "LaunchTopology",
     "topology_from_env",
@@ -29,6 +43,15 @@ __all__ = [
 DEFAULT_MASTER_PORT = 29500
 #: The non-integer values `spec.nprocPerNode` accepts.
 NPROC_KEYWORDS = ("auto", "gpu", "cpu")
+#: Seconds of the pod's grace period kept back from torchrun's shutdown timeout: after that
+#: timeout torchrun SIGKILLs the trainers, tears its agent down and exits, and the launcher
+#: reports the exit status; all that must happen before the kubelet's own SIGKILL.
+SHUTDOWN_MARGIN_SECONDS = 10
+#: What torchrun waits after passing SIGTERM on when nothing says otherwise
+#: (torch/distributed/launcher/api.py: TORCH_ELASTIC_SHUTDOWN_TIMEOUT, default "30").
+TORCHRUN_DEFAULT_SHUTDOWN_TIMEOUT = 30
+#: The rendezvous id when MEGDET_RUN_ID is unset (one job per rendezvous endpoint anyway).
+DEFAULT_RUN_ID = "megdet"
 
 
 class EnvError(ValueError):
@@ -51,6 +74,12 @@ class LaunchTopology:
     master_port: int | None
     #: how ``nproc_per_node`` was decided, e.g. "PET_NPROC_PER_NODE=8" or "auto: 8 GPUs"
     nproc_source: str
+    #: torchrun's --shutdown-timeout; None: MEGDET_GRACE_PERIOD_SECONDS unset, torchrun's 30 s
+    shutdown_timeout: int | None = None
+    #: torchrun's --max-restarts: how often a failed worker group restarts, on every node
+    max_restarts: int = 0
+    #: torchrun's --rdzv-id
+    run_id: str = DEFAULT_RUN_ID
 
     @property
     def world_size(self) -> int:
@@ -138,6 +167,28 @@ def _nproc(env: Mapping[str, str], visible_gpus: int | Callable[[], int]) -> tup
     return 1, "auto: no GPU visible, 1 CPU process"
 
 
+def _shutdown_timeout(env: Mapping[str, str]) -> int | None:
+    """Grace period minus the margin, or None when the grace period is not given."""
+    name = "MEGDET_GRACE_PERIOD_SECONDS"
+    grace = _whole(env, name, minimum=0)
+    if grace is None:
+        return None
+    if grace <= SHUTDOWN_MARGIN_SECONDS:
+        raise EnvError(
+            name,
+            f"{grace} leaves no time to checkpoint: it must be above the launcher's "
+            f"{SHUTDOWN_MARGIN_SECONDS} s margin (set terminationGracePeriodSeconds higher)",
+        )
+    return grace - SHUTDOWN_MARGIN_SECONDS
+
+
+def _run_id(env: Mapping[str, str]) -> str:
+    run_id = _get(env, "MEGDET_RUN_ID") or DEFAULT_RUN_ID
+    if not all(c.isalnum() or c in "-_." for c in run_id):
+        raise EnvError("MEGDET_RUN_ID", f"{run_id!r}: use letters, digits, '-', '_' and '.'")
+    return run_id
+
+
 def topology_from_env(
     env: Mapping[str, str], visible_gpus: int | Callable[[], int] = 0
 ) -> LaunchTopology:
@@ -183,6 +234,9 @@ def topology_from_env(
         master_addr=master_addr,
         master_port=master_port,
         nproc_source=nproc_source,
+        shutdown_timeout=_shutdown_timeout(env),
+        max_restarts=_whole(env, "MEGDET_MAX_RESTARTS", minimum=0) or 0,
+        run_id=_run_id(env),
     )
 
 
@@ -190,14 +244,28 @@ def torchrun_arguments(topology: LaunchTopology) -> list[str]:
     """torchrun's options (before the script) for this pod.
 
     Explicit options, because torchrun would otherwise read ``PET_NPROC_PER_NODE=auto`` itself
-    and start one process per CPU core on a GPU-less node.
+    and start one process per CPU core on a GPU-less node. Several nodes meet through the c10d
+    rendezvous (not the static one), hosted by node 0's agent at MASTER_ADDR:MASTER_PORT with
+    ``--nnodes=N:N`` (a fixed size): when any worker fails, its agent restarts its workers and
+    re-joins, and every other agent sees a node waiting and restarts its own, so the whole world
+    restarts together and resumes from the last complete checkpoint (docs/image.md).
     """
-    if topology.standalone:
-        return ["--standalone", "--nnodes=1", f"--nproc-per-node={topology.nproc_per_node}"]
-    return [
-        f"--nnodes={topology.nnodes}",
+    common = [
         f"--nproc-per-node={topology.nproc_per_node}",
-        f"--node-rank={topology.node_rank}",
-        f"--master-addr={topology.master_addr}",
-        f"--master-port={topology.master_port}",
+        f"--max-restarts={topology.max_restarts}",
+    ]
+    if topology.shutdown_timeout is not None:
+        common.append(f"--shutdown-timeout={topology.shutdown_timeout}")
+    if topology.standalone:
+        return ["--standalone", "--nnodes=1", *common]
+    # Node 0 hosts the store; saying so beats torchrun's hostname matching, which two "pods"
+    # on one machine (or a Service name that is not the hostname) would confuse.
+    is_host = int(topology.node_rank == 0)
+    return [
+        f"--nnodes={topology.nnodes}:{topology.nnodes}",
+        *common,
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={topology.master_addr}:{topology.master_port}",
+        f"--rdzv-id={topology.run_id}",
+        f"--rdzv-conf=is_host={is_host}",
     ]

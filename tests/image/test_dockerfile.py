@@ -175,6 +175,14 @@ def test_train_entrypoint_is_the_launcher_under_tini(dockerfile):
     assert copies == ["--from=build /opt/venv /opt/venv"]
 
 
+def test_train_stage_installs_the_rdma_user_space(dockerfile):
+    # NCCL's IB transport needs rdma-core's libibverbs and the mlx5 provider at run time.
+    runs = " ".join(rest for keyword, rest in stages(dockerfile)["train"] if keyword == "RUN")
+    installs = re.findall(r"apt-get install[^&]*", runs)
+    packages = {word for install in installs for word in install.split()}
+    assert {"libibverbs1", "ibverbs-providers"} <= packages
+
+
 def test_controller_target_has_no_torch_and_no_cuda(dockerfile, pyproject):
     controller = stages(dockerfile)["controller"]
     text = " ".join(rest for _, rest in controller).lower()

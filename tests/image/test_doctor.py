@@ -23,7 +23,8 @@ from megdet.plan import plan_run
 
 LAUNCH_VARS = (
     "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES",
-    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK",
+    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK", "MEGDET_GRACE_PERIOD_SECONDS",
+    "MEGDET_MAX_RESTARTS", "MEGDET_RUN_ID",
 )  # fmt: skip
 
 
@@ -60,7 +61,8 @@ def test_doctor_reports_world_size_and_plan_from_the_env():
     result = megdet("doctor", env={**env, "PET_NPROC_PER_NODE": "3"})
     assert result.returncode == 0, result.stderr
     assert "world size 6" in result.stdout
-    assert "--node-rank=1" in result.stdout
+    assert "this node's rank 1" in result.stdout
+    assert "--rdzv-endpoint=127.0.0.1:29500" in result.stdout
     expected = plan_run({"gpus": 6, "gpus_per_node": 3})
     assert f"global batch {expected.global_batch}, lr {expected.lr:.6g}" in result.stdout
 

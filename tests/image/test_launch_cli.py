@@ -10,7 +10,8 @@ from megdet.image.nccl import NCCL_DEFAULTS, nccl_env, with_nccl_defaults
 
 LAUNCH_VARS = (
     "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES",
-    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK",
+    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK", "MEGDET_GRACE_PERIOD_SECONDS",
+    "MEGDET_MAX_RESTARTS", "MEGDET_RUN_ID",
 )  # fmt: skip
 
 
@@ -41,15 +42,16 @@ def test_dry_run_prints_the_torchrun_command_for_worker_0():
     assert result.returncode == 0, result.stderr
     assert "world size 12" in result.stdout
     assert (
-        "-m torch.distributed.run --nnodes=3 --nproc-per-node=4 --node-rank=1 "
-        "--master-addr=job-master-0 --master-port=23456 -m megdet train --config x.yaml "
-        "SOLVER.MAX_ITER 5"
+        "-m torch.distributed.run --nnodes=3:3 --nproc-per-node=4 --max-restarts=0 "
+        "--rdzv-backend=c10d --rdzv-endpoint=job-master-0:23456 --rdzv-id=megdet "
+        "--rdzv-conf=is_host=0 -m megdet train --config x.yaml SOLVER.MAX_ITER 5"
     ) in result.stdout
-    assert "defaults added: NCCL_DEBUG=WARN" in result.stdout
+    assert "defaults added: NCCL_DEBUG=WARN TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in result.stdout
 
 
 def test_a_chart_set_nccl_variable_is_never_overridden():
-    result = megdet("launch", "--dry-run", "train", env={"NCCL_DEBUG": "INFO"})
+    chart_env = {"NCCL_DEBUG": "INFO", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "0"}
+    result = megdet("launch", "--dry-run", "train", env=chart_env)
     assert result.returncode == 0, result.stderr
     assert "defaults added" not in result.stdout
     env, added = with_nccl_defaults({"NCCL_DEBUG": "INFO", "PATH": "/bin"})
