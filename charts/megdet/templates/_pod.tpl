@@ -40,6 +40,10 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- define "megdet.env" -}}
 {{- $n := .Values.nccl -}}
 {{- $env := list (dict "name" "TORCH_NCCL_ASYNC_ERROR_HANDLING" "value" (toString (int64 $n.asyncErrorHandling))) -}}
+{{- /* For `megdet launch` (docs/image.md): torchrun's shutdown timeout, restarts, rendezvous id. */ -}}
+{{- $env = append $env (dict "name" "MEGDET_GRACE_PERIOD_SECONDS" "value" (toString (int64 .Values.terminationGracePeriodSeconds))) -}}
+{{- $env = append $env (dict "name" "MEGDET_MAX_RESTARTS" "value" (toString (int64 .Values.workerRestarts))) -}}
+{{- $env = append $env (dict "name" "MEGDET_RUN_ID" "value" (include "megdet.fullname" .)) -}}
 {{- if $n.debug -}}{{- $env = append $env (dict "name" "NCCL_DEBUG" "value" $n.debug) -}}{{- end -}}
 {{- if $n.debugSubsys -}}{{- $env = append $env (dict "name" "NCCL_DEBUG_SUBSYS" "value" $n.debugSubsys) -}}{{- end -}}
 {{- if $n.socketIfname -}}{{- $env = append $env (dict "name" "NCCL_SOCKET_IFNAME" "value" $n.socketIfname) -}}{{- end -}}
