@@ -117,7 +117,8 @@ def plan_children(run: Mapping[str, Any]) -> Invalid | Planned:
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
     if not isinstance(name, str) or not name or not isinstance(namespace, str) or not namespace:
-        return Invalid((Problem("metadata", "a MegDetRun needs a name and a namespace"),))
+        missing = "metadata.name" if not isinstance(name, str) or not name else "metadata.namespace"
+        return Invalid((Problem(missing, "a MegDetRun needs a name and a namespace"),))
     spec = run.get("spec")
     if spec is None:
         spec = {}
