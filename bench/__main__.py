@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import chart_render, data_throughput, step_overhead, sync_bn_scope
+from bench import chart_render, data_throughput, exporter_overhead, step_overhead, sync_bn_scope
 
 
 def _chart_render(quick: bool) -> None:
@@ -38,11 +38,16 @@ def _data_throughput(quick: bool) -> None:
     data_throughput.print_report(data_throughput.run(quick=quick))
 
 
+def _exporter_overhead(quick: bool) -> None:
+    exporter_overhead.print_report(exporter_overhead.run(quick=quick))
+
+
 BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "chart_render": _chart_render,
     "step_overhead": _step_overhead,
     "sync_bn_scope": _sync_bn_scope,
     "data_throughput": _data_throughput,
+    "exporter_overhead": _exporter_overhead,
 }
 
 

@@ -1,4 +1,4 @@
-"""On 2 gloo workers: SyncBN health per scope, and one /metrics port for both ranks.
+"""On 2 gloo workers: SyncBN health per scope, one /metrics port for both ranks, a taken port.
 
 One pair of processes builds two tiny trainers in turn, as `megdet train` builds them
 (load_config, plan_config, build_trainer, build_monitoring_hooks): scope ``none`` without the
@@ -46,17 +46,26 @@ def _scrape_at_last_step(port: int, path: str):
     return ScrapeAtLastStep()
 
 
-def _monitoring_worker(rank: int, world: int, out: str, shapes: dict, port: int) -> None:
+def _monitoring_worker(
+    rank: int, world: int, out: str, shapes: dict, port: int, taken_port: int
+) -> None:
     import torch
     from detectron2.utils import comm
 
     from megdet.trainer.bn_health import SyncBNHealthCheck
-    from megdet.trainer.config import load_config, plan_config
+    from megdet.trainer.config import ConfigError, load_config, plan_config
     from megdet.trainer.engine import build_trainer
-    from megdet.trainer.metrics import build_monitoring_hooks
+    from megdet.trainer.metrics import build_monitoring_hooks, start_metrics_server
     from megdet.trainer.train import register_datasets
 
     comm.create_local_process_group(world)  # one "pod" with both ranks
+    # Local rank 0 cannot bind: every rank must stop, not only the one that tried.
+    try:
+        start_metrics_server(taken_port)
+        refused = ""
+    except ConfigError as err:
+        refused = str(err)
+    Path(f"{out}/refused{rank}.txt").write_text(refused)
     divergence = {}
     for scope, metrics_port in (("none", 0), ("backbone", port)):
         cfg = load_config(
@@ -92,7 +101,17 @@ def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path, mon
     # a folder by port).
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prom"))
     started = time.time()
-    run_distributed(2, _monitoring_worker, str(tmp_path), shapes, port)
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        taken_port = taken.getsockname()[1]
+        run_distributed(2, _monitoring_worker, str(tmp_path), shapes, port, taken_port)
+    for rank in (0, 1):
+        assert (
+            (tmp_path / f"refused{rank}.txt")
+            .read_text()
+            .startswith(f"MEGDET.METRICS.PORT: cannot serve on port {taken_port}")
+        )
 
     divergence = json.loads((tmp_path / "divergence.json").read_text())
     print(f"SyncBN divergence after {ITERATIONS} iterations: {divergence}")
