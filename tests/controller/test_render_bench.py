@@ -8,9 +8,10 @@ from bench import controller_validation
 def test_controller_validation_bench_runs_every_case(capsys):
     result = controller_validation.run(repeats=3, warmup=1)
     assert set(result["cases"]) == {
-        "render_run (chart loaded once)",
-        "render (chart loaded per run)",
-        "validate_run",
+        "render_run, new run (one Helm render)",
+        "render, chart loaded per run",
+        "validate_run, new run (all layers)",
+        "render_run after validate_run (reused)",
         "CEL layer, common-expression-language",
         "CEL layer, cel-python",
     }
