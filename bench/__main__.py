@@ -13,7 +13,14 @@ import sys
 import time
 from collections.abc import Callable
 
-from bench import chart_render, data_throughput, exporter_overhead, step_overhead, sync_bn_scope
+from bench import (
+    chart_render,
+    controller_validation,
+    data_throughput,
+    exporter_overhead,
+    step_overhead,
+    sync_bn_scope,
+)
 
 
 def _chart_render(quick: bool) -> None:
@@ -38,6 +45,10 @@ def _data_throughput(quick: bool) -> None:
     data_throughput.print_report(data_throughput.run(quick=quick))
 
 
+def _controller_validation(quick: bool) -> None:
+    controller_validation.print_report(controller_validation.run(repeats=5 if quick else 100))
+
+
 def _exporter_overhead(quick: bool) -> None:
     exporter_overhead.print_report(exporter_overhead.run(quick=quick))
 
@@ -48,6 +59,7 @@ BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "sync_bn_scope": _sync_bn_scope,
     "data_throughput": _data_throughput,
     "exporter_overhead": _exporter_overhead,
+    "controller_validation": _controller_validation,
 }
 
 
