@@ -133,6 +133,8 @@ class ControllerUnderTest:
         return self
 
     def stop(self) -> None:
+        if not self._thread.is_alive() and self._server is None:
+            return  # never started
         if self._loop is not None and self._stop is not None:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-OPERATOR_CHART = Path(
-    os.environ.get("MEGDET_TEST_OPERATOR_CHART") or ROOT / "charts" / "megdet-operator"
-)
+OPERATOR_CHART = ROOT / "charts" / "megdet-operator"
 RELEASE, NAMESPACE = "megdet", "monitoring"
 ALL_ON = {
     "dashboards": {"enabled": True},

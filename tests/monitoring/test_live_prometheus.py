@@ -112,7 +112,7 @@ def live(tmp_path_factory) -> Live:
     rules = work / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": rule_groups()}, sort_keys=False))
 
-    controller = ControllerUnderTest(controller_port).start()
+    controller = ControllerUnderTest(controller_port)
     prom = PrometheusServer(
         work / "prometheus",
         scrape_configs=[
@@ -152,6 +152,8 @@ def live(tmp_path_factory) -> Live:
     try:
         prom.start()
         run = TrainingRun(training_command(shapes, work / "run", trainer_port), work / "train.log")
+        # The controller scenario runs while the trainer starts up (its imports dominate).
+        controller.start()
         _wait_until_ready(prom, run, timeout=240)
         at = time.time()
         trainer_text = _get(f"http://127.0.0.1:{trainer_port}/metrics")
