@@ -81,3 +81,19 @@ def test_the_selector_logic_rejects_other_pods(podmonitor):
         selector,
         {"app.kubernetes.io/part-of": "megdet", "app.kubernetes.io/component": "controller"},
     )
+
+
+def test_the_controller_pod_is_not_scraped_as_a_trainer(podmonitor):
+    objects = render_operator({"podMonitor": {"enabled": True}})
+    (deployment,) = of_kind(objects, "Deployment")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/part-of"] == "megdet"  # same project, other component
+    assert not selects(podmonitor["spec"]["selector"], labels)
+
+
+def test_the_controller_servicemonitor_keeps_the_runs_namespace_label():
+    # megdet_controller_runs{namespace} is the run's namespace; the live test scrapes the
+    # controller with honor_labels for the same reason.
+    (monitor,) = of_kind(render_operator({"serviceMonitor": {"enabled": True}}), "ServiceMonitor")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
