@@ -94,6 +94,23 @@ def test_prometheusrule_carries_additional_labels():
 
 
 def test_lint_strict_is_clean_with_every_monitoring_object_on():
-    result = helm_python.lint(str(OPERATOR_CHART), ALL_ON, strict=True)
-    assert result["errors"] == []
-    assert not [m for m in result["messages"] if m["severity"] > 1], result["messages"]
+    ci = helm_python.values_from_yaml(
+        (OPERATOR_CHART / "ci" / "monitoring-values.yaml").read_text()
+    )
+    for values in (ALL_ON, ci):
+        result = helm_python.lint(str(OPERATOR_CHART), values, strict=True)
+        assert result["errors"] == []
+        assert not [m for m in result["messages"] if m["severity"] > 1], result["messages"]
+
+
+def test_the_ci_values_file_turns_every_monitoring_object_on():
+    ci = helm_python.values_from_yaml(
+        (OPERATOR_CHART / "ci" / "monitoring-values.yaml").read_text()
+    )
+    objects = render_operator(ci)
+    kinds = {o["kind"] for o in objects}
+    assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
+    assert len(dashboard_configmaps(objects)) == len(DASHBOARDS)
+    for obj in objects:
+        if obj["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
+            assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"
