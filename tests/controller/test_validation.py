@@ -77,7 +77,7 @@ FIELD_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {
     "referenceBatch": _whole(1, 256),
     "scaling": st.sampled_from(["linear", "sqrt", "none", "cosine", 1, None]),
     "schedule": st.sampled_from(["step", "three-stage", "cosine", None]),
-    "maxIter": st.one_of(st.integers(1, 3000), _whole(1, 200_000)),
+    "maxIter": st.one_of(st.integers(1, 20), st.integers(1, 3000), _whole(1, 200_000)),
     "steps": _steps,
     "warmupIters": st.one_of(st.integers(0, 3000), _whole(0, 2000)),
 }
@@ -157,7 +157,8 @@ def test_agreement_test_sees_both_verdicts_and_every_rule():
     seen: set[str] = set()
     accepted = 0
 
-    @settings(max_examples=300, deadline=None, database=None)
+    # Derandomized: the same draws every time, so this check cannot flake.
+    @settings(max_examples=300, deadline=None, database=None, derandomize=True)
     @given(spec=run_specs)
     def collect(spec):
         nonlocal accepted
