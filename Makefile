@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
-.PHONY: setup demo test lint format bench clean help dashboards crd
+.PHONY: setup demo test lint format bench clean help dashboards crd image-check
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
@@ -17,6 +17,7 @@ help:
 	@echo "make bench  - run the benchmarks under bench/"
 	@echo "make dashboards - regenerate the Grafana dashboards and alert rules from monitoring/"
 	@echo "make crd   - regenerate the MegDetRun CRD from charts/megdet's values schema"
+	@echo "make image-check - compile detectron2's C++/CUDA ops at the pinned commit (no Docker)"
 
 setup: $(STAMP)
 
@@ -52,6 +53,12 @@ format: setup
 # Regenerate the committed Grafana dashboards and PrometheusRule template from monitoring/.
 dashboards: setup
 	$(BIN)/python -m megdet.monitoring generate
+
+# The image's riskiest step without Docker: compile detectron2's extension (C++ and CUDA ops)
+# at the pinned commit against the venv's torch, in a folder under /tmp (docs/image.md).
+# DETECTRON2_SRC=/path/to/detectron2 uses a source tree instead of cloning; MAX_JOBS=N.
+image-check: setup
+	$(BIN)/python scripts/image_check.py
 
 bench: setup
 	$(BIN)/python -m bench
