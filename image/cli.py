@@ -68,10 +68,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "launch",
         help="run a megdet command under torchrun, from the PyTorchJob pod's env",
         description=(
-            "The image's entrypoint. Reads the env the Kubeflow operator injects (PET_NNODES, "
-            "PET_NODE_RANK, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK), "
-            "prints the `megdet doctor` diagnostic, then runs `torchrun ... -m megdet ARGS`, "
-            "passing SIGTERM on and exiting with its exit code."
+            "The image's entrypoint. Reads the env a Kubeflow operator injects (PyTorchJob: "
+            "PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, "
+            "WORLD_SIZE, RANK; TrainJob: the PET_ ones only) and the run chart's "
+            "MEGDET_GRACE_PERIOD_SECONDS, MEGDET_MAX_RESTARTS and MEGDET_RUN_ID, prints the "
+            "`megdet doctor` diagnostic, then runs `torchrun ... -m megdet ARGS` (c10d "
+            "rendezvous), passing SIGTERM on and exiting with its exit code."
         ),
     )
     launch.add_argument(

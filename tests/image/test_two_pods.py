@@ -1,92 +1,53 @@
-"""Two "pods" on this machine: launchers with the env the operator gives Master-0 and Worker-0.
+"""Two "pods" on this machine: launchers with the env an operator gives node 0 and node 1.
 
-Each launcher starts torchrun for one CPU process; the two meet at MASTER_ADDR 127.0.0.1 and
-train the tiny config for a few iterations on a tiny shapes dataset, writing to one output
-folder as the pods share one output volume.
+Each launcher starts torchrun for one CPU process; the two agents meet through the c10d
+rendezvous at 127.0.0.1 and train the tiny config for a few iterations on a tiny shapes
+dataset, writing to one output folder as the pods share one output volume. Once with the
+PyTorchJob operator's env and once with Kubeflow Trainer v2's (only the five PET_ variables).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 
 import pytest
+import torch
+from pod_helpers import clean_env, free_port, operator_env, start_pod, stop, tiny_train_args
 
-from megdet.image.nccl import NCCL_DEFAULTS
-from megdet.trainer.shapes import make_shapes
-
-LAUNCH_VARS = (
-    "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES",
-    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-)  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def pod_env(node_rank: int, port: int) -> dict[str, str]:
-    """What the PyTorchJob operator injects with 1 Master + 1 Worker and nprocPerNode "1"."""
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k not in NCCL_DEFAULTS}
-    return {
-        **base,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "PET_MASTER_ADDR": "127.0.0.1",
-        "PET_MASTER_PORT": str(port),
-        "PET_NNODES": "2",
-        "PET_NODE_RANK": str(node_rank),
-        "PET_NPROC_PER_NODE": "1",
-        "WORLD_SIZE": "2",  # pods x an integer nprocPerNode
-        "RANK": str(node_rank),  # the operator's RANK is the node rank
-    }
+MAX_ITER = 2
 
 
 @pytest.mark.slow
-def test_master_and_worker_pods_rendezvous_and_train(tmp_path):
-    data = make_shapes(tmp_path / "data", train=16, val=0, seed=0)
-    output = tmp_path / "output"
-    args = [
-        "train", "--config", "megdet_tiny_cpu.yaml", "--output", str(output),
-        "--train-json", str(data["train_json"]), "--train-images", str(data["train_images"]),
-        # A few iterations at the reference batch (2 workers x 4 images = 8).
-        "SOLVER.MAX_ITER", "2", "SOLVER.STEPS", "()", "SOLVER.WARMUP_ITERS", "1",
-        "SOLVER.CHECKPOINT_PERIOD", "1000",
-    ]  # fmt: skip
+@pytest.mark.parametrize("target", ["pytorchjob", "trainjob"])
+def test_two_pods_rendezvous_and_train(tmp_path, target):
+    # A few iterations at the reference batch (2 workers x 4 images = 8).
+    args, output = tiny_train_args(
+        tmp_path, "SOLVER.MAX_ITER", str(MAX_ITER), "SOLVER.CHECKPOINT_PERIOD", "1000"
+    )
     port = free_port()
-    logs = {name: tmp_path / f"{name}.log" for name in ("master", "worker")}
-    pods = {}
-    for rank, name in enumerate(logs):
-        with logs[name].open("w") as log:
-            pods[name] = subprocess.Popen(
-                [sys.executable, "-m", "megdet", "launch", *args],
-                env=pod_env(rank, port),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
+    logs = [tmp_path / "node0.log", tmp_path / "node1.log"]
+    pods = [
+        start_pod(args, {**clean_env(), **operator_env(target, rank, port)}, log)
+        for rank, log in enumerate(logs)
+    ]
     try:
-        codes = {name: pod.wait(timeout=900) for name, pod in pods.items()}
+        codes = [pod.wait(timeout=900) for pod in pods]
     finally:
-        for pod in pods.values():
-            if pod.poll() is None:
-                pod.kill()
-    text = {name: path.read_text() for name, path in logs.items()}
-    assert codes == {"master": 0, "worker": 0}, text["master"][-3000:] + text["worker"][-3000:]
+        stop(pods)
+    text = [log.read_text() for log in logs]
+    assert codes == [0, 0], text[0][-3000:] + text[1][-3000:]
 
-    # Both launchers computed the global world size and ran torchrun as nodes 0 and 1.
-    for rank, name in enumerate(logs):
-        assert "megdet launch: world size 2:" in text[name]
-        assert f"--nnodes=2 --nproc-per-node=1 --node-rank={rank}" in text[name]
+    # Both launchers computed the global world size and met through node 0's c10d store.
+    for rank in (0, 1):
+        assert "megdet launch: world size 2:" in text[rank]
+        assert "--nnodes=2:2 --nproc-per-node=1" in text[rank]
+        assert f"--rdzv-endpoint=127.0.0.1:{port}" in text[rank]
+        assert f"--rdzv-conf=is_host={int(rank == 0)}" in text[rank]
     # The trainer found a world of 2 (its plan log and plan.json) and trained to the end.
-    assert "world_size: 2" in text["master"]
+    assert "world_size: 2" in text[0] + text[1]
     plan = json.loads((output / "plan.json").read_text())
     assert (plan["world_size"], plan["nodes"], plan["global_batch"]) == (2, 2, 8)
-    assert (output / "model_final.pth").is_file()
-    # The worker pod's process was rank 1 of that world (detectron2 logs per rank).
+    final = torch.load(output / "model_final.pth", map_location="cpu", weights_only=False)
+    assert final["iteration"] == MAX_ITER - 1  # an uninterrupted run's last iteration
+    # Both processes were ranks of that one world (detectron2 logs per rank).
     assert (output / "log.txt.rank1").is_file()
