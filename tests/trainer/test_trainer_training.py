@@ -172,8 +172,9 @@ def test_under_torchrun_each_process_is_one_rank_and_plans_for_the_world_it_find
 def test_num_workers_is_refused_inside_torchrun(shapes, monkeypatch, capsys):
     from megdet.cli import main
 
+    # What torchrun's agent sets for a worker (TORCHELASTIC_RUN_ID marks it as torchrun's).
     for key, value in (("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"),
-                       ("MASTER_PORT", "29500")):  # fmt: skip
+                       ("MASTER_PORT", "29500"), ("TORCHELASTIC_RUN_ID", "t")):  # fmt: skip
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as exit_info:
         main(_train_cmd(shapes, Path("/tmp/unused"))[3:])
