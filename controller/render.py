@@ -15,6 +15,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 import os
 import re
 import threading
@@ -39,6 +40,7 @@ __all__ = [
     "RenderedRun",
     "chart_dir",
     "default_renderer",
+    "non_finite_problems",
     "plain",
     "render_run",
     "spec_error_problem",
@@ -85,6 +87,18 @@ def plain(value: Any) -> Any:
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):
         return [plain(v) for v in value]
     return copy.deepcopy(value)
+
+
+def non_finite_problems(value: Any, parts: tuple[str | int, ...] = ()) -> list[Problem]:
+    """NaN and infinities anywhere in a spec: JSON (the API's and Helm's values format) has
+    none, so such a value can only come from YAML (``.nan``, ``.inf``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [Problem(field_path(parts), f"{value} is not a finite number (JSON has none)")]
+    if isinstance(value, Mapping):
+        return [p for k, v in value.items() for p in non_finite_problems(v, (*parts, str(k)))]
+    if isinstance(value, list | tuple):
+        return [p for i, v in enumerate(value) for p in non_finite_problems(v, (*parts, i))]
+    return []
 
 
 def spec_error_problem(err: SpecError) -> Problem:
@@ -160,6 +174,9 @@ class ChartRenderer:
         what it rendered, so the second call is a copy, not a second Helm render.
         """
         values = self.values(name, spec)
+        problems = non_finite_problems(spec)
+        if problems:
+            raise InvalidRunError(problems)
         key = (name, namespace, json.dumps(values, sort_keys=True, default=repr))
         with self._lock:
             cached = self._recent.get(key)
@@ -218,7 +235,14 @@ def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], st
         if path.endswith("NOTES.txt"):
             notes = text
             continue
-        objects += [doc for doc in yaml.load_all(text, Loader=_YAML_LOADER) if doc]
+        try:
+            objects += [doc for doc in yaml.load_all(text, Loader=_YAML_LOADER) if doc]
+        except yaml.YAMLError as err:
+            # A value the chart pasted unquoted into its YAML; the values schema should
+            # have refused it (its patterns exist for this), so say where to look.
+            problem = Problem("spec", f"the chart rendered {path} as YAML that does not parse "
+                              f"(a value with YAML syntax in it?): {err}")  # fmt: skip
+            raise InvalidRunError([problem]) from None
     return objects, notes
 
 

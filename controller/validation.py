@@ -23,6 +23,7 @@ from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.controller.render import (
     RUN_SPEC_VALUES,
     default_renderer,
+    non_finite_problems,
     plain,
     spec_error_problem,
 )
@@ -127,6 +128,9 @@ def chart_problems(spec: Mapping[str, Any], name: str, namespace: str) -> list[P
 def _validate(spec: Any, old: Any, name: str | None, namespace: str) -> list[Problem]:
     if not isinstance(spec, Mapping):
         return [Problem("spec", f"expected an object, got {type(spec).__name__}")]
+    problems = non_finite_problems(spec)
+    if problems:
+        return problems
     defaulted = default_spec(spec)
     problems = crd_problems(defaulted, old if isinstance(old, Mapping) else None, name)
     if problems:
