@@ -36,6 +36,7 @@ from grafana_foundation_sdk.models.dashboard import (
 __all__ = [
     "DASHBOARDS",
     "DATASOURCE",
+    "RUN_POD_NAMES",
     "fleet_dashboard",
     "render",
     "run_dashboard",
@@ -47,9 +48,11 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # Label matchers that pick one run. `run` is the pod label app.kubernetes.io/instance, which the
 # PodMonitor relabels to `run`; `namespace` comes from the scrape target.
 RUN = 'namespace="$namespace", run="$run"'
-# dcgm-exporter labels a GPU's series with the pod that holds it (pod, namespace); a run's
-# pods are named after the run (PyTorchJob: <run>-master-0, TrainJob: <run>-node-0-0-...).
-RUN_PODS = 'namespace="$namespace", pod=~"$run-.*"'
+# dcgm-exporter labels a GPU's series with the pod that holds it (pod, namespace). A run's pods
+# are named after the run: PyTorchJob <run>-master-0 / <run>-worker-N; TrainJob (JobSet)
+# <run>-node-<job>-<index>-<suffix>. Spelled out so run "coco" does not match "coco-big"'s pods.
+RUN_POD_NAMES = "$run-((master|worker)-[0-9]+|node-[0-9]+-[0-9]+-[a-z0-9]+)"
+RUN_PODS = f'namespace="$namespace", pod=~"{RUN_POD_NAMES}"'
 # The fleet dashboard's namespace variable is multi-valued ("All" = ".*").
 NAMESPACES = 'namespace=~"$namespace"'
 RATE = "$__rate_interval"

@@ -8,13 +8,14 @@ variable, no hard-coded namespace, and every metric name found in an exporter's 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import promql_parser
 import pytest
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR, stale_files
-from megdet.monitoring.dashboards import DASHBOARDS, render
+from megdet.monitoring.dashboards import DASHBOARDS, RUN_POD_NAMES, render
 from megdet.monitoring.queries import (
     EXTERNAL_METRICS,
     PROMETHEUS_METRICS,
@@ -118,7 +119,7 @@ def test_no_hard_coded_namespace_and_run_panels_select_the_run(name):
             assert labels.get("namespace") == "$namespace", f"{query}: {query.expr}"
             if name == "megdet-run":
                 run = labels.get("run") or labels.get("pod")
-                assert run in ("$run", "$run-.*"), f"{query} does not select the run"
+                assert run in ("$run", RUN_POD_NAMES), f"{query} does not select the run"
     for variable_query in variable_queries(dashboard).values():
         assert "namespace=" not in variable_query or '"$namespace"' in variable_query
 
@@ -157,3 +158,19 @@ def test_metric_name_check_rejects_an_unknown_name():
 def test_dashboard_files_are_the_chart_files():
     # The chart ships files/dashboards/*.json; nothing else sits there unnoticed.
     assert sorted(p.stem for p in Path(DASHBOARD_DIR).glob("*.json")) == sorted(DASHBOARDS)
+
+
+@pytest.mark.parametrize(
+    ("pod", "matches"),
+    [
+        ("coco-master-0", True),
+        ("coco-worker-11", True),
+        ("coco-node-0-3-x7k2p", True),
+        ("coco-big-master-0", False),
+        ("coco-big-node-0-0-abcde", False),
+        ("other-master-0", False),
+    ],
+)
+def test_dcgm_panels_match_exactly_the_runs_pods(pod, matches):
+    # Prometheus anchors =~ regexes at both ends, as fullmatch does.
+    assert bool(re.fullmatch(RUN_POD_NAMES.replace("$run", "coco"), pod)) is matches
