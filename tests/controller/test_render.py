@@ -28,7 +28,12 @@ from megdet.controller.render import (
     chart_dir,
     render_run,
 )
-from megdet.controller.validation import crd_problems, default_spec, plan_problems
+from megdet.controller.validation import (
+    crd_problems,
+    crd_spec_schema,
+    default_spec,
+    plan_problems,
+)
 from megdet.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -278,3 +283,53 @@ def test_repeated_render_reuses_the_helm_render_and_hands_out_copies():
     renderer.render("r", "ns", {"gpus": 32})
     renderer.render("other", "ns", {"gpus": 16})
     assert counting.renders == 3
+
+
+# -- strings with YAML syntax in them -----------------------------------------------------------
+
+_YAML_SYNTAX = ["a: b", "x #c", "\x1f", "'q", "- z", "{a}", "a\nb", "*ref", "!!str"]
+
+
+def _free_strings(node: Mapping[str, Any], path: tuple[str, ...] = ()):
+    """Paths of the spec's string fields that are not enums."""
+    if node.get("type") == "string" and "enum" not in node:
+        yield path
+    for name, prop in (node.get("properties") or {}).items():
+        yield from _free_strings(prop, (*path, name))
+
+
+def _with(path: tuple[str, ...], value: str) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    node = spec
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    # Switch on the part of the chart that uses the value.
+    if path[0] == "gang":
+        spec["gang"]["enabled"] = True
+    if path[:2] == ("nccl", "ib"):
+        spec["nccl"]["ib"] = {"enabled": True, "rdmaResourceName": "rdma/ib", **spec["nccl"]["ib"]}
+    return spec
+
+
+def test_a_string_value_is_refused_or_rendered_verbatim():
+    """No string value can change the shape of the rendered YAML: the values schema refuses
+    it (at `kubectl apply` already), or it reaches the objects unchanged."""
+    import json
+
+    schema = crd_spec_schema()
+    checked = 0
+    for path in _free_strings(schema):
+        for value in _YAML_SYNTAX:
+            spec = default_spec(_with(path, value))
+            if crd_problems(spec):
+                continue
+            try:
+                objects = render_run("r", "ns", spec).objects
+            except InvalidRunError as err:
+                # The chart's own checks may refuse it, naming a field; never a YAML error.
+                assert all("does not parse" not in p.message for p in err.problems), err
+                continue
+            checked += 1
+            assert json.dumps(value)[1:-1] in json.dumps(objects), (path, value)
+    assert checked > 50
