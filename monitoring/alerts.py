@@ -173,9 +173,10 @@ ALERTS: tuple[Alert, ...] = (
     ),
     Alert(
         name="MegDetRunFailed",
+        # max, not sum, over controller replicas: each one that acted reports every run.
         key="runFailed",
         group="megdet-controller",
-        expr='sum by (namespace) (megdet_controller_runs{phase="Failed"}) > 0',
+        expr='max by (namespace) (megdet_controller_runs{phase="Failed"}) > 0',
         for_="0m",
         summary="{{ $value }} MegDetRun(s) failed in namespace {{ $labels.namespace }}",
         description=(
@@ -188,7 +189,7 @@ ALERTS: tuple[Alert, ...] = (
         name="MegDetRunPendingTooLong",
         key="runPending",
         group="megdet-controller",
-        expr='sum by (namespace) (megdet_controller_runs{phase="Pending"}) > 0',
+        expr='max by (namespace) (megdet_controller_runs{phase="Pending"}) > 0',
         summary="MegDetRuns in namespace {{ $labels.namespace }} have been Pending for <<for>>",
         description=(
             "{{ $value }} MegDetRun(s) in namespace {{ $labels.namespace }} have been in phase "

@@ -56,6 +56,9 @@ RUN_PODS = f'namespace="$namespace", pod=~"{RUN_POD_NAMES}"'
 # The fleet dashboard's namespace variable is multi-valued ("All" = ".*").
 NAMESPACES = 'namespace=~"$namespace"'
 RATE = "$__rate_interval"
+# Every controller replica that has acted exports megdet_controller_runs for the whole cluster
+# (a standby keeps its last values): max over replicas per namespace, never sum.
+RUNS_BY_NAMESPACE = f"max by (namespace, phase) (megdet_controller_runs{{{NAMESPACES}}})"
 
 REFRESH = "30s"
 
@@ -459,7 +462,7 @@ def _fleet_run_panels(ids: _Ids) -> list[_Panel]:
             ids,
             "Runs by phase",
             "MegDetRuns per status phase.",
-            [(f"sum by (phase) (megdet_controller_runs{{{NAMESPACES}}})", "{{phase}}")],
+            [(f"sum by (phase) ({RUNS_BY_NAMESPACE})", "{{phase}}")],
         ),
         _timeseries(
             ids,
@@ -571,7 +574,7 @@ def _fleet_job_panels(ids: _Ids) -> list[_Panel]:
             ids,
             "Runs failed now",
             "MegDetRuns in phase Failed.",
-            f'sum(megdet_controller_runs{{{NAMESPACES}, phase="Failed"}})',
+            f'sum(max by (namespace) (megdet_controller_runs{{{NAMESPACES}, phase="Failed"}}))',
         ),
         _stat(
             ids,
