@@ -144,7 +144,8 @@ def _scalar_keywords(node: Mapping[str, Any], out: dict[str, Any]) -> None:
     for key in ("enum", "pattern", "minLength", "maxLength", "minimum", "maximum"):
         if key in node:
             out[key] = copy.deepcopy(node[key])
-    for key in ("minItems", "maxItems"):
+    # Bounded sizes also bound the API server's CEL cost estimate for rules that iterate.
+    for key in ("minItems", "maxItems", "minProperties", "maxProperties"):
         if key in node:
             out[key] = node[key]
     if "exclusiveMinimum" in node:  # draft-07 number -> OpenAPI 3.0 boolean form

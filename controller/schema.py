@@ -23,7 +23,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence, Sized
 from typing import Any
 
 import cel
@@ -66,7 +66,8 @@ def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
 def to_json_schema(node: Mapping[str, Any]) -> dict[str, Any]:
     """A structural OpenAPI v3.0 schema as JSON Schema (draft 7)."""
     out: dict[str, Any] = {}
-    for key in ("enum", "pattern", "minLength", "maxLength", "minItems", "maxItems", "required"):
+    for key in ("enum", "pattern", "minLength", "maxLength", "minItems", "maxItems",
+                "minProperties", "maxProperties", "required"):  # fmt: skip
         if key in node:
             out[key] = copy.deepcopy(node[key])
     for bound, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
@@ -113,6 +114,8 @@ def _error_problems(err: jsonschema.ValidationError, root: str) -> list[Problem]
     if kind == "type":
         wanted = err.validator_value
         return [Problem(path(parts), f"{value!r} is not of type {wanted}")]
+    if kind in ("maxProperties", "maxItems") and isinstance(value, Sized):
+        return [Problem(path(parts), f"has {len(value)} entries; at most {err.validator_value}")]
     if kind == "enum":
         return [Problem(path(parts), f"{value!r} is not one of {err.validator_value}")]
     return [Problem(path(parts), err.message)]
