@@ -3,14 +3,17 @@
 The layers run in the order the cluster applies them, and each later layer only sees specs the
 earlier ones passed (as the API server never hands the controller an object its schema refused):
 
+0. no NaN or Infinity anywhere (JSON, the API's format, has none; YAML does);
 1. the CRD's structural schema (what ``kubectl apply`` checks), as JSON Schema;
-2. the CRD's CEL rules (``x-kubernetes-validations``), evaluated with cel-python;
+2. the CRD's CEL rules (``x-kubernetes-validations``, with the rules on ``metadata.name`` when
+   the run's name is given), evaluated with a real CEL implementation;
 3. the pydantic ``RunSpec`` and ``plan_run`` (the one source of the scaling rules);
 4. owned detectron2 overrides in ``extraOverrides`` (``megdet.overrides.OWNED_OVERRIDES``);
 5. the run chart's own template ``fail`` checks (a real render).
 
 Layers 1 and 2 use the CRD generated from the chart's values schema, with the CRD's defaults
-applied first, as the API server does.
+applied first, as the API server does. docs/architecture.md ("The controller's validation
+layers") lists what each layer checks.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from megdet.controller.crd import build_crd, spec_schema
 from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.controller.render import (
     RUN_SPEC_VALUES,
@@ -28,6 +32,7 @@ from megdet.controller.render import (
     spec_error_problem,
 )
 from megdet.controller.schema import apply_defaults, cel_problems, coerce_numbers, schema_problems
+from megdet.overrides import OWNED_OVERRIDES
 from megdet.plan import SpecError, plan_run
 
 __all__ = [
@@ -49,8 +54,6 @@ _PLACEHOLDER_NAME = "megdetrun"
 @functools.cache
 def crd_spec_schema() -> dict[str, Any]:
     """The spec schema of the MegDetRun CRD, generated from the run chart (cached)."""
-    from megdet.controller.crd import spec_schema
-
     return spec_schema(default_renderer().path)
 
 
@@ -61,8 +64,7 @@ def default_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _root_rules() -> dict[str, Any]:
-    from megdet.controller.crd import build_crd
-
+    """The CEL rules on the whole object (they read metadata.name and spec)."""
     (version,) = build_crd(default_renderer().path)["spec"]["versions"]
     return {
         "x-kubernetes-validations": version["schema"]["openAPIV3Schema"]["x-kubernetes-validations"]
@@ -101,8 +103,6 @@ def plan_problems(spec: Mapping[str, Any]) -> list[Problem]:
 
 def owned_override_problems(spec: Mapping[str, Any]) -> list[Problem]:
     """extraOverrides keys the run owns through a spec field (``megdet.overrides``)."""
-    from megdet.overrides import OWNED_OVERRIDES
-
     overrides = spec.get("extraOverrides") or {}
     if not isinstance(overrides, Mapping):
         return []
