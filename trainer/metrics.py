@@ -274,7 +274,21 @@ def _multiproc_dir(port: int) -> Path:
     return path
 
 
-def _serve(port: int, path: Path):
+@dataclass
+class MetricsServer:
+    """Local rank 0's HTTP server and the pod's multiprocess folder it serves."""
+
+    httpd: Any
+    folder: Path
+
+    def stop(self) -> None:
+        """Stop serving, release the port, delete the value files (nothing reads them now)."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        _remove_values(self.folder)
+
+
+def _serve(port: int, path: Path) -> tuple[MetricsServer | None, str | None]:
     """Bind the port and serve the merged metrics of ``path``; (server, None) or (None, why)."""
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.multiprocess import MultiProcessCollector
@@ -283,16 +297,21 @@ def _serve(port: int, path: Path):
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(path))
     try:
-        server, _ = start_http_server(port, registry=registry)
+        httpd, _ = start_http_server(port, registry=registry)
     except OSError as err:
         return None, f"cannot serve on port {port}: {err.strerror or err}"
     # Bound: this pod owns the folder now. Files of an earlier attempt would mix in.
+    _remove_values(path)
+    return MetricsServer(httpd, path), None
+
+
+def _remove_values(path: Path) -> None:
+    """Delete the value files of a multiprocess folder (an earlier attempt's, or ours at exit)."""
     for stale in path.glob("*.db"):
         stale.unlink(missing_ok=True)
-    return server, None
 
 
-def start_metrics_server(port: int):
+def start_metrics_server(port: int) -> MetricsServer | None:
     """Local rank 0 serves the pod's metrics on ``port``; collective over the world.
 
     Returns the server on local rank 0 (None elsewhere). If any pod cannot bind its port,
@@ -303,8 +322,7 @@ def start_metrics_server(port: int):
     problems = [p for p in comm.all_gather(problem) if p]  # also the barrier after the clean-up
     if problems:
         if server is not None:
-            server.shutdown()
-            server.server_close()
+            server.stop()
         raise ConfigError(
             f"MEGDET.METRICS.PORT: {problems[0]}; choose a free port or 0 (metrics off)"
         )
@@ -336,7 +354,9 @@ class PrometheusExporter(hooks.HookBase):
     EvalHook, SyncBNHealthCheck, RunHistory).
     """
 
-    def __init__(self, metrics: TrainerMetrics, facts: RunFacts, server=None) -> None:
+    def __init__(
+        self, metrics: TrainerMetrics, facts: RunFacts, server: MetricsServer | None = None
+    ) -> None:
         self._m = metrics
         self._facts = facts
         self._server = server
@@ -434,8 +454,7 @@ class PrometheusExporter(hooks.HookBase):
             self._export_eval(self.trainer.storage.latest())
             self._sync_nonfinite()
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
 
 

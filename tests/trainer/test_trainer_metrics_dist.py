@@ -8,6 +8,7 @@ exporter, then scope ``backbone`` with it. Rank 0 scrapes its own pod's port at 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import time
@@ -49,6 +50,9 @@ def _scrape_at_last_step(port: int, path: str):
 def _monitoring_worker(
     rank: int, world: int, out: str, shapes: dict, port: int, taken_port: int
 ) -> None:
+    # What the chart's env does for a pod's processes; set here, not in the pytest process,
+    # whose prometheus_client (imported by other tests) must stay in single-process mode.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = f"{out}/prom"
     import torch
     from detectron2.utils import comm
 
@@ -95,11 +99,8 @@ def _monitoring_worker(
             json.dump(divergence, f)
 
 
-def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path, monkeypatch):
+def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path):
     port = _free_port()
-    # The workers inherit it; a pod's chart sets it the same way (or the exporter picks
-    # a folder by port).
-    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "prom"))
     started = time.time()
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
@@ -120,6 +121,7 @@ def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path, mon
         # Local BN: running statistics follow each rank's own images.
         assert divergence["none"][stat] > 1e-3, divergence
 
+    assert not list((tmp_path / "prom").glob("*.db"))  # the server's clean-up after training
     text = (tmp_path / "metrics.txt").read_text()
     found = samples(text)
     # Per-rank series: one per rank, from the one port of the pod.
