@@ -128,12 +128,22 @@ def schema_problems(schema: Mapping[str, Any], value: Any, root: str = "spec") -
     return sorted(set(problems), key=lambda p: (p.path, p.message))
 
 
+_INT64 = (-(2**63), 2**63 - 1)
+
+
 def coerce_numbers(schema: Mapping[str, Any], value: Any) -> Any:
     """A copy typed as the schema says: 2.0 in an integer field -> 2, 1 in a number field -> 1.0.
 
     The API server stores values by schema type, and CEL sees them so typed.
     """
     kind = schema.get("type")
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not _INT64[0] <= value <= _INT64[1]
+    ):
+        # The API server's JSON decoder reads a number beyond int64 as a float64.
+        return float(value)
     if kind == "integer" and isinstance(value, float) and value.is_integer():
         return int(value)
     if kind == "number" and isinstance(value, int) and not isinstance(value, bool):

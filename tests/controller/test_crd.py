@@ -290,7 +290,10 @@ _cross_specs = st.fixed_dictionaries(
         "schedule": st.sampled_from(["step", "three-stage"]),
         "extraOverrides": st.dictionaries(
             st.sampled_from(["TEST.EVAL_PERIOD", "SOLVER.BASE_LR", "lower.key"]),
-            st.one_of(st.integers(), st.booleans(), st.text(max_size=2), st.just([1])),
+            # int64: the API server's JSON decoder makes larger numbers floats.
+            st.one_of(
+                st.integers(-(2**63), 2**63 - 1), st.booleans(), st.text(max_size=2), st.just([1])
+            ),
             max_size=2,
         ),
         "dataset": st.fixed_dictionaries(
