@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from bench import (
     chart_render,
+    controller_reconcile,
     controller_validation,
     data_throughput,
     exporter_overhead,
@@ -49,6 +50,10 @@ def _controller_validation(quick: bool) -> None:
     controller_validation.print_report(controller_validation.run(repeats=5 if quick else 100))
 
 
+def _controller_reconcile(quick: bool) -> None:
+    controller_reconcile.print_report(controller_reconcile.run(runs=8 if quick else 200, workers=2))
+
+
 def _exporter_overhead(quick: bool) -> None:
     exporter_overhead.print_report(exporter_overhead.run(quick=quick))
 
@@ -60,6 +65,7 @@ BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "data_throughput": _data_throughput,
     "exporter_overhead": _exporter_overhead,
     "controller_validation": _controller_validation,
+    "controller_reconcile": _controller_reconcile,
 }
 
 

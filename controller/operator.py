@@ -41,7 +41,7 @@ from megdet.controller.status import (
     next_status,
     set_condition,
 )
-from megdet.controller.validation import validate_run
+from megdet.controller.validation import validate_run, validate_update
 
 __all__ = [
     "GROUP",
@@ -112,8 +112,11 @@ class Planned:
         return JOB_KINDS[self.job["kind"]]
 
 
-def plan_children(run: Mapping[str, Any]) -> Invalid | Planned:
-    """Validate a MegDetRun and render what it owns. Never raises for any run body."""
+def plan_children(run: Mapping[str, Any], old_spec: Any = None) -> Invalid | Planned:
+    """Validate a MegDetRun and render what it owns. Never raises for any run body.
+
+    ``old_spec`` (on an update) adds the transition rules: fields fixed at creation.
+    """
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
     if not isinstance(name, str) or not name or not isinstance(namespace, str) or not namespace:
@@ -123,7 +126,10 @@ def plan_children(run: Mapping[str, Any]) -> Invalid | Planned:
     if spec is None:
         spec = {}
     try:
-        problems = validate_run(spec, name=name, namespace=namespace)
+        if old_spec is not None:
+            problems = validate_update(old_spec, spec, name=name, namespace=namespace)
+        else:
+            problems = validate_run(spec, name=name, namespace=namespace)
         if problems:
             return Invalid(tuple(problems))
         rendered = render_run(name, namespace, spec)
@@ -386,6 +392,20 @@ def _count_transition(namespace: str, target: str, old: str | None, new: str) ->
         counter.labels(namespace, target).inc()
 
 
+def _condition_reason(status: Mapping[str, Any], kind: str) -> str | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return cond.get("reason")
+    return None
+
+
+def _condition_message(status: Mapping[str, Any], kind: str) -> str:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("message") or "")
+    return ""
+
+
 def _diff_touches(diff: Iterable[Any], path: tuple[str, ...]) -> bool:
     for _op, field_path, _old, _new in diff or ():
         n = min(len(field_path), len(path))
@@ -402,8 +422,13 @@ def build_registry(
     cluster: Cluster,
     backoff: Backoff | None = None,
     now: Callable[[], str] = _now,
+    observe: Callable[[float], None] | None = None,
 ) -> kopf.OperatorRegistry:
-    """A kopf registry with the MegDetRun handlers bound to ``cluster``."""
+    """A kopf registry with the MegDetRun handlers bound to ``cluster``.
+
+    ``observe`` (optional) receives each reconcile's duration in seconds, as the histogram
+    does; the benchmark uses it for exact percentiles.
+    """
     backoff = backoff or Backoff()
     registry = kopf.OperatorRegistry()
     phases = _Phases()
@@ -428,17 +453,21 @@ def build_registry(
             phases.set(namespace, name, new)
             _phase_event(run, old, new, message)
 
-    def reconcile(body: kopf.Body, reason: Any, diff: Any, retry: int, **_: Any) -> None:
+    def reconcile(body: kopf.Body, reason: Any, diff: Any, old: Any, retry: int, **_: Any) -> None:
         started = time.perf_counter()
+        old_spec = (old or {}).get("spec") if str(reason) == "update" else None
         try:
-            _reconcile(dict(body), str(reason), diff, retry)
+            _reconcile(dict(body), str(reason), diff, old_spec, retry)
         finally:
-            metrics.RECONCILE_DURATION.observe(time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            metrics.RECONCILE_DURATION.observe(elapsed)
+            if observe is not None:
+                observe(elapsed)
 
-    def _reconcile(run: dict[str, Any], reason: str, diff: Any, retry: int) -> None:
+    def _reconcile(run: dict[str, Any], reason: str, diff: Any, old_spec: Any, retry: int) -> None:
         namespace, name, uid, generation = _meta(run)
         old_status = run.get("status") or {}
-        decision = plan_children(run)
+        decision = plan_children(run, old_spec)
         if isinstance(decision, Invalid):
             status = invalid_status(old_status, decision.messages, now(), generation)
             # Becoming Invalid sends a Warning event (reason Invalid) that names the fields.
@@ -462,9 +491,10 @@ def build_registry(
             if not owned_by(found, uid):
                 status = conflict_status(old_status, kind, obj_name, now(), generation)
                 write_status(run, status, "", retry)
-                kopf.warn(
-                    run, reason="JobNameConflict", message=status["conditions"][-1]["message"]
-                )
+                if _condition_reason(old_status, "Created") != "JobNameConflict":
+                    # Once per conflict, not on every 30 s retry.
+                    message = _condition_message(status, "Created")
+                    kopf.warn(run, reason="JobNameConflict", message=message)
                 metrics.RECONCILES.labels("conflict").inc()
                 raise kopf.TemporaryError(
                     f"{kind} {obj_name} is not owned by this run", delay=backoff.conflict_delay
@@ -479,7 +509,7 @@ def build_registry(
         status = planned_status(
             old_status, decision, job if job.get("status") else None, now(), generation
         )
-        write_status(run, status, status["conditions"][-1].get("message", ""), retry)
+        write_status(run, status, f"{decision.job['kind']} {status['jobName']}", retry)
         plan = decision.rendered.plan
         metrics.record_run_info(
             namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
@@ -555,8 +585,8 @@ def build_registry(
 
     def job_event(body: kopf.Body, type: str | None, retry: int, **_: Any) -> None:
         """Mirror an owned job's status into its MegDetRun's status."""
-        if type == "DELETED":
-            return
+        if type == "DELETED" or not body.get("status"):
+            return  # deleted, or just created: the run's reconcile wrote its first status
         job = dict(body)
         ref = run_owner(job)
         namespace = job["metadata"].get("namespace")
@@ -597,7 +627,13 @@ def _raiser(err: BaseException) -> Callable[[], Any]:
     return call
 
 
-def configure(settings: kopf.OperatorSettings, *, peering: str | None, fast: bool = False) -> None:
+def configure(
+    settings: kopf.OperatorSettings,
+    *,
+    peering: str | None,
+    fast: bool = False,
+    workers: int | None = None,
+) -> None:
     """Operator settings: bookkeeping in annotations, our finalizer, peering, timings.
 
     ``fast`` shortens kopf's batching and posting delays (tests and the benchmark).
@@ -613,6 +649,10 @@ def configure(settings: kopf.OperatorSettings, *, peering: str | None, fast: boo
     # so it needs neither (and neither do its RBAC rules).
     settings.scanning.disabled = True
     settings.posting.level = logging.INFO
+    if workers is not None:
+        # Sync handlers run in kopf's thread pool; more threads than cores only adds GIL
+        # contention to the CPU-bound part (validate + render), see docs/benchmarks.md.
+        settings.execution.max_workers = workers
     if peering:
         settings.peering.name = peering
         settings.peering.mandatory = True

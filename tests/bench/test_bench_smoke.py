@@ -143,3 +143,14 @@ def test_python_m_bench_runs_the_chart_benchmark_quickly(capsys) -> None:
     out = capsys.readouterr().out
     assert "== chart_render ==" in out
     assert "20 renders per case" in out
+
+
+def test_controller_reconcile_bench_reconciles_every_run_once() -> None:
+    from bench import controller_reconcile
+
+    result = controller_reconcile.run(runs=4, workers=2)
+    assert result["runs"] == 4
+    assert result["jobs_created"] == 4  # one job per run, whatever the target
+    assert result["reconcile"]["n"] >= 4 and result["apply_to_status"]["n"] == 4
+    assert result["pure_part"]["n"] == 4
+    assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
