@@ -157,3 +157,65 @@ def test_invalid_status_names_every_problem_and_sets_valid_false() -> None:
     assert valid["reason"] == "InvalidSpec"
     assert "spec.gpus" in valid["message"] and "spec.x" in valid["message"]
     assert valid["observedGeneration"] == 3
+
+
+def _crd_status_schema() -> dict[str, Any]:
+    from pathlib import Path
+
+    import yaml
+
+    crd = (
+        Path(__file__).resolve().parents[2]
+        / "charts/megdet-operator/crds/megdetruns.megdet.io.yaml"
+    )
+    (version,) = yaml.safe_load(crd.read_text())["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]["properties"]["status"]
+
+
+def _pruned(value: Any, schema: dict[str, Any], path: str = "status") -> list[str]:
+    """Fields the API server would prune: not declared by the structural schema."""
+    if isinstance(value, dict) and "properties" in schema:
+        out = []
+        for key, item in value.items():
+            if key not in schema["properties"]:
+                out.append(f"{path}.{key}")
+            else:
+                out += _pruned(item, schema["properties"][key], f"{path}.{key}")
+        return out
+    if isinstance(value, list) and "items" in schema:
+        return [
+            p
+            for i, item in enumerate(value)
+            for p in _pruned(item, schema["items"], f"{path}[{i}]")
+        ]
+    return []
+
+
+def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None:
+    import jsonschema
+
+    from megdet.controller.operator import conflict_status, plan_children, planned_status
+
+    schema = _crd_status_schema()
+    run = {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": "r", "namespace": "vision", "uid": "u-1", "generation": 1},
+        "spec": {"gpus": 16},
+    }
+    planned = plan_children(run)
+    status: dict[str, Any] = planned_status({}, planned, None, T0, 1)
+    written = [dict(status)]
+    for state in (
+        JobState("Running", "Running", "", start_time=T0),
+        JobState("Restarting", "Restarting", "pod failed"),
+        JobState("Suspended", "Suspended", ""),
+        JobState("Failed", "Failed", "exit 1", completion_time=T1),
+    ):
+        status.update(next_status(status, state, T1, 1))
+        written.append(dict(status))
+    written.append(conflict_status(status, "PyTorchJob", "r", T1, 2))
+    written.append(invalid_status(status, ["spec.gpus: bad"], T1, 2))
+    for status in written:
+        jsonschema.validate(status, schema)  # types, enums (phase)
+        assert _pruned(status, schema) == []  # nothing the API server would silently drop
