@@ -35,6 +35,7 @@ from megdet.plan import Plan, RunSpec, SpecError, plan_run
 __all__ = [
     "CHART_DIR_ENV",
     "JOB_KINDS",
+    "MANAGED_BY",
     "RUN_SPEC_VALUES",
     "ChartRenderer",
     "RenderedRun",
@@ -50,6 +51,10 @@ __all__ = [
 CHART_DIR_ENV = "MEGDET_CHART_DIR"
 #: Kinds the chart may render as the run's job (issue 11 adds the Trainer v2 TrainJob).
 JOB_KINDS = ("PyTorchJob", "TrainJob")
+#: The app.kubernetes.io/managed-by label on what the controller creates. The chart's helpers
+#: write Helm's `.Release.Service` ("Helm"), which would send users to `helm` for objects no
+#: Helm release owns.
+MANAGED_BY = "megdet-controller"
 #: Renders kept per renderer (a reconcile renders the same run twice: validate, then create).
 RECENT_RENDERS = 256
 #: Chart value name (camelCase) -> RunSpec field (snake_case), for every RunSpec field.
@@ -201,6 +206,10 @@ class ChartRenderer:
                 raise InvalidRunError(helm_problems(str(err))) from None
             merged = self._chart.merge_values(values)
         objects, notes = _parse_manifests(files)
+        for obj in objects:
+            labels = obj.get("metadata", {}).get("labels")
+            if isinstance(labels, dict) and "app.kubernetes.io/managed-by" in labels:
+                labels["app.kubernetes.io/managed-by"] = MANAGED_BY
         plan = _plan(merged)
         jobs = [o for o in objects if o.get("kind") in JOB_KINDS]
         if len(jobs) != 1:
