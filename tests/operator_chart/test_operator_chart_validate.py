@@ -58,3 +58,22 @@ def test_peering_crd_is_a_valid_apiextensions_object() -> None:
     (served,) = crd["spec"]["versions"]
     # kopf patches the peering status through the object itself: no status subresource.
     assert "subresources" not in served
+
+
+def _properties(schema: dict, path: str = ""):
+    for key, sub in (schema.get("properties") or {}).items():
+        yield f"{path}{key}", sub
+        yield from _properties(sub, f"{path}{key}.")
+    if isinstance(schema.get("items"), dict):
+        yield from _properties(schema["items"], f"{path}[].")
+
+
+def test_values_schema_describes_every_value_and_refuses_unknown_keys() -> None:
+    import json
+
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    missing = [path for path, sub in _properties(schema) if not sub.get("description")]
+    assert missing == []
+    values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
+    assert set(values) <= set(schema["properties"])
