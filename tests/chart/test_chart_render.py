@@ -269,3 +269,11 @@ def test_pod_security_context_can_be_left_to_the_cluster(render):
     rendered = render(values_from(sets=["podSecurityContext=null"]))
     for _, spec in rendered.pod_specs():
         assert "securityContext" not in spec
+
+
+def test_pod_security_context_null_leaves_it_to_the_cluster(render):
+    """values.yaml says null clears the pod securityContext; {} only merges with the defaults."""
+    cleared = render({"podSecurityContext": None})
+    assert all("securityContext" not in spec for _, spec in cleared.pod_specs())
+    merged = render({"podSecurityContext": {}})
+    assert all(spec["securityContext"]["runAsUser"] == 10001 for _, spec in merged.pod_specs())
