@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
-.PHONY: setup demo test lint format bench clean help dashboards crd image-check
+.PHONY: setup demo test lint format bench clean help dashboards crd overrides generate image-check
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
@@ -17,6 +17,8 @@ help:
 	@echo "make bench  - run the benchmarks under bench/"
 	@echo "make dashboards - regenerate the Grafana dashboards and alert rules from monitoring/"
 	@echo "make crd   - regenerate the MegDetRun CRD from charts/megdet's values schema"
+	@echo "make overrides - regenerate the chart's list of detectron2 keys that values own"
+	@echo "make generate - all generated files (overrides, CRD, dashboards), in dependency order"
 	@echo "make image-check - compile detectron2's C++/CUDA ops at the pinned commit (no Docker)"
 
 setup: $(STAMP)
@@ -70,3 +72,13 @@ clean:
 # (tests/controller/test_crd.py fails when the committed copy is stale).
 crd: setup
 	$(BIN)/python -m megdet.controller.crd
+
+# The detectron2 override keys that named values own (megdet/overrides.py), as the run chart reads
+# them (tests/chart fails when charts/megdet/files/owned-overrides.yaml is stale).
+OVERRIDES_FILE := charts/megdet/files/owned-overrides.yaml
+overrides: setup
+	$(BIN)/python -m megdet.overrides > $(OVERRIDES_FILE).tmp
+	mv $(OVERRIDES_FILE).tmp $(OVERRIDES_FILE)
+
+# Every generated file, in dependency order: the CRD's CEL rules read the owned-overrides list.
+generate: overrides crd dashboards
