@@ -648,7 +648,10 @@ def configure(
     # Scanning watches CRDs and namespaces; the controller serves fixed resources cluster-wide,
     # so it needs neither (and neither do its RBAC rules).
     settings.scanning.disabled = True
-    settings.posting.level = logging.INFO
+    # Events: ours (one per phase change, kopf.event) always post; of kopf's own log lines only
+    # warnings and errors become Events ("Handler succeeded" on every reconcile is noise and
+    # an API call per run).
+    settings.posting.level = logging.WARNING
     if workers is not None:
         # Sync handlers run in kopf's thread pool; more threads than cores only adds GIL
         # contention to the CPU-bound part (validate + render), see docs/benchmarks.md.
