@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import harness
+
 ROOT = Path(__file__).resolve().parents[1]
 GOALS = {"p99_ms": 100.0, "total_s": 20.0}
 
@@ -295,12 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
     result = run(args.runs, args.workers)
-    if args.json:
-        import json
-
-        print(json.dumps(result, indent=2))
-    else:
-        print_report(result)
+    harness.emit(result, args.json, print_report)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import platform
 import statistics
 import time
@@ -31,6 +30,7 @@ import celpy
 import helm_python
 import yaml
 
+from bench import harness
 from megdet.controller.render import chart_dir, render_run
 from megdet.controller.schema import cel_problems, coerce_numbers, rule_sites
 from megdet.controller.validation import crd_spec_schema, default_spec, validate_run
@@ -167,10 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     result = run(repeats=args.repeats)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_report(result)
+    harness.emit(result, args.json, print_report)
 
 
 if __name__ == "__main__":
