@@ -45,6 +45,7 @@ __all__ = [
     "plain",
     "render_run",
     "spec_error_problem",
+    "split_manifests",
 ]
 
 #: Environment variable naming the run chart's folder (the controller image sets it).
@@ -237,7 +238,12 @@ def _copy(rendered: RenderedRun) -> RenderedRun:
     )
 
 
-def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+def split_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+    """A Helm render's files -> (every object, in file order; the NOTES text).
+
+    Raises yaml.YAMLError, naming the file, for one that does not parse. The tests parse both
+    charts' renders with this too, so there is one reading of Helm's output.
+    """
     objects: list[dict[str, Any]] = []
     notes = ""
     for path, text in sorted(files.items()):
@@ -247,12 +253,19 @@ def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], st
         try:
             objects += [doc for doc in yaml.load_all(text, Loader=_YAML_LOADER) if doc]
         except yaml.YAMLError as err:
-            # A value the chart pasted unquoted into its YAML; the values schema should
-            # have refused it (its patterns exist for this), so say where to look.
-            problem = Problem("spec", f"the chart rendered {path} as YAML that does not parse "
-                              f"(a value with YAML syntax in it?): {err}")  # fmt: skip
-            raise InvalidRunError([problem]) from None
+            raise yaml.YAMLError(f"{path}: {err}") from err
     return objects, notes
+
+
+def _parse_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
+    try:
+        return split_manifests(files)
+    except yaml.YAMLError as err:
+        # A value the chart pasted unquoted into its YAML; the values schema should
+        # have refused it (its patterns exist for this), so say where to look.
+        problem = Problem("spec", "the chart rendered YAML that does not parse "
+                          f"(a value with YAML syntax in it?): {err}")  # fmt: skip
+        raise InvalidRunError([problem]) from None
 
 
 def _plan(values: Mapping[str, Any]) -> Plan:

@@ -15,10 +15,8 @@ from typing import Any
 
 import helm_python
 import pytest
-import yaml
 
-#: libyaml's loader when PyYAML was built with it: the chart tests parse thousands of manifests.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+from megdet.controller.render import split_manifests
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "charts" / "megdet"
@@ -101,13 +99,7 @@ class Renderer:
         files = self.chart.render(
             values=dict(values or {}), name=RELEASE, namespace=NAMESPACE, is_install=True
         )
-        notes = ""
-        objects: list[dict[str, Any]] = []
-        for path, text in sorted(files.items()):
-            if path.endswith("NOTES.txt"):
-                notes = text
-                continue
-            objects += [doc for doc in yaml.load_all(text, Loader=_YAML_LOADER) if doc]
+        objects, notes = split_manifests(files)
         return Rendered(objects=objects, notes=notes, values=self.chart.merge_values(values))
 
     def error(self, values: Mapping[str, Any]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
+from megdet.controller.render import split_manifests
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_CHART = ROOT / "charts" / "megdet-operator"
@@ -23,13 +23,7 @@ def render_operator(values: dict[str, Any] | None = None) -> list[dict[str, Any]
 
     with helm_python.Chart.load(str(OPERATOR_CHART)) as chart:
         out = chart.render(values=values or {}, name=RELEASE, namespace=NAMESPACE, is_install=True)
-    return [
-        doc
-        for path, text in out.items()
-        if not path.endswith("NOTES.txt")
-        for doc in yaml.safe_load_all(text)
-        if doc
-    ]
+    return split_manifests(out)[0]
 
 
 def of_kind(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:

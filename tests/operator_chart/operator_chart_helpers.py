@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
-import yaml
+
+from megdet.controller.render import split_manifests
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "charts" / "megdet-operator"
@@ -44,14 +45,7 @@ def render(values: dict[str, Any] | None = None, release: str = RELEASE) -> Rend
         files = chart.render(
             values=values or {}, name=release, namespace=NAMESPACE, is_install=True
         )
-    objects: list[dict[str, Any]] = []
-    notes = ""
-    for path, text in sorted(files.items()):
-        if path.endswith("NOTES.txt"):
-            notes = text
-            continue
-        objects += [doc for doc in yaml.safe_load_all(text) if doc]
-    return Rendered(objects, notes)
+    return Rendered(*split_manifests(files))
 
 
 def render_error(values: dict[str, Any]) -> str:
