@@ -3,6 +3,7 @@ operator would drop, immutable queue on upgrade, name budget, NCCL names, owned 
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from chart_helpers import (
     values_from,
 )
 
-from megdet.naming import DNS_LABEL_MAX, MAX_JOB_NAME_LENGTH, job_name_problem
+from megdet.naming import DNS_LABEL_MAX, MAX_GPUS, MAX_JOB_NAME_LENGTH, job_name_problem
 from megdet.overrides import (
     CHART_FILE,
     OWNED_OVERRIDES,
@@ -290,8 +291,11 @@ def test_chart_and_python_share_the_job_name_limit(render):
 
 def test_the_longest_service_name_fits_a_dns_label(render):
     # One pod per GPU at the schema's maximum: the largest Worker index the operator names.
+    # naming.py derives the limit from its own copy of that maximum: keep the two equal.
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    assert schema["properties"]["gpus"]["maximum"] == MAX_GPUS
     rendered = render(
-        values_from(fullnameOverride="r" * MAX_JOB_NAME_LENGTH, gpus=100000, gpusPerNode=1)
+        values_from(fullnameOverride="r" * MAX_JOB_NAME_LENGTH, gpus=MAX_GPUS, gpusPerNode=1)
     )
     workers = rendered.replicas()["Worker"]["replicas"]
     longest = f"{rendered.job['metadata']['name']}-worker-{workers - 1}"
