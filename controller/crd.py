@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from megdet.controller.render import chart_dir
+from megdet.controller.status import PHASES
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
 
@@ -451,7 +452,7 @@ def _field(kind: str, description: str, **extra: Any) -> dict[str, Any]:
 
 def status_schema() -> dict[str, Any]:
     """The status the controller writes (plan, phase, conditions, job)."""
-    phases = ["Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid"]
+    phases = list(PHASES)
     condition = _field(
         "object",
         "One aspect of the run's state (Kubernetes condition conventions).",

@@ -17,6 +17,9 @@ from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+# Values of the ``phase`` label of RUNS: the MegDetRun status phases, owned by status.py.
+from megdet.controller.status import PHASES
+
 __all__ = [
     "JOBS_CREATED",
     "JOBS_DELETED",
@@ -42,8 +45,6 @@ REGISTRY = CollectorRegistry()
 
 #: Values of the ``result`` label of :data:`RECONCILES`.
 RESULTS = ("success", "invalid", "error", "conflict")
-#: Values of the ``phase`` label of :data:`RUNS` (the MegDetRun status phases).
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid")
 
 RECONCILES = Counter(
     "megdet_controller_reconciles",
