@@ -521,19 +521,24 @@ def _root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
             "reason": "FieldValueTooLong",
             "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters, so "
             "that the training operator's Services <name>-worker-<index> stay within 63",
-        }
+        },
+        {
+            # Both job APIs refuse other names: the PyTorchJob webhook (kubeflow/trainer v1.9.x,
+            # pkg/webhooks/pytorch/pytorchjob_webhook.go, NameIsDNS1035Label) and the TrainJob
+            # CRD's own CEL rule. The API server alone accepts e.g. "1run" or "a.b" for a
+            # MegDetRun, whose job creation would then fail.
+            "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+            "fieldPath": ".metadata.name",
+            "reason": "FieldValueInvalid",
+            "message": "metadata.name must start with a letter and be lower-case letters, "
+            "digits and '-' (an RFC 1035 label: the PyTorchJob webhook and the TrainJob CRD "
+            "refuse other job names)",
+        },
     ]
     if "target" in spec["properties"]:
         trainjob = "!has(self.spec.target) || self.spec.target != 'trainjob' || "
         nodes = "((self.spec.gpus + self.spec.gpusPerNode - 1) / self.spec.gpusPerNode)"
         rules += [
-            {
-                "rule": trainjob + "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-                "fieldPath": ".metadata.name",
-                "reason": "FieldValueInvalid",
-                "message": "with target=trainjob, metadata.name must start with a letter and be "
-                "lower-case letters, digits and '-' (the TrainJob CRD's RFC 1035 rule)",
-            },
             {
                 # JobSet names pods <job>-node-0-<nodes - 1>-<5 random>: 14 characters + digits.
                 "rule": trainjob

@@ -496,11 +496,13 @@ def test_names_and_labels_follow_the_release(render):
 # --- names Trainer v2 refuses --------------------------------------------------------------------
 
 
-def test_a_name_starting_with_a_digit_fails_for_trainjob_only(render):
-    name = "1run"
-    assert render({"fullnameOverride": name}).objects  # kubeflow.org/v1 takes RFC 1123 names
-    message = render.error({"fullnameOverride": name, "target": "trainjob"})
-    assert 'target=trainjob: the job name "1run" must start with a letter' in message
+@pytest.mark.parametrize("target", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize("name", ["1run", "a.b"])
+def test_a_name_that_is_not_an_rfc_1035_label_fails_for_both_targets(render, target, name):
+    # The TrainJob CRD and the PyTorchJob webhook (NameIsDNS1035Label) both refuse it.
+    message = render.error({"fullnameOverride": name, "target": target})
+    assert f'the job name "{name}" must start with a letter' in message
+    assert render({"fullnameOverride": "run-1", "target": target}).objects
 
 
 @pytest.mark.parametrize(("gpus", "limit"), [(8, 48), (128, 47)])

@@ -260,6 +260,24 @@ def test_metadata_name_rule_uses_the_naming_limit(root, length, ok):
         assert problems[0].path == "metadata.name"
 
 
+@pytest.mark.parametrize("target", ["pytorchjob", "trainjob"])
+@pytest.mark.parametrize(
+    ("name", "ok"), [("r50-fpn", True), ("1run", False), ("a.b", False), ("run-", False)]
+)
+def test_metadata_name_must_be_an_rfc_1035_label_for_both_targets(root, target, name, ok):
+    # The PyTorchJob webhook (NameIsDNS1035Label) and the TrainJob CRD both refuse these names,
+    # which the API server alone would accept for a MegDetRun.
+    obj = {
+        "metadata": {"name": name},
+        "spec": apply_defaults(root["properties"]["spec"], {"target": target}),
+    }
+    rules = [r for r in root["x-kubernetes-validations"] if "metadata.name" in r["rule"]]
+    problems = [p for p in cel_problems({"x-kubernetes-validations": rules}, obj, root="") if p]
+    assert (problems == []) is ok, problems
+    if not ok:
+        assert problems[0].path == "metadata.name" and "RFC 1035" in problems[0].message
+
+
 def test_status_declares_the_controller_fields(root):
     status = root["properties"]["status"]["properties"]
     assert set(status) == {

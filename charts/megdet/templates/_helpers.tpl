@@ -44,6 +44,19 @@ with another run's and would not be the name the user looks for. Only the derive
 {{- end -}}
 {{- end -}}
 
+{{/*
+The job name must be an RFC 1035 label (a letter first, then lower-case letters, digits, '-')
+for both targets: the PyTorchJob webhook refuses other names (kubeflow/trainer v1.9.x
+pkg/webhooks/pytorch/pytorchjob_webhook.go, NameIsDNS1035Label) and so does the TrainJob CRD.
+Helm itself accepts release names such as "1run" or "a.b".
+*/}}
+{{- define "megdet.validateJobName" -}}
+{{- $name := include "megdet.fullname" . -}}
+{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
+{{- fail (printf "the job name %q must start with a letter and be lower-case letters, digits and '-' (an RFC 1035 label: the PyTorchJob webhook and the TrainJob CRD refuse other names); use another release name or fullnameOverride" $name) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* A component's object name: <fullname>-<component>, still within 63 characters. */}}
 {{- define "megdet.componentName" -}}
 {{- $full := include "megdet.fullname" .root -}}

@@ -51,6 +51,7 @@ Cross-field rules that JSON Schema cannot express. values.schema.json has alread
 types, ranges and enums. Wording follows megdet.plan.SpecError, with the chart's value names.
 */}}
 {{- define "megdet.validate" -}}
+{{- include "megdet.validateJobName" . -}}
 {{- $v := .Values -}}
 {{- $gpus := int64 $v.gpus -}}
 {{- $gpn := int64 $v.gpusPerNode -}}

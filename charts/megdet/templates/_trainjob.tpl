@@ -11,16 +11,14 @@ v0.12.0 it builds on. docs/trainer-v2.md explains each choice; the sources are c
 {{- end -}}
 
 {{/*
-Names Trainer v2 accepts. The TrainJob CRD requires an RFC 1035 label (a letter first), and
-JobSet's webhook (jobset v0.12.0 pkg/webhooks/jobset_webhook.go) refuses a JobSet whose pod
-names <job>-node-0-<index>-<5 random> would exceed 63 characters. A refused JobSet leaves the
-TrainJob stuck, so fail here, naming the limit.
+Names Trainer v2 accepts. The TrainJob CRD requires an RFC 1035 label (a letter first; both
+targets check that, megdet.validateJobName), and JobSet's webhook (jobset v0.12.0
+pkg/webhooks/jobset_webhook.go) refuses a JobSet whose pod names <job>-node-0-<index>-<5 random>
+would exceed 63 characters. A refused JobSet leaves the TrainJob stuck, so fail here, naming
+the limit.
 */}}
 {{- define "megdet.validateTrainJob" -}}
 {{- $name := include "megdet.fullname" .root -}}
-{{- if not (regexMatch "^[a-z]([-a-z0-9]*[a-z0-9])?$" $name) -}}
-{{- fail (printf "target=trainjob: the job name %q must start with a letter and be lower-case letters, digits and '-' (the TrainJob CRD's RFC 1035 rule); use another release name or fullnameOverride" $name) -}}
-{{- end -}}
 {{- $suffix := printf "-node-0-%d-abcde" (sub (int64 .plan.nodes) 1) -}}
 {{- $max := sub 63 (len $suffix) -}}
 {{- if gt (len $name) (int $max) -}}
