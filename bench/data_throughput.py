@@ -18,7 +18,6 @@ a step spent waiting for data.
 
 from __future__ import annotations
 
-import argparse
 import time
 from typing import Any
 
@@ -118,12 +117,13 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 process, 1 round: a smoke run")
+    parser = harness.round_parser(
+        __doc__,
+        rounds=5,
+        block_help="batches/steps per block",
+        quick_help="1 process, 1 round: a smoke run",
+    )
     parser.add_argument("--world", type=int, default=2, choices=(1, 2))
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--block", type=int, default=4, help="batches/steps per block")
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, world=args.world, rounds=args.rounds, block=args.block)
     harness.emit(result, args.json, print_report)

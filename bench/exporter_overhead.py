@@ -23,7 +23,6 @@ local rank 0; the SyncBN health check is off here and timed on its own). Then, s
 
 from __future__ import annotations
 
-import argparse
 import socket
 import statistics
 import subprocess
@@ -279,11 +278,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 1 step: a smoke run")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--block", type=int, default=4, help="steps per condition per round")
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    parser = harness.round_parser(__doc__, rounds=10, block_help="steps per condition per round")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, rounds=args.rounds, block=args.block)
     harness.emit(result, args.json, print_report)

@@ -9,6 +9,7 @@ go), so that several trainers can take turns in the same processes.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import itertools
@@ -140,6 +141,22 @@ def build_tiny_trainer(data: dict[str, str], out: str, overrides: tuple[str, ...
     )
     bundle, plan = build_bench_trainer(cfg)
     return cfg, bundle, plan
+
+
+def round_parser(
+    doc: str, rounds: int, block_help: str, quick_help: str = "1 round of 1 step: a smoke run"
+) -> argparse.ArgumentParser:
+    """The CLI shared by the side-by-side benchmarks (rounds of blocks): --quick, --rounds,
+    --block, --json.
+
+    A benchmark adds its own flags to the returned parser; ``emit`` prints the result.
+    """
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--block", type=int, default=4, help=block_help)
+    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    return parser
 
 
 def emit(result: dict[str, Any], as_json: bool, print_report: Callable[[dict], None]) -> None:

@@ -17,7 +17,6 @@ min, max) and the ratio of the medians of all timed steps. Goal: ``megdet`` / ``
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from typing import Any
 
@@ -124,11 +123,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 1 step: a smoke run")
-    parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--block", type=int, default=4, help="steps per loop per round")
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
+    parser = harness.round_parser(__doc__, rounds=10, block_help="steps per loop per round")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, rounds=args.rounds, block=args.block)
     harness.emit(result, args.json, print_report)

@@ -17,7 +17,6 @@ Models: the tiny CPU config; the same with BN in the FPN and box head ("normed h
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from bench import harness
@@ -222,12 +221,8 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="1 round of 1 step: a smoke run")
+    parser = harness.round_parser(__doc__, rounds=6, block_help="steps per scope per round")
     parser.add_argument("--r50", action="store_true", help="also count R50-FPN (about 1 min)")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--block", type=int, default=4, help="steps per scope per round")
-    parser.add_argument("--json", action="store_true", help="print the raw results as JSON")
     args = parser.parse_args(argv)
     result = run(quick=args.quick, r50=args.r50, rounds=args.rounds, block=args.block)
     harness.emit(result, args.json, print_report)
