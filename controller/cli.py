@@ -8,7 +8,7 @@ and prints one line per problem::
 
 ``<file>#<n>`` is the YAML document's index in the file, counting from 0 (``yq``'s
 ``documentIndex``). Exit status: 0 all valid, 1 problems found, 2 input that is unreadable, not
-YAML or not a MegDetRun.
+YAML, not a MegDetRun or empty.
 
 ``megdet render -f run.yaml`` prints what the controller creates for each valid run: every
 object the run chart renders, job first, as YAML. The controller also sets
@@ -80,6 +80,10 @@ def read_documents(paths: Iterable[str]) -> tuple[list[Document], list[str]]:
             where = getattr(err, "problem_mark", None)
             line = f" (line {where.line + 1})" if where is not None else ""
             errors.append(f"{source}: not YAML{line}: {getattr(err, 'problem', None) or err}")
+            continue
+        if all(body is None for body in docs):
+            # Nothing to check is not "valid": a CI step pointed at the wrong file must fail.
+            errors.append(f"{source}: no {KIND} in it (the file has no YAML documents)")
             continue
         for index, body in enumerate(docs):
             if body is None:
@@ -187,7 +191,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="check MegDetRuns as the cluster and the controller would",
         description="Check MegDetRuns: the CRD's schema and CEL rules, the plan, owned "
         "overrides and the run chart. One line per problem; exit 0 valid, 1 problems, "
-        "2 unreadable input.",
+        "2 unreadable or empty input.",
     )
     _add_files(validate)
     validate.add_argument("-q", "--quiet", action="store_true", help="print only problems")

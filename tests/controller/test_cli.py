@@ -100,6 +100,19 @@ def test_validate_bad_input_exits_2_without_a_traceback(tmp_path):
     assert result.stdout.strip().endswith(": valid")
 
 
+def test_a_file_without_documents_is_bad_input_not_valid(tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("---\n# nothing here\n---\n")
+    for command in ("validate", "render"):
+        result = megdet(command, "-f", str(empty))
+        assert result.returncode == 2, result
+        assert result.stderr == (
+            f"megdet {command}: error: {empty}: no MegDetRun in it (the file has no YAML "
+            "documents)\n"
+        )
+        assert result.stdout == ""
+
+
 def test_render_prints_what_the_controller_creates():
     path = REPO / "examples" / "megdetrun-16gpu-ib.yaml"
     result = megdet("render", "-f", str(path))
