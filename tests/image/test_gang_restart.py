@@ -75,8 +75,12 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_and_finishes(tmp_path):
         # It resumed from the last complete checkpoint (iteration 1 -> starts at 2) and ran on
         # to the end without gaps.
         assert second == list(range(CHECKPOINT_PERIOD, MAX_ITER)), (rank, second)
-    # The failure was counted once, by the agent whose worker died.
-    assert {restart for restart, _, _ in steps[0] + steps[1]} == {0, 1}
+    # Each agent tags its workers with TORCHELASTIC_RESTART_COUNT: (first, second) attempt.
+    counts = {rank: [restart for restart, _ in dict.fromkeys(
+        (restart, pid) for restart, _, pid in steps[rank])] for rank in (0, 1)}  # fmt: skip
+    assert [first for first, _ in counts.values()] == [0, 0], steps
+    second_attempt = sorted(second for _, second in counts.values())
+
     first = [it for _, it, pid in steps[0] if pid == steps[0][0][2]]
     resumed_at = next(it for _, it, pid in steps[0] if pid != steps[0][0][2])
     lost = max(first) + 1 - resumed_at
@@ -88,7 +92,20 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_and_finishes(tmp_path):
     assert f"model_{CHECKPOINT_PERIOD - 1:07d}.pth" in text[0] + text[1]  # the checkpoint loaded
     final = torch.load(output / "model_final.pth", map_location="cpu", weights_only=False)
     assert final["iteration"] == MAX_ITER - 1  # what an uninterrupted run ends with
-    # The agents' own account: one saw its worker die of SIGKILL, and the other stopped its
-    # healthy worker (SIGTERM) to restart it into the new rendezvous round.
-    assert "failed (exitcode: -9)" in text[0] + text[1]
-    assert "closing signal SIGTERM" in text[0] + text[1]
+    # The agents' own account. One saw its worker die of SIGKILL; that failure is counted against
+    # its restart budget. The other agent's worker was healthy, and one of two things stops it,
+    # whichever comes first (both are a whole-gang restart; both happen on real clusters):
+    #  a. its agent notices the dead agent re-entering the rendezvous (num_nodes_waiting > 0) and
+    #     stops the worker with SIGTERM. Membership changes are not counted as restarts
+    #     (torch/distributed/elastic/agent/server/api.py, _invoke_run).
+    #  b. the worker's next gloo collective fails first ("Connection closed by peer") and it
+    #     exits 1; its agent counts that as a failure and restarts too.
+    victim_logs = [log for log in text if "failed (exitcode: -9)" in log]
+    assert len(victim_logs) == 1, [log[-2000:] for log in text]
+    healthy = text[1 - text.index(victim_logs[0])]
+    stopped_by_agent = "closing signal SIGTERM" in healthy
+    failed_collective = "failed (exitcode: 1)" in healthy and "Connection closed by peer" in healthy
+    how = "stopped by its agent (SIGTERM)" if stopped_by_agent else "failed by its collective"
+    print(f"gang restart: the healthy worker was {how}")
+    assert stopped_by_agent != failed_collective, healthy[-3000:]
+    assert second_attempt == ([0, 1] if stopped_by_agent else [1, 1]), steps
