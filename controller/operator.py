@@ -77,6 +77,8 @@ OWNED_KINDS: dict[tuple[str, str], str] = {
 }
 #: The owned kinds that are the run's job (the rest are helpers such as the TrainingRuntime).
 JOB_KINDS = {"PyTorchJob": "pytorchjob", "TrainJob": "trainjob"}
+#: Conditional status writes tried before a reconcile gives up for now (kopf retries it).
+STATUS_WRITE_ATTEMPTS = 5
 #: Where each job kind keeps its suspend flag (PyTorchJob: runPolicy; TrainJob: spec).
 SUSPEND_PATH = {"PyTorchJob": ("spec", "runPolicy", "suspend"), "TrainJob": ("spec", "suspend")}
 
@@ -314,15 +316,27 @@ class Cluster:
     def get_run(self, namespace: str, name: str) -> dict | None:
         return self.get(RUN_API_VERSION, KIND, namespace, name)
 
-    def patch_run_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict:
+    def patch_run_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> dict:
+        """Merge-patch the run's status subresource.
+
+        With ``resource_version`` the patch is conditional: the API server applies it to the
+        stored object and refuses the result with 409 Conflict unless the stored object still
+        has that version (the patch's ``metadata.resourceVersion`` is a precondition, as with
+        controller-runtime's ``MergeFromWithOptimisticLock``). A merge patch replaces lists
+        whole, so an unconditional patch of ``conditions`` computed from a stale read would
+        drop what another writer set in between.
+        """
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         return self.api.patch_namespaced_custom_object_status(
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            {"status": dict(status)},
-            _request_timeout=self.timeout,
+            GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=self.timeout
         )
 
 
@@ -443,15 +457,52 @@ def build_registry(
             raise
 
     def write_status(
-        run: Mapping[str, Any], status: Mapping[str, Any], message: str, retry: int
-    ) -> None:
-        namespace, name, _uid, _gen = _meta(run)
-        old = (run.get("status") or {}).get("phase")
-        api_call("write status", lambda: cluster.patch_run_status(namespace, name, status), retry)
-        new = status.get("phase") or old
-        if new is not None:
-            phases.set(namespace, name, new)
-            _phase_event(run, old, new, message)
+        run: Mapping[str, Any],
+        compute: Callable[[Mapping[str, Any], Mapping[str, Any], bool], dict[str, Any] | None],
+        message: str,
+        retry: int,
+    ) -> Mapping[str, Any] | None:
+        """Write the run's status without losing another writer's update; returns the old status.
+
+        ``compute(old_status, run, refreshed)`` gives the status fields to write (None: nothing
+        to write). The write is conditional on the run's resourceVersion; on 409 Conflict (the
+        job mirror, kopf or another controller wrote in between) the run is read again and
+        ``compute`` runs again on the fresh status with ``refreshed=True``, so the caller can
+        re-read anything else it computed from. Returns the status the write was computed from,
+        or None when nothing was written (nothing to write, or the run is gone).
+        """
+        namespace, name, uid, _gen = _meta(run)
+        current: Mapping[str, Any] = run
+        for attempt in range(STATUS_WRITE_ATTEMPTS):
+            old_status = current.get("status") or {}
+            status = compute(old_status, current, attempt > 0)
+            if status is None:
+                return None
+            version = (current.get("metadata") or {}).get("resourceVersion")
+            try:
+                cluster.patch_run_status(namespace, name, status, version)
+            except k8s.ApiException as err:
+                if err.status != 409 or not version:
+                    api_call("write status", _raiser(err), retry)
+                    raise
+                fresh = api_call("get run", lambda: cluster.get_run(namespace, name), retry)
+                if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
+                    return None  # deleted (or deleted and re-created) meanwhile
+                current = fresh
+                continue
+            except Exception as err:
+                api_call("write status", _raiser(err), retry)
+                raise
+            old = old_status.get("phase")
+            new = status.get("phase") or old
+            if new is not None:
+                phases.set(namespace, name, new)
+                _phase_event(current, old, new, message)
+            return old_status
+        metrics.RECONCILES.labels("error").inc()
+        raise kopf.TemporaryError(
+            f"write status: {STATUS_WRITE_ATTEMPTS} conflicts in a row", delay=backoff.delay(retry)
+        )
 
     def reconcile(body: kopf.Body, reason: Any, diff: Any, old: Any, retry: int, **_: Any) -> None:
         started = time.perf_counter()
@@ -466,12 +517,16 @@ def build_registry(
 
     def _reconcile(run: dict[str, Any], reason: str, diff: Any, old_spec: Any, retry: int) -> None:
         namespace, name, uid, generation = _meta(run)
-        old_status = run.get("status") or {}
         decision = plan_children(run, old_spec)
         if isinstance(decision, Invalid):
-            status = invalid_status(old_status, decision.messages, now(), generation)
+            problems = decision.messages
             # Becoming Invalid sends a Warning event (reason Invalid) that names the fields.
-            write_status(run, status, "; ".join(decision.messages), retry)
+            write_status(
+                run,
+                lambda old, _run, _fresh: invalid_status(old, problems, now(), generation),
+                "; ".join(problems),
+                retry,
+            )
             metrics.RECONCILES.labels("invalid").inc()
             return
 
@@ -489,9 +544,16 @@ def build_registry(
             if found is None:
                 found = _create(obj, retry)
             if not owned_by(found, uid):
-                status = conflict_status(old_status, kind, obj_name, now(), generation)
-                write_status(run, status, "", retry)
-                if _condition_reason(old_status, "Created") != "JobNameConflict":
+                status = conflict_status({}, kind, obj_name, now(), generation)
+                before = write_status(
+                    run,
+                    lambda old, _run, _fresh, k=kind, n=obj_name: conflict_status(
+                        old, k, n, now(), generation
+                    ),
+                    "",
+                    retry,
+                )
+                if before is not None and _condition_reason(before, "Created") != "JobNameConflict":
                     # Once per conflict, not on every 30 s retry.
                     message = _condition_message(status, "Created")
                     kopf.warn(run, reason="JobNameConflict", message=message)
@@ -506,10 +568,32 @@ def build_registry(
         if reason == "update" and _diff_touches(diff, ("spec", "runPolicy", "suspend")):
             job = _sync_suspend(decision, job, retry)
 
-        status = planned_status(
-            old_status, decision, job if job.get("status") else None, now(), generation
-        )
-        write_status(run, status, f"{decision.job['kind']} {status['jobName']}", retry)
+        def status_with_job(old: Mapping[str, Any], _run: Any, refreshed: bool) -> dict[str, Any]:
+            nonlocal job
+            if refreshed:
+                # Someone wrote the status since this reconcile read it; most likely the job
+                # mirror, after a change of the job that this reconcile's copy predates.
+                meta = decision.job["metadata"]
+                job = (
+                    api_call(
+                        "get job",
+                        lambda: cluster.get(
+                            decision.job["apiVersion"],
+                            decision.job["kind"],
+                            namespace,
+                            meta["name"],
+                        ),
+                        retry,
+                    )
+                    or job
+                )
+            assert job is not None
+            return planned_status(
+                old, decision, job if job.get("status") else None, now(), generation
+            )
+
+        job_name = decision.job["metadata"]["name"]
+        write_status(run, status_with_job, f"{decision.job['kind']} {job_name}", retry)
         plan = decision.rendered.plan
         metrics.record_run_info(
             namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
@@ -593,18 +677,23 @@ def build_registry(
         run = api_call("get run", lambda: cluster.get_run(namespace, ref["name"]), retry)
         if run is None or (run.get("metadata") or {}).get("uid") != ref.get("uid"):
             return
-        if (run.get("metadata") or {}).get("deletionTimestamp"):
-            return
-        old_status = run.get("status") or {}
-        if old_status.get("phase") in (None, "Invalid"):
-            return  # the run's own reconcile writes its first status
         state = job_state(job)
-        generation = (run.get("metadata") or {}).get("generation")
-        patch = next_status(old_status, state, now(), generation)
-        if all(old_status.get(k) == v for k, v in patch.items()):
+
+        def mirrored(old: Mapping[str, Any], current: Mapping[str, Any], _: bool) -> dict | None:
+            meta = current.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                return None
+            if old.get("phase") in (None, "Invalid"):
+                return None  # the run's own reconcile writes its first status
+            patch = next_status(old, state, now(), meta.get("generation"))
+            if all(old.get(k) == v for k, v in patch.items()):
+                return None
+            return patch
+
+        before = write_status(run, mirrored, state.message, retry)
+        if before is None:
             return
-        write_status(run, patch, state.message, retry)
-        _count_transition(namespace, JOB_KINDS[job["kind"]], old_status.get("phase"), state.phase)
+        _count_transition(namespace, JOB_KINDS[job["kind"]], before.get("phase"), state.phase)
         if state.phase in TERMINAL_PHASES:
             logger.info("run %s/%s %s", namespace, ref["name"], state.phase)
 

@@ -65,13 +65,15 @@ def declare_resources(api: Any) -> None:
 
 
 class Emulator(kmock_lib.KubernetesEmulator):
-    """kmock's emulator plus three things every API server does and kmock does not.
+    """kmock's emulator plus what every API server does and kmock does not.
 
     - ``metadata.generateName``: kopf names its Events that way; kmock would store them all
       under no name and answer 409 from the second Event on.
     - ``metadata.resourceVersion`` bumped on every write: kopf skips watch events older than
       its own last patch by this number; with a constant version it re-handles stale events.
-      A JSON-patch ``test`` of an outdated version fails with 422, as kopf expects.
+      A JSON-patch ``test`` of an outdated version fails with 422, as kopf expects; a merge
+      patch that carries an outdated ``metadata.resourceVersion`` fails with 409 Conflict, as
+      the API server's optimistic concurrency does.
       A list reports the current version, and a watch from that version sends only objects
       changed since (kmock re-sends every object, so kopf saw each run twice at start-up).
     - ``metadata.uid`` on create when absent (owner references point at uids).
@@ -79,6 +81,19 @@ class Emulator(kmock_lib.KubernetesEmulator):
 
     _versions = itertools.count(1000)
     _latest = 1000
+    #: Called with every write request before the emulator applies it; tests stage races by
+    #: changing objects there (:meth:`write_quietly`), between a client's read and its write.
+    before_write: list[Callable[[Any], None]]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.before_write = []
+
+    def write_quietly(self, resource: str, name: str, changes: dict[str, Any]) -> None:
+        """Merge ``changes`` into a stored object as a write whose watch event was already
+        handled: the resourceVersion moves on, no watcher hears of it."""
+        stored = self._objects[kmock_lib.resource(resource), NAMESPACE, name]
+        stored.patch({**changes, "metadata": {"resourceVersion": self._next_version()}})
 
     def _next_version(self) -> str:
         Emulator._latest = next(self._versions)
@@ -100,7 +115,27 @@ class Emulator(kmock_lib.KubernetesEmulator):
                     continue  # listed already: a real watch from `since` does not repeat it
             yield event
 
+    def _check_precondition(self, request: Any, wanted: Any) -> None:
+        """A merge patch that carries a resourceVersion applies only to that version."""
+        if wanted is None:
+            return
+        key = (request.resource, request.namespace, request.name)
+        if key not in self._objects or self._objects[key].deleted:
+            return  # kmock answers 404 itself
+        stored = self._objects[key]
+        current = (stored.get("metadata") or {}).get("resourceVersion")
+        if str(wanted) != str(current):
+            raise kmock_lib.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"the object has been modified (resourceVersion {current}, "
+                f"not {wanted}); please apply your changes to the latest version and try again",
+            )
+
     async def _handle(self, request: Any) -> Any:
+        if request.action in (kmock_lib.action.CREATE, kmock_lib.action.UPDATE):
+            for hook in list(self.before_write):
+                hook(request)
         data = request.data
         version = self._next_version()
         if request.action == kmock_lib.action.CREATE and isinstance(data, dict):
@@ -110,7 +145,9 @@ class Emulator(kmock_lib.KubernetesEmulator):
             meta.setdefault("uid", str(uuid.uuid4()))
             meta["resourceVersion"] = version
         elif request.action == kmock_lib.action.UPDATE and isinstance(data, dict):
-            data.setdefault("metadata", {})["resourceVersion"] = version
+            meta = data.setdefault("metadata", {})
+            self._check_precondition(request, meta.get("resourceVersion"))
+            meta["resourceVersion"] = version
         elif request.action == kmock_lib.action.UPDATE and isinstance(data, list):
             data.append({"op": "add", "path": "/metadata/resourceVersion", "value": version})
         try:
