@@ -57,12 +57,6 @@ Helm itself accepts release names such as "1run" or "a.b".
 {{- end -}}
 {{- end -}}
 
-{{/* A component's object name: <fullname>-<component>, still within 63 characters. */}}
-{{- define "megdet.componentName" -}}
-{{- $full := include "megdet.fullname" .root -}}
-{{- printf "%s-%s" ($full | trunc (int (sub 62 (len .component)))) .component | trimSuffix "-" -}}
-{{- end -}}
-
 {{/* chart label value: name-version. */}}
 {{- define "megdet.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
