@@ -72,7 +72,8 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         "--peering",
         default="megdet-controller",
         metavar="NAME",
-        help="kopf ClusterKopfPeering object the replicas share (default: megdet-controller)",
+        help="kopf peering object the replicas share: a ClusterKopfPeering, or with --namespace "
+        "a KopfPeering of that name in each namespace (default: megdet-controller)",
     )
     peering.add_argument(
         "--standalone",

@@ -34,6 +34,7 @@ PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 RUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
+NS_PEERINGS = "kopf.dev/v1/kopfpeerings"  # an operator serving some namespaces peers in each
 PEERING_NAME = "megdet-test"
 
 #: Short delays so a retry or a kopf batch costs tens of milliseconds, not seconds.
@@ -54,6 +55,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     RUNTIMES: {"kind": "TrainingRuntime", "namespaced": True},
     # As the chart's CRD declares it: no status subresource (kopf patches the object itself).
     PEERINGS: {"kind": "ClusterKopfPeering", "namespaced": False},
+    NS_PEERINGS: {"kind": "KopfPeering", "namespaced": True},
 }
 VERBS = ["list", "watch", "get", "create", "patch", "delete"]
 
@@ -318,8 +320,10 @@ class OperatorThread:
         priority: int = 0,
         timeout: float = 2.0,
         backoff: Backoff = FAST_BACKOFF,
+        namespaces: list[str] | None = None,
     ) -> None:
         self.url = url
+        self.namespaces = namespaces or []
         self.peering = peering
         self.priority = priority
         self.identity = f"operator-{next(self._ids)}"
@@ -357,7 +361,8 @@ class OperatorThread:
         await kopf.operator(
             registry=registry,
             settings=settings,
-            clusterwide=True,
+            clusterwide=not self.namespaces,
+            namespaces=self.namespaces,
             identity=self.identity,
             stop_flag=self.stop_flag,
             ready_flag=self.ready_flag,

@@ -10,7 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import kmock as kmock_lib
+import pytest
 from kmock_helpers import (
+    NAMESPACE,
+    NS_PEERINGS,
     PEERING_NAME,
     PEERINGS,
     PYTORCHJOBS,
@@ -26,10 +30,17 @@ from kmock_helpers import (
     stop_operator,
 )
 
+#: Serving all namespaces, kopf peers through a ClusterKopfPeering; serving some namespaces,
+#: through a KopfPeering in each (kopf makes peering namespaced whenever the operator is).
+MODES = {
+    "all-namespaces": ([], kmock_lib.resource(PEERINGS), None, "ClusterKopfPeering"),
+    "watch-namespaces": ([NAMESPACE], kmock_lib.resource(NS_PEERINGS), NAMESPACE, "KopfPeering"),
+}
 
-def peers(api: Any) -> set[str]:
-    for (res, _ns, name), obj in list(api.objects.items()):
-        if res == PEERINGS and name == PEERING_NAME and not obj.deleted:
+
+def peers(api: Any, resource: Any, namespace: str | None) -> set[str]:
+    for (res, ns, name), obj in list(api.objects.items()):
+        if res == resource and ns == namespace and name == PEERING_NAME and not obj.deleted:
             return set((obj.raw.get("status") or {}).keys())
     return set()
 
@@ -38,18 +49,22 @@ def agents(requests: list[Any]) -> set[str]:
     return {r.headers.get("User-Agent", "") for r in requests}
 
 
-async def test_two_replicas_only_the_leader_acts_and_the_other_takes_over(cluster) -> None:
-    cluster.objects[PEERINGS, None, PEERING_NAME] = {
+@pytest.mark.parametrize("mode", list(MODES))
+async def test_two_replicas_only_the_leader_acts_and_the_other_takes_over(cluster, mode) -> None:
+    namespaces, resource, namespace, kind = MODES[mode]
+    meta = {"name": PEERING_NAME, **({"namespace": namespace} if namespace else {})}
+    cluster.objects[resource, namespace, PEERING_NAME] = {
         "apiVersion": "kopf.dev/v1",
-        "kind": "ClusterKopfPeering",
-        "metadata": {"name": PEERING_NAME},
+        "kind": kind,
+        "metadata": meta,
     }
     url = str(cluster.url)
-    leader = await start_operator(url, peering=PEERING_NAME, priority=200)
-    follower = await start_operator(url, peering=PEERING_NAME, priority=100)
+    leader = await start_operator(url, peering=PEERING_NAME, priority=200, namespaces=namespaces)
+    follower = await start_operator(url, peering=PEERING_NAME, priority=100, namespaces=namespaces)
     try:
         await eventually(
-            lambda: peers(cluster) >= {leader.identity, follower.identity}, message="peers"
+            lambda: peers(cluster, resource, namespace) >= {leader.identity, follower.identity},
+            message="peers",
         )
         for i in range(4):
             await apply(cluster, run_body(f"ha-{i}"))

@@ -9,8 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
+import pytest
 import yaml
 from kmock_helpers import (
+    NAMESPACE,
+    NS_PEERINGS,
     PEERING_NAME,
     PEERINGS,
     PYTORCHJOBS,
@@ -38,27 +41,35 @@ _PATH = re.compile(
 )
 
 
-def cluster_role_permissions() -> set[tuple[str, str, str]]:
+#: A permission: (namespace or None for any namespace and cluster scope, group, resource, verb).
+Permission = tuple[str | None, str, str, str]
+
+
+def granted(values: dict[str, Any]) -> set[Permission]:
+    """What the operator chart's ClusterRole and Roles grant, rendered with ``values``."""
     with helm_python.Chart.load(str(CHART)) as chart:
-        files = chart.render(values={}, name="megdet-operator", namespace="ops", is_install=True)
-    (role,) = [
+        files = chart.render(
+            values=values, name="megdet-operator", namespace="ops", is_install=True
+        )
+    roles = [
         doc
         for path, text in files.items()
         if not path.endswith("NOTES.txt")
         for doc in yaml.safe_load_all(text)
-        if doc and doc.get("kind") == "ClusterRole"
+        if doc and doc.get("kind") in ("ClusterRole", "Role")
     ]
     return {
-        (group, resource, verb)
+        (role["metadata"].get("namespace") if role["kind"] == "Role" else None, group, res, verb)
+        for role in roles
         for rule in role["rules"]
         for group in rule["apiGroups"]
-        for resource in rule["resources"]
+        for res in rule["resources"]
         for verb in rule["verbs"]
     }
 
 
-def permission(request: Any) -> tuple[str, str, str] | None:
-    """(apiGroup, resource[/subresource], verb) of a request; None for discovery."""
+def permission(request: Any) -> Permission | None:
+    """(namespace, apiGroup, resource[/subresource], verb) of a request; None for discovery."""
     found = _PATH.match(request.url.path)
     if found is None or (found["core"] is None and found["group"] is None):
         return None
@@ -73,7 +84,11 @@ def permission(request: Any) -> tuple[str, str, str] | None:
         )
     else:
         verb = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}[method]
-    return group, resource, verb
+    return found["ns"], group, resource, verb
+
+
+def allowed(call: Permission, grants: set[Permission]) -> bool:
+    return call in grants or (None, *call[1:]) in grants
 
 
 def is_discovery(request: Any) -> bool:
@@ -82,13 +97,28 @@ def is_discovery(request: Any) -> bool:
     return parts[0] in ("api", "apis", "version") and len(parts) <= 3 and request.method == "GET"
 
 
-async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster) -> None:
-    cluster.objects[PEERINGS, None, PEERING_NAME] = {
-        "apiVersion": "kopf.dev/v1",
-        "kind": "ClusterKopfPeering",
-        "metadata": {"name": PEERING_NAME},
-    }
-    op = await start_operator(str(cluster.url), peering=PEERING_NAME, priority=1)
+@pytest.mark.parametrize(
+    "namespaces", [[], [NAMESPACE]], ids=["all-namespaces", "watch-namespaces"]
+)
+async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, namespaces) -> None:
+    """Serving all namespaces, the ClusterRole allows every call. Serving only
+    ``controller.watchNamespaces``, every call stays in a listed namespace, where a Role allows
+    it, peering included (kopf peers through a KopfPeering in each namespace then)."""
+    if namespaces:  # what the chart renders: a KopfPeering in each served namespace
+        cluster.objects[NS_PEERINGS, NAMESPACE, PEERING_NAME] = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "KopfPeering",
+            "metadata": {"name": PEERING_NAME, "namespace": NAMESPACE},
+        }
+    else:
+        cluster.objects[PEERINGS, None, PEERING_NAME] = {
+            "apiVersion": "kopf.dev/v1",
+            "kind": "ClusterKopfPeering",
+            "metadata": {"name": PEERING_NAME},
+        }
+    op = await start_operator(
+        str(cluster.url), peering=PEERING_NAME, priority=1, namespaces=namespaces
+    )
     try:
         # Everything the controller does: create (both targets), refuse, mirror, suspend, delete.
         await apply(cluster, run_body("pj"))
@@ -116,6 +146,16 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster) 
     test_agent = next(iter(list(cluster))).headers.get("User-Agent")  # the test's own client
     calls = [r for r in list(cluster) if r.headers.get("User-Agent") != test_agent]
     used = {p for r in calls if not is_discovery(r) for p in [permission(r)] if p is not None}
-    allowed = cluster_role_permissions()
-    assert used - allowed == set(), "calls the ClusterRole does not allow"
-    assert allowed - used - NOT_CALLED == set(), "rules no call needs"
+    grants = granted({"controller": {"watchNamespaces": namespaces}})
+    assert {call for call in used if not allowed(call, grants)} == set(), "calls not allowed"
+    # Every rule is used somewhere it applies.
+    unused = {
+        grant
+        for grant in grants
+        if grant[1:] not in NOT_CALLED
+        and not any(call[1:] == grant[1:] and grant[0] in (None, call[0]) for call in used)
+    }
+    assert unused == set(), "rules no call needs"
+    if namespaces:
+        assert {grant[0] for grant in grants} == {NAMESPACE}  # no cluster-wide grant at all
+        assert ("kopf.dev", "kopfpeerings", "patch") in {call[1:] for call in used}

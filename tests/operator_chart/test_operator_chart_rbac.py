@@ -21,9 +21,17 @@ EXPECTED_RULES = {
 }
 
 
-def rules_of(rendered) -> dict[tuple[str, str], set[str]]:
+#: Serving only controller.watchNamespaces: the same, as a Role in each namespace, peering there
+#: through a namespaced KopfPeering.
+EXPECTED_NAMESPACED_RULES = {
+    **{key: verbs for key, verbs in EXPECTED_RULES.items() if key[1] != "clusterkopfpeerings"},
+    ("kopf.dev", "kopfpeerings"): {"list", "watch", "patch"},
+}
+
+
+def rules_of(rendered, role: dict | None = None) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
-    for rule in rendered.one("ClusterRole")["rules"]:
+    for rule in (role or rendered.one("ClusterRole"))["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}  # no nonResourceURLs, names
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
@@ -62,3 +70,43 @@ def test_binding_grants_the_role_to_the_controller_service_account() -> None:
     ]
     pod = rendered.one("Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
+
+
+def test_watch_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
+    rendered = render({"controller": {"watchNamespaces": ["vision", "research"]}})
+    assert rendered.of_kind("ClusterRole") == rendered.of_kind("ClusterRoleBinding") == []
+    account = rendered.one("ServiceAccount")["metadata"]
+    roles = {r["metadata"]["namespace"]: r for r in rendered.of_kind("Role")}
+    bindings = {b["metadata"]["namespace"]: b for b in rendered.of_kind("RoleBinding")}
+    peerings = {p["metadata"]["namespace"]: p for p in rendered.of_kind("KopfPeering")}
+    assert set(roles) == set(bindings) == set(peerings) == {"vision", "research"}
+    assert rendered.of_kind("ClusterKopfPeering") == []
+    for namespace, role in roles.items():
+        assert rules_of(rendered, role) == EXPECTED_NAMESPACED_RULES
+        binding = bindings[namespace]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]
+    # The peering name the replicas are told is the one each namespace's object has.
+    (container,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
+    names = {p["metadata"]["name"] for p in peerings.values()}
+    assert [f"--peering={name}" for name in names] == [
+        a for a in container["args"] if a.startswith("--peering=")
+    ]
+
+
+def test_watch_namespaces_without_peering_drop_the_peering_rule() -> None:
+    rendered = render(
+        {
+            "replicaCount": 1,
+            "controller": {"watchNamespaces": ["vision"], "peering": {"enabled": False}},
+        }
+    )
+    expected = {k: v for k, v in EXPECTED_NAMESPACED_RULES.items() if k[0] != "kopf.dev"}
+    assert rules_of(rendered, rendered.one("Role")) == expected
+    assert rendered.of_kind("KopfPeering") == [] == rendered.of_kind("ClusterRole")

@@ -91,7 +91,12 @@ def test_single_replica_without_peering_is_standalone_and_namespaced() -> None:
     _, container = controller(rendered)
     assert "--standalone" in container["args"]
     assert "--namespace=vision" in container["args"] and "--namespace=research" in container["args"]
-    assert rendered.of_kind("ClusterKopfPeering") == []
+    assert rendered.of_kind("ClusterKopfPeering") == rendered.of_kind("KopfPeering") == []
+    assert rendered.of_kind("ClusterRole") == []
+    assert sorted(r["metadata"]["namespace"] for r in rendered.of_kind("Role")) == [
+        "research",
+        "vision",
+    ]
 
 
 def test_service_monitor_behind_a_flag_with_additional_labels() -> None:

@@ -63,3 +63,54 @@ app.kubernetes.io/part-of: megdet
 {{- define "megdet-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
+
+{{/*
+The rules for the namespaced resources the controller serves: granted cluster-wide by the
+ClusterRole, or per namespace by a Role when controller.watchNamespaces lists namespaces.
+Exactly the verbs and resources the controller uses (tests/controller/test_operator_rbac.py
+checks them against every API call it makes against kmock). No secrets, no wildcards.
+*/}}
+{{- define "megdet-operator.runRules" -}}
+# MegDetRuns: kopf lists and watches them and patches its annotations and finalizer; the
+# job mirror reads a run by name.
+- apiGroups: ["megdet.io"]
+  resources: ["megdetruns"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["megdet.io"]
+  resources: ["megdetruns/status"]
+  verbs: ["patch"]
+# Owner references with blockOwnerDeletion need update on the owner's finalizers
+# (the OwnerReferencesPermissionEnforcement admission plugin).
+- apiGroups: ["megdet.io"]
+  resources: ["megdetruns/finalizers"]
+  verbs: ["update"]
+# The jobs it creates and owns: looked up by name, created, suspended/resumed (patch),
+# watched for status, listed and deleted when their run is deleted.
+- apiGroups: ["kubeflow.org"]
+  resources: ["pytorchjobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainjobs"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# A TrainJob's per-run runtime: created next to it, never changed, deleted with the run.
+- apiGroups: ["trainer.kubeflow.org"]
+  resources: ["trainingruntimes"]
+  verbs: ["get", "list", "create", "delete"]
+# kopf posts an Event on every phase transition and for refused specs.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- end -}}
+
+{{/*
+The rule for kopf peering: the ClusterKopfPeering when serving all namespaces (in the
+ClusterRole), the KopfPeering of each served namespace otherwise (in its Role).
+*/}}
+{{- define "megdet-operator.peeringRules" -}}
+{{- if .Values.controller.peering.enabled }}
+# kopf peering: replicas register in the peering object's status and watch it.
+- apiGroups: ["kopf.dev"]
+  resources: [{{ ternary "kopfpeerings" "clusterkopfpeerings" (not (empty .Values.controller.watchNamespaces)) | quote }}]
+  verbs: ["list", "watch", "patch"]
+{{- end }}
+{{- end -}}
