@@ -145,11 +145,13 @@ def test_python_m_bench_runs_the_chart_benchmark_quickly(capsys) -> None:
     assert "20 renders per case" in out
 
 
-def test_controller_reconcile_bench_reconciles_every_run_once() -> None:
+@pytest.mark.parametrize("paced", [False, True], ids=["burst", "paced"])
+def test_controller_reconcile_bench_reconciles_every_run_once(paced: bool) -> None:
     from bench import controller_reconcile
 
-    result = controller_reconcile.run(runs=4, workers=2)
-    assert result["runs"] == 4
+    result = controller_reconcile.run(runs=4, workers=2, paced=paced)
+    assert result["runs"] == 4 and result["paced"] is paced
+    assert isinstance(result["status_writes_refused"], int)
     assert result["jobs_created"] == 4  # one job per run, whatever the target
     assert result["reconcile"]["n"] >= 4 and result["apply_to_status"]["n"] == 4
     assert result["pure_part"]["n"] == 4
