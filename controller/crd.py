@@ -178,6 +178,11 @@ def _convert(node: Mapping[str, Any], default: Any, path: str) -> dict[str, Any]
             out["default"] = default
         return out
     kind = node.get("type")
+    if kind is None and node.get("enum") and all(isinstance(v, str) for v in node["enum"]):
+        # The values schema leaves the type off its string enums, so that Helm reports a value
+        # of the wrong type with the allowed values ("value must be one of ...") rather than
+        # "got number, want string"; a structural schema needs it.
+        kind = "string"
     if isinstance(kind, list):
         kinds = [k for k in kind if k != "null"]
         if "null" in kind:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 import pytest
-from chart_helpers import values_from
+from chart_helpers import CHART_DIR, values_from
 
 from megdet.plan import SpecError, plan_run
 
@@ -23,6 +26,9 @@ SCHEMA_ERRORS = [
     ("baseLr=0", ["at '/baseLr'", "exclusiveMinimum"]),
     ("nccl.ib.enabled=yes", ["at '/nccl/ib/enabled': got string, want boolean"]),
     ("terminationGracePeriodSeconds=5", ["at '/terminationGracePeriodSeconds'", "minimum"]),
+    # A value of the wrong type in a string enum still lists the allowed values (below).
+    ("target=5", ["at '/target': value must be one of 'pytorchjob', 'trainjob'"]),
+    ("syncBN=true", ["at '/syncBN': value must be one of 'backbone', 'all', 'none'"]),
 ]
 
 
@@ -102,3 +108,38 @@ def test_validation_set_needs_both_paths(render):
 def test_extra_override_keys_must_look_like_config_keys(render):
     message = render.error(values_from(extraOverrides={"solver.base_lr": 0.1}))
     assert "at '/extraOverrides': additional properties 'solver.base_lr' not allowed" in message
+
+
+def _string_enums(node: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], list]]:
+    if node.get("enum") and all(isinstance(v, str) for v in node["enum"]):
+        yield path, node["enum"]
+    for key, sub in (node.get("properties") or {}).items():
+        yield from _string_enums(sub, (*path, key))
+
+
+STRING_ENUMS = list(_string_enums(json.loads((CHART_DIR / "values.schema.json").read_text())))
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"), STRING_ENUMS, ids=[".".join(p) for p, _ in STRING_ENUMS]
+)
+@pytest.mark.parametrize("wrong", [7, True, ["x"]], ids=["number", "boolean", "list"])
+def test_a_wrongly_typed_enum_value_is_answered_with_the_allowed_values(
+    render, path, allowed, wrong
+):
+    # The values schema leaves "type" off its string enums: with it, Helm's validator stops at
+    # "got number, want string" and never names the allowed values.
+    values: dict = {}
+    node = values
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = wrong
+    message = render.error(values)
+    listed = ", ".join(f"'{v}'" for v in allowed)
+    assert f"at '/{'/'.join(path)}': value must be one of {listed}" in message
+
+
+def test_every_string_enum_of_the_chart_is_covered() -> None:
+    # Guards the parametrization above: the schema has string enums at these places.
+    assert {".".join(p) for p, _ in STRING_ENUMS} >= {"target", "syncBN", "nccl.ib.memlock"}
+    assert len(STRING_ENUMS) == 11

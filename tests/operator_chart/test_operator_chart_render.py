@@ -133,7 +133,18 @@ def test_notes_say_what_was_installed_and_what_to_run() -> None:
         ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy"]),
         ({"serviceMonitor": {"interval": "30 seconds"}}, ["/serviceMonitor/interval"]),
         ({"controller": {"peering": {"priority": "high"}}}, ["/controller/peering/priority"]),
-        ({"controller": {"logLevel": "TRACE"}}, ["/controller/logLevel"]),
+        (
+            {"controller": {"logLevel": "TRACE"}},
+            ["/controller/logLevel", "one of 'DEBUG', 'INFO', 'WARNING', 'ERROR'"],
+        ),
+        # Wrong types in string enums still list the allowed values (the schema leaves their
+        # type off; with it Helm answers only "got number, want string").
+        ({"controller": {"logLevel": 10}}, ["one of 'DEBUG', 'INFO', 'WARNING', 'ERROR'"]),
+        ({"service": {"type": True}}, ["/service/type", "'ClusterIP', 'NodePort'"]),
+        (
+            {"alerts": {"runFailed": {"severity": 1}}},
+            ["/alerts/runFailed/severity", "'critical', 'warning', 'info'"],
+        ),
         ({"replicas": 2}, ["replicas", "not allowed"]),
         (
             {"replicaCount": 2, "controller": {"peering": {"enabled": False}}},
