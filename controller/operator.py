@@ -221,22 +221,56 @@ def planned_status(
     return status
 
 
-def conflict_status(
-    old: Mapping[str, Any], kind: str, name: str, now: str, generation: Any
+def not_created_status(
+    old: Mapping[str, Any], reason: str, message: str, now: str, generation: Any
 ) -> dict[str, Any]:
-    """Status for a run whose job name is taken by an object it does not own."""
-    message = (
-        f"{kind} {name} already exists and is not owned by this MegDetRun; "
-        "the controller never overwrites it: delete or rename that object"
-    )
+    """Status for a valid run whose objects could not be created: ``Created=False``."""
     conditions = set_condition(
-        old.get("conditions") or [], "Created", False, "JobNameConflict", message, now, generation
+        old.get("conditions") or [], "Created", False, reason, message, now, generation
     )
     return {
         "phase": old.get("phase") or "Pending",
         "conditions": conditions,
         "observedGeneration": generation,
     }
+
+
+def conflict_status(
+    old: Mapping[str, Any], kind: str, name: str, now: str, generation: Any
+) -> dict[str, Any]:
+    """Status for a run whose job name is taken by an object it does not own."""
+    return not_created_status(old, "JobNameConflict", conflict_message(kind, name), now, generation)
+
+
+def conflict_message(kind: str, name: str) -> str:
+    return (
+        f"{kind} {name} already exists and is not owned by this MegDetRun; "
+        "the controller never overwrites it: delete or rename that object"
+    )
+
+
+#: Who serves each kind the controller creates (for the message when a cluster lacks it).
+KIND_PROVIDERS = {
+    "PyTorchJob": "the Kubeflow training operator (kubeflow.org/v1)",
+    "TrainJob": "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1)",
+    "TrainingRuntime": "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1)",
+}
+
+
+class KindNotServed(Exception):
+    """The API server answered 404 to creating an object: its kind is not installed."""
+
+    def __init__(self, obj: Mapping[str, Any]) -> None:
+        kind = obj["kind"]
+        target = JOB_KINDS.get(kind, "trainjob")
+        other = "pytorchjob" if target == "trainjob" else "trainjob"
+        self.message = (
+            f"{obj['apiVersion']} {kind} is not served by this cluster (creating it answered "
+            f"404): install {KIND_PROVIDERS.get(kind, 'its operator')} or set "
+            f"spec.target: {other} (spec.target is {target}); the controller watches the job "
+            "kinds present when it starts, so restart it after installing"
+        )
+        super().__init__(self.message)
 
 
 # ------------------------------------------------------------------------------------------
@@ -413,13 +447,6 @@ def _condition_reason(status: Mapping[str, Any], kind: str) -> str | None:
     return None
 
 
-def _condition_message(status: Mapping[str, Any], kind: str) -> str:
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == kind:
-            return str(cond.get("message") or "")
-    return ""
-
-
 def _diff_touches(diff: Iterable[Any], path: tuple[str, ...]) -> bool:
     for _op, field_path, _old, _new in diff or ():
         n = min(len(field_path), len(path))
@@ -542,21 +569,16 @@ def build_registry(
                 retry,
             )
             if found is None:
-                found = _create(obj, retry)
+                try:
+                    found = _create(obj, retry)
+                except KindNotServed as err:
+                    not_created(run, "JobKindNotInstalled", err.message, generation, retry)
+                    metrics.RECONCILES.labels("error").inc()
+                    raise kopf.TemporaryError(err.message, delay=backoff.conflict_delay) from err
             if not owned_by(found, uid):
-                status = conflict_status({}, kind, obj_name, now(), generation)
-                before = write_status(
-                    run,
-                    lambda old, _run, _fresh, k=kind, n=obj_name: conflict_status(
-                        old, k, n, now(), generation
-                    ),
-                    "",
-                    retry,
+                not_created(
+                    run, "JobNameConflict", conflict_message(kind, obj_name), generation, retry
                 )
-                if before is not None and _condition_reason(before, "Created") != "JobNameConflict":
-                    # Once per conflict, not on every 30 s retry.
-                    message = _condition_message(status, "Created")
-                    kopf.warn(run, reason="JobNameConflict", message=message)
                 metrics.RECONCILES.labels("conflict").inc()
                 raise kopf.TemporaryError(
                     f"{kind} {obj_name} is not owned by this run", delay=backoff.conflict_delay
@@ -600,11 +622,26 @@ def build_registry(
         )
         metrics.RECONCILES.labels("success").inc()
 
+    def not_created(
+        run: Mapping[str, Any], reason: str, message: str, generation: Any, retry: int
+    ) -> None:
+        """``Created=False`` with ``reason``; a Warning event once per episode, not per retry."""
+        before = write_status(
+            run,
+            lambda old, _run, _fresh: not_created_status(old, reason, message, now(), generation),
+            "",
+            retry,
+        )
+        if before is not None and _condition_reason(before, "Created") != reason:
+            kopf.warn(run, reason=reason, message=message)
+
     def _create(obj: Mapping[str, Any], retry: int) -> dict[str, Any]:
         namespace, obj_name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         try:
             created = cluster.create(obj)
         except k8s.ApiException as err:
+            if err.status == 404:  # the run's namespace exists, so the kind is what is missing
+                raise KindNotServed(obj) from err
             if err.status != 409:
                 api_call(f"create {obj['kind']} {obj_name}", _raiser(err), retry)
             # Someone (an earlier try whose answer was lost, or another object) holds the name.

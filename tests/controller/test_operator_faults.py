@@ -150,3 +150,55 @@ async def test_a_status_write_that_races_the_job_mirror_loses_nothing(cluster) -
     # The refused write and the one computed again from the fresh reads.
     assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) - patches_before >= 2
     assert list(objects(cluster, PYTORCHJOBS)) == ["r"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "plural", "provider"),
+    [
+        ({"gpus": 8}, "pytorchjobs", "the Kubeflow training operator"),
+        ({"gpus": 8, "target": "trainjob"}, "trainingruntimes", "Kubeflow Trainer v2"),
+    ],
+    ids=["pytorchjob", "trainjob"],
+)
+async def test_a_job_kind_the_cluster_does_not_serve_is_named_on_the_run(
+    cluster, spec, plural, provider
+) -> None:
+    # An API server answers 404 to a POST for a resource it does not serve (no CRD). kmock has
+    # every resource declared, so the 404 is injected; it stores the object anyway, which here
+    # plays the operator being installed in the meantime: the retry finds it and goes on.
+    failed = inject(cluster, is_create(plural), "404", times=1)
+    op = await start_operator(str(cluster.url))
+    try:
+        await apply(cluster, run_body("r", spec))
+        created = await eventually(
+            lambda: next(
+                (
+                    c
+                    for c in (get(cluster, RUNS, "r") or {}).get("status", {}).get("conditions", [])
+                    if c["type"] == "Created" and c["reason"] == "JobKindNotInstalled"
+                ),
+                None,
+            ),
+            message="Created=False JobKindNotInstalled",
+        )
+        await eventually(
+            lambda: get(cluster, RUNS, "r")["status"].get("jobName") == "r",
+            timeout=20,
+            message="the retry to create the job",
+        )
+        await settle()
+    finally:
+        await stop_operator(op)
+    assert failed
+    assert created["status"] == "False"
+    assert provider in created["message"] and "spec.target" in created["message"]
+    assert "restart" in created["message"]
+    warnings = [
+        e
+        for e in objects(cluster, "v1/events").values()
+        if e.get("reason") == "JobKindNotInstalled" and e.get("type") == "Warning"
+    ]
+    assert len(warnings) == 1, warnings
+    status = get(cluster, RUNS, "r")["status"]
+    assert status["phase"] == "Pending"
+    assert {c["type"]: c["status"] for c in status["conditions"]}["Created"] == "True"
