@@ -139,7 +139,14 @@ async def test_a_status_write_that_races_the_job_mirror_loses_nothing(cluster) -
     second = await start_operator(str(cluster.url))
     try:
         await eventually(lambda: raced, timeout=20, message="the resume reconcile's status write")
-        await settle(1.0)
+        # Without the conditional write the reconcile's stale Pending lands and stays.
+        await eventually(
+            lambda: get(cluster, RUNS, "r")["status"]["phase"] == "Running"
+            and len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) - patches_before >= 2,
+            timeout=15,
+            message="the status to be written again from fresh reads",
+        )
+        await settle()
     finally:
         await stop_operator(second)
     run_status = get(cluster, RUNS, "r")["status"]
