@@ -8,11 +8,15 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
-.PHONY: setup demo test lint format bench clean help dashboards crd overrides generate image-check
+.PHONY: setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
+	image-check cluster cluster-down cluster-build
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
 	@echo "make test   - set up, then run the whole test suite"
+	@echo "make test-quick - the suite without the real-cluster (e2e) tests"
+	@echo "make cluster - build (first time) and start a real local control plane in .cluster/"
+	@echo "make cluster-down - stop it and delete .cluster/"
 	@echo "make lint   - ruff check and format check"
 	@echo "make bench  - run the benchmarks under bench/"
 	@echo "make dashboards - regenerate the Grafana dashboards and alert rules from monitoring/"
@@ -44,6 +48,23 @@ test: setup $(PROMETHEUS)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+# The suite without tests/e2e (no control plane needed): the inner loop.
+test-quick: setup $(PROMETHEUS)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest --ignore=tests/e2e
+
+# A real Kubernetes control plane on this machine (megdet.cluster; docs/cluster.md). The first
+# run builds the pinned binaries from the Go module proxy into ~/.cache/megdet/cluster.
+cluster: setup
+	$(BIN)/python -m megdet.cluster up
+
+cluster-down: setup
+	$(BIN)/python -m megdet.cluster down
+
+# Only build the control plane's binaries (all of them: also Trainer v2, JobSet, Kueue).
+cluster-build: setup
+	$(BIN)/python -m megdet.cluster.build kubernetes etcd kwok helm training_operator trainer jobset kueue
+
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -66,7 +87,7 @@ bench: setup
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) build output .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build output .pytest_cache .ruff_cache .hypothesis .cluster
 
 # The MegDetRun CRD is generated from charts/megdet/values.schema.json and values.yaml
 # (tests/controller/test_crd.py fails when the committed copy is stale).

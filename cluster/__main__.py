@@ -1,0 +1,5 @@
+import sys
+
+from megdet.cluster.control_plane import main
+
+sys.exit(main())

@@ -1,0 +1,343 @@
+"""Build the control plane's binaries from upstream Go modules, once per machine.
+
+Versions are pinned in pyproject.toml (``[tool.megdet.cluster]``), beside the project's other
+pins. Binaries land in a cache outside the work tree keyed by component and version
+(``$MEGDET_CLUSTER_CACHE``, default ``~/.cache/megdet/cluster``), so only the first run on a
+machine compiles anything; nothing built or downloaded is committed.
+
+Two ways to build, chosen per module:
+
+* Modules without ``replace`` directives (kwok, Helm, the Kubeflow operators, JobSet, Kueue)
+  build with ``go install pkg@version``, which uses exactly the module's own go.mod.
+* ``k8s.io/kubernetes`` and etcd's server module require their sibling modules at placeholder
+  versions with ``replace => ./staging/...`` (or ``../api``), so ``go install pkg@version``
+  refuses them. For those we write a small wrapper go.mod in the cache that requires the module
+  and replaces each sibling by its published version (the list is read from that version's own
+  go.mod, so it follows the pin), then ``go build`` inside it.
+
+Kubernetes reports the version stamped into it by ldflags (upstream ``hack/lib/version.sh``);
+without it the server says ``v0.0.0-master`` and Helm's ``.Capabilities.KubeVersion`` and any
+chart ``kubeVersion`` constraint break.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class BuildError(RuntimeError):
+    """A build step failed; the message names the component and the fix."""
+
+
+def pins() -> dict[str, str]:
+    """The control-plane versions pinned in pyproject.toml."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {k: str(v) for k, v in data["tool"]["megdet"]["cluster"].items()}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEGDET_CLUSTER_CACHE", Path.home() / ".cache/megdet/cluster"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """One upstream module and the binaries built from it."""
+
+    name: str  # the pin's key in [tool.megdet.cluster]
+    module: str
+    #: binary name -> package path inside the module
+    binaries: dict[str, str]
+    #: True: build inside a wrapper go.mod that replaces the module's local siblings
+    wrapper: bool = False
+    #: ldflags -X settings, given the pinned version
+    stamp: Callable[[str], dict[str, str]] | None = None
+    #: sibling modules replaced in the wrapper, given the module's own go.mod text and version
+    siblings: Callable[[str, str], dict[str, str]] | None = None
+
+
+def _kube_stamp(version: str) -> dict[str, str]:
+    major, minor = version.lstrip("v").split(".")[:2]
+    values = {
+        "gitVersion": version,
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "gitCommit": "0" * 40,
+        "buildDate": "1970-01-01T00:00:00Z",
+    }
+    flags = {}
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        for key, value in values.items():
+            flags[f"{pkg}.{key}"] = value
+    return flags
+
+
+def _kube_siblings(gomod: str, version: str) -> dict[str, str]:
+    """``k8s.io/x => ./staging/src/k8s.io/x`` becomes ``k8s.io/x => k8s.io/x v0.MINOR.PATCH``."""
+    staging = "v0." + ".".join(version.lstrip("v").split(".")[1:3])
+    names = re.findall(r"^\s*(k8s\.io/[\w.-]+)\s*=>\s*\./staging/", gomod, flags=re.M)
+    if not names:
+        raise BuildError(f"k8s.io/kubernetes {version}: no staging replace lines in its go.mod")
+    return {name: staging for name in names}
+
+
+def _etcd_siblings(gomod: str, version: str) -> dict[str, str]:
+    """``go.etcd.io/etcd/api/v3 => ../api`` and the like become the same published version."""
+    names = re.findall(r"^\s*(go\.etcd\.io/etcd/[\w./-]+)\s*=>\s*\.\./", gomod, flags=re.M)
+    if not names:
+        raise BuildError(f"etcd {version}: no sibling replace lines in its go.mod")
+    return {name: version for name in names}
+
+
+COMPONENTS: dict[str, Component] = {
+    c.name: c
+    for c in (
+        Component(
+            "kubernetes",
+            "k8s.io/kubernetes",
+            {
+                "kube-apiserver": "k8s.io/kubernetes/cmd/kube-apiserver",
+                "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
+                "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
+                "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+            },
+            wrapper=True,
+            stamp=_kube_stamp,
+            siblings=_kube_siblings,
+        ),
+        Component(
+            "etcd",
+            "go.etcd.io/etcd/server/v3",
+            {"etcd": "go.etcd.io/etcd/server/v3"},
+            wrapper=True,
+            siblings=_etcd_siblings,
+        ),
+        Component(
+            "kwok",
+            "sigs.k8s.io/kwok",
+            {"kwok": "sigs.k8s.io/kwok/cmd/kwok"},
+            stamp=lambda v: {"sigs.k8s.io/kwok/pkg/consts.Version": v},
+        ),
+        Component(
+            "helm",
+            "helm.sh/helm/v3",
+            {"helm": "helm.sh/helm/v3/cmd/helm"},
+            stamp=lambda v: {"helm.sh/helm/v3/internal/version.version": v},
+        ),
+        Component(
+            "training_operator",
+            "github.com/kubeflow/training-operator",
+            {"training-operator": "github.com/kubeflow/training-operator/cmd/training-operator.v1"},
+        ),
+        Component(
+            "trainer",
+            "github.com/kubeflow/trainer/v2",
+            {
+                "trainer-controller-manager": (
+                    "github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager"
+                )
+            },
+        ),
+        Component("jobset", "sigs.k8s.io/jobset", {"jobset": "sigs.k8s.io/jobset"}),
+        Component("kueue", "sigs.k8s.io/kueue", {"kueue": "sigs.k8s.io/kueue/cmd/kueue"}),
+    )
+}
+
+#: What `make cluster` needs; the rest (Trainer v2, JobSet, Kueue) build on demand.
+CORE = ("kubernetes", "etcd", "kwok", "helm", "training_operator")
+
+
+def go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("CGO_ENABLED", "0")  # upstream ships these binaries static
+    # The checksum database is not among the registries these machines reach; go.sum in the
+    # wrapper still records what was fetched. A user's own GOSUMDB setting wins.
+    env.setdefault("GOSUMDB", "off")
+    env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -trimpath").strip()
+    env.setdefault("GOTOOLCHAIN", "local")
+    return env
+
+
+def find_go() -> str:
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
+    )
+    if go is None:
+        raise BuildError(
+            "no Go toolchain found: the control plane is built from upstream Go modules. Install "
+            "Go >= 1.26 (https://go.dev/doc/install) and put `go` on PATH, then run "
+            "`make cluster` again"
+        )
+    return go
+
+
+def component_dir(name: str, version: str) -> Path:
+    return cache_dir() / "bin" / f"{name}-{version}"
+
+
+def binary_path(binary: str) -> Path:
+    """Where the pinned build of ``binary`` lives (whether built yet or not)."""
+    versions = pins()
+    for comp in COMPONENTS.values():
+        if binary in comp.binaries:
+            return component_dir(comp.name, versions[comp.name]) / binary
+    raise KeyError(binary)
+
+
+def is_built(name: str) -> bool:
+    comp = COMPONENTS[name]
+    out = component_dir(name, pins()[name])
+    return all((out / b).exists() for b in comp.binaries)
+
+
+def _ldflags(comp: Component, version: str) -> list[str]:
+    flags = ["-s", "-w"]
+    if comp.stamp:
+        flags += [f"-X={key}={value}" for key, value in comp.stamp(version).items()]
+    return ["-ldflags=" + " ".join(flags)]
+
+
+def _run(cmd: Sequence[str], cwd: Path, log, env: dict[str, str]) -> None:
+    log.write("$ " + " ".join(cmd) + "\n")
+    log.flush()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise BuildError(
+            f"`{' '.join(cmd[:3])} ...` failed (exit {proc.returncode}); log: {log.name}"
+        )
+
+
+def build(name: str, jobs: int | None = None, echo: Callable[[str], None] = print) -> Path:
+    """Build one component at its pinned version into the cache (no-op when already there)."""
+    comp = COMPONENTS[name]
+    version = pins()[name]
+    out = component_dir(name, version)
+    if is_built(name):
+        return out
+    go = find_go()
+    env = go_env()
+    work = cache_dir() / "work" / f"{name}-{version}"
+    work.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp_out, ignore_errors=True)
+    tmp_out.mkdir(parents=True)
+    log_path = cache_dir() / "logs" / f"{name}-{version}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    par = [f"-p={jobs}"] if jobs else []
+    start = time.monotonic()
+    echo(f"building {name} {version} ({', '.join(comp.binaries)}); log: {log_path}")
+    with open(log_path, "w") as log:
+        if comp.wrapper:
+            _write_wrapper(go, comp, version, work, log, env)
+            for binary, pkg in comp.binaries.items():
+                _run(
+                    [go, "build", *par, *_ldflags(comp, version), "-o", str(tmp_out / binary), pkg],
+                    work,
+                    log,
+                    env,
+                )
+        else:
+            env_install = dict(env, GOBIN=str(tmp_out))
+            env_install["GOFLAGS"] = env_install["GOFLAGS"].replace("-mod=mod", "").strip()
+            for binary, pkg in comp.binaries.items():
+                _run(
+                    [go, "install", *par, *_ldflags(comp, version), f"{pkg}@{version}"],
+                    work,
+                    log,
+                    env_install,
+                )
+                built = tmp_out / pkg.rsplit("/", 1)[-1]
+                if built.name != binary:
+                    built.rename(tmp_out / binary)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp_out.rename(out)
+    echo(f"built {name} {version} in {time.monotonic() - start:.0f} s")
+    return out
+
+
+def _write_wrapper(go: str, comp: Component, version: str, work: Path, log, env) -> None:
+    """A go.mod that requires the module and replaces its local siblings by published versions."""
+    _run([go, "mod", "download", "-json", f"{comp.module}@{version}"], work, log, env)
+    gomod_path = (
+        Path(
+            subprocess.run(
+                [go, "env", "GOMODCACHE"], capture_output=True, text=True, env=env, check=True
+            ).stdout.strip()
+        )
+        / "cache"
+        / "download"
+        / comp.module
+        / "@v"
+        / f"{version}.mod"
+    )
+    siblings = comp.siblings(gomod_path.read_text(), version) if comp.siblings else {}
+    go_version = (
+        subprocess.run(
+            [go, "env", "GOVERSION"], capture_output=True, text=True, env=env, check=True
+        )
+        .stdout.strip()
+        .removeprefix("go")
+    )
+    lines = [
+        "// Generated by megdet.cluster.build from pyproject.toml's pins; not committed.",
+        "module megdet.local/cluster-build",
+        "",
+        f"go {go_version}",
+        "",
+        f"require {comp.module} {version}",
+        "",
+        "replace (",
+        *[f"\t{mod} => {mod} {ver}" for mod, ver in sorted(siblings.items())],
+        ")",
+        "",
+    ]
+    (work / "go.mod").write_text("\n".join(lines))
+    # A file that imports nothing keeps `go` happy about a module with no packages of its own.
+    (work / "doc.go").write_text(
+        "// Package build exists so that this module has a package.\npackage build\n"
+    )
+
+
+def build_all(names: Sequence[str], jobs: int | None = None, echo=print) -> dict[str, Path]:
+    return {name: build(name, jobs=jobs, echo=echo) for name in names}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m megdet.cluster.build",
+        description="Build the pinned control-plane binaries.",
+    )
+    parser.add_argument(
+        "components",
+        nargs="*",
+        default=list(CORE),
+        help=f"components to build (default: {' '.join(CORE)}; also: "
+        f"{' '.join(c for c in COMPONENTS if c not in CORE)})",
+    )
+    parser.add_argument("-j", "--jobs", type=int, default=None, help="go build -p")
+    args = parser.parse_args(argv)
+    unknown = [c for c in args.components if c not in COMPONENTS]
+    if unknown:
+        parser.error(f"unknown component(s) {', '.join(unknown)}; allowed: {', '.join(COMPONENTS)}")
+    try:
+        build_all(args.components, jobs=args.jobs)
+    except BuildError as err:
+        print(f"megdet cluster build: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

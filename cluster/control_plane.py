@@ -1,0 +1,915 @@
+"""Start and stop a real Kubernetes control plane on this machine, from the binaries that
+``megdet.cluster.build`` made.
+
+``make cluster`` and the e2e tests' fixture both use :class:`Cluster`: etcd, kube-apiserver
+(the project's own TLS certificates and ServiceAccount keys, RBAC, the default admission
+plugins including Pod Security, plus NodeRestriction), kube-controller-manager (garbage
+collection, ServiceAccounts, Jobs, ...), kube-scheduler, kwok (fake nodes with 8
+``nvidia.com/gpu`` and an RDMA resource each, pods that "run" until told otherwise) and the
+Kubeflow training operator with its validating webhook served with the project's certificates.
+
+Everything a cluster writes lives in one state folder (``.cluster/`` for ``make cluster``): the
+PKI, etcd's data, the kubeconfigs, one log per component (``logs/<component>.log``) and
+``state.json`` (the processes and ports). ``down()`` stops every process it started and deletes
+the folder (the e2e fixture keeps the logs).
+
+Why not ``kwokctl create cluster --runtime binary``: it makes its own certificates and
+component flags, while the operators' webhooks must be served with certificates from the same
+CA that the API server trusts, the admission plugins and authorization mode must be the ones a
+production cluster runs, and the e2e fixture and ``make cluster`` must be one code path that the
+tests can inspect. kwok itself (the node and pod simulator) is used as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megdet.cluster import build
+from megdet.cluster.pki import CertificateAuthority, kubeconfig, service_account_keys
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STATE = ROOT / ".cluster"
+
+#: Ports of `make cluster`, offsets from MEGDET_CLUSTER_PORT_BASE (default below).
+PORT_OFFSETS = {
+    "etcd": 0,
+    "etcd-peer": 1,
+    "kube-apiserver": 2,
+    "kube-controller-manager": 3,
+    "kube-scheduler": 4,
+    "kwok": 5,
+    "training-operator-webhook": 6,
+    "training-operator-metrics": 7,
+    "training-operator-probe": 8,
+}
+DEFAULT_PORT_BASE = 26440
+
+#: Start order; down() stops them in reverse.
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "training-operator",
+)
+
+#: The extended resource the fake nodes advertise for InfiniBand (the 16-GPU IB example's).
+RDMA_RESOURCE = "rdma/rdma_shared_device_a"
+GPUS_PER_NODE = 8
+#: kwok manages only nodes carrying this annotation.
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+#: Where the training operator lives and how its webhook is named (its v1.9 main.go).
+OPERATOR_NAMESPACE = "kubeflow"
+OPERATOR_SECRET = "training-operator-webhook-cert"
+OPERATOR_WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
+SERVICE_CIDR = "10.96.0.0/16"
+#: The CA names the operators' certificate rotators verify a given CA against (their CAName).
+WEBHOOK_CA_NAMES = ("megdet-webhook-ca", "training-operator-ca")
+#: The in-cluster names the rotators verify the serving certificate against (<svc>.<ns>.svc).
+WEBHOOK_SERVICE_NAMES = (f"training-operator.{OPERATOR_NAMESPACE}.svc",)
+#: The restricted-profile init container template the operator chart ships for platforms.
+PYTORCH_INIT_CONTAINER = (
+    ROOT / "charts/megdet-operator/files/pytorch-init-container-restricted.yaml"
+)
+#: Hard-coded by the training operator's cert package (and by Trainer v2's and JobSet's):
+#: in a pod it is the Secret's volume mount.
+WEBHOOK_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+#: kwok's upstream stages (kustomize/stage in its module) that the cluster loads.
+KWOK_STAGES = (
+    "node/fast/node-initialize.yaml",
+    "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "pod/fast/pod-ready.yaml",
+    "pod/fast/pod-complete.yaml",
+    "pod/fast/pod-delete.yaml",
+    "pod/chaos/pod-container-running-failed.yaml",
+)
+
+
+class ClusterError(RuntimeError):
+    """Something stopped the cluster from starting; the message names the fix."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; read its state.
+    with contextlib.suppress(OSError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+@dataclasses.dataclass
+class Cluster:
+    """One control plane whose state lives in ``root``."""
+
+    root: Path = DEFAULT_STATE
+    #: "fixed": MEGDET_CLUSTER_PORT_BASE + offsets (make cluster); "auto": free ports (tests)
+    ports_mode: str = "fixed"
+    nodes: int = 4
+    training_operator: bool = True
+    echo: Callable[[str], None] = print
+
+    # --- paths -------------------------------------------------------------------------------
+    @property
+    def pki(self) -> Path:
+        return self.root / "pki"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The admin kubeconfig (system:masters)."""
+        return self.root / "kubeconfig"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "state.json"
+
+    def state(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @property
+    def ports(self) -> dict[str, int]:
+        state = self.state()
+        if not state:
+            raise ClusterError(f"no cluster in {self.root}: run `make cluster` first")
+        return state["ports"]
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.ports['kube-apiserver']}"
+
+    # --- tools -------------------------------------------------------------------------------
+    @staticmethod
+    def binary(name: str) -> str:
+        return str(build.binary_path(name))
+
+    def env(self) -> dict[str, str]:
+        """The environment for kubectl and helm against this cluster."""
+        env = dict(os.environ, KUBECONFIG=str(self.kubeconfig))
+        helm_home = self.root / "helm"
+        env.update(
+            HELM_CACHE_HOME=str(helm_home / "cache"),
+            HELM_CONFIG_HOME=str(helm_home / "config"),
+            HELM_DATA_HOME=str(helm_home / "data"),
+        )
+        return env
+
+    def kubectl(
+        self,
+        *args: str,
+        input: str | None = None,
+        check: bool = True,
+        kubeconfig: Path | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
+        env = self.env()
+        if kubeconfig:
+            env["KUBECONFIG"] = str(kubeconfig)
+        proc = subprocess.run(
+            [self.binary("kubectl"), *args],
+            input=input,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc
+
+    def apply(self, objects: Iterable[Mapping[str, Any]] | str, server_side: bool = False) -> None:
+        text = objects if isinstance(objects, str) else yaml.safe_dump_all(list(objects))
+        args = ["apply", "-f", "-"] + (
+            ["--server-side", "--force-conflicts"] if server_side else []
+        )
+        self.kubectl(*args, input=text)
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def is_up(self) -> bool:
+        state = self.state()
+        return (
+            bool(state)
+            and all(_alive(p) for p in state["pids"].values())
+            and self._ready("/readyz")
+        )
+
+    def up(self, timeout: float = 180) -> None:
+        """Start the cluster; a no-op when it is already up."""
+        state = self.state()
+        if state:
+            dead = [n for n, pid in state["pids"].items() if not _alive(pid)]
+            if not dead and self._ready("/readyz"):
+                self.echo(f"cluster already up (kubeconfig: {self.kubeconfig})")
+                return
+            raise ClusterError(
+                f"a half-started cluster from an earlier run is in {self.root} "
+                f"(not running: {', '.join(dead) or 'the API server does not answer'}); run "
+                "`make cluster-down` to stop what is left and delete it, then `make cluster`"
+            )
+        if self.root.exists() and any(self.root.iterdir()):
+            raise ClusterError(
+                f"{self.root} holds files of an earlier cluster but no state.json; run "
+                "`make cluster-down` to delete it, then `make cluster`"
+            )
+        needed = [c for c in build.CORE if self.training_operator or c != "training_operator"]
+        missing = [c for c in needed if not build.is_built(c)]
+        if missing:
+            self.echo(
+                "building the control plane from the Go module proxy (first run on this machine "
+                "only; about 30 min on 2 cores)"
+            )
+            build.build_all(missing, echo=self.echo)
+        ports = self._choose_ports()
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        state = {
+            "ports": ports,
+            "pids": {},
+            "started": time.time(),
+            "versions": build.pins(),
+            "nodes": self.nodes,
+        }
+        self._save(state)
+        start = time.monotonic()
+        try:
+            self._make_pki(ports)
+            self._start_etcd(state)
+            self._start_apiserver(state, timeout)
+            self._start_controllers(state)
+            self._start_kwok(state)
+            self._create_nodes(timeout)
+            if self.training_operator:
+                self._start_training_operator(state, timeout)
+            self._wait_default_service_account(timeout)
+        except BaseException:
+            self.echo(f"cluster failed to start; component logs: {self.logs}")
+            raise
+        self.echo(
+            f"cluster up in {time.monotonic() - start:.0f} s: {self.server}, {self.nodes} nodes "
+            f"x {GPUS_PER_NODE} GPUs; export KUBECONFIG={self.kubeconfig}"
+        )
+
+    def down(self, keep_logs: Path | None = None) -> list[str]:
+        """Stop every process this cluster started and delete its state; returns what stopped.
+
+        ``keep_logs``: copy the component logs there first.
+        """
+        state = self.state() or {"pids": {}}
+        stopped = []
+        for name in reversed(list(state["pids"])):
+            pid = state["pids"][name]
+            if _alive(pid):
+                stopped.append(name)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for name in stopped:
+            pid = state["pids"][name]
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if keep_logs and self.logs.exists():
+            shutil.rmtree(keep_logs, ignore_errors=True)
+            shutil.copytree(self.logs, keep_logs)
+        shutil.rmtree(self.root, ignore_errors=True)
+        return stopped
+
+    # --- internals ---------------------------------------------------------------------------
+    def _save(self, state: dict[str, Any]) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
+
+    def _choose_ports(self) -> dict[str, int]:
+        if self.ports_mode == "auto":
+            ports: dict[str, int] = {}
+            while len(ports) < len(PORT_OFFSETS):
+                port = free_port()
+                if port not in ports.values():
+                    ports[list(PORT_OFFSETS)[len(ports)]] = port
+            return ports
+        raw = os.environ.get("MEGDET_CLUSTER_PORT_BASE", str(DEFAULT_PORT_BASE))
+        try:
+            base = int(raw)
+            if not 1024 <= base <= 65535 - len(PORT_OFFSETS):
+                raise ValueError
+        except ValueError:
+            raise ClusterError(
+                f"MEGDET_CLUSTER_PORT_BASE={raw!r} must be a whole number from 1024 to "
+                f"{65535 - len(PORT_OFFSETS)}"
+            ) from None
+        ports = {name: base + off for name, off in PORT_OFFSETS.items()}
+        taken = [f"{port} ({name})" for name, port in ports.items() if port_taken(port)]
+        if taken:
+            raise ClusterError(
+                f"port(s) {', '.join(taken)} already taken on 127.0.0.1 by another process; "
+                f"stop it, or pick other ports with MEGDET_CLUSTER_PORT_BASE=N (the cluster uses "
+                f"N to N+{len(PORT_OFFSETS) - 1}); if it is an earlier cluster, `make cluster-down`"
+            )
+        return ports
+
+    def _make_pki(self, ports: Mapping[str, int]) -> None:
+        ca = CertificateAuthority(self.pki)
+        ca.issue(
+            "apiserver",
+            "kube-apiserver",
+            server=True,
+            dns=[
+                "localhost",
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ],
+            ips=["127.0.0.1", "10.96.0.1"],
+        )
+        clients = {
+            "admin": ("megdet-admin", ["system:masters"]),
+            "controller-manager": ("system:kube-controller-manager", []),
+            "scheduler": ("system:kube-scheduler", []),
+            # kwok plays every node's kubelet; NodeRestriction would limit a system:node:<name>
+            # identity to one node, so it runs as an administrator (as kwokctl does).
+            "kwok": ("kwok-controller", ["system:masters"]),
+            # The operators run on the host with the admin's rights; only the project's own
+            # controller is run under its chart's ServiceAccount (the e2e RBAC test).
+            "operators": ("kubeflow-operators", ["system:masters"]),
+        }
+        server = f"https://127.0.0.1:{ports['kube-apiserver']}"
+        for name, (cn, orgs) in clients.items():
+            crt, key = ca.issue(name, cn, orgs, client=True)
+            path = self.kubeconfig if name == "admin" else self.pki / f"{name}.kubeconfig"
+            path.write_text(kubeconfig(server, ca.cert_path, cn, crt, key))
+            path.chmod(0o600)
+        # Serving certificates of the controller-manager and scheduler (their /healthz), and the
+        # aggregation layer's front-proxy client (kubeadm's set; without it both log errors
+        # about a missing requestheader CA all the time).
+        for name in ("controller-manager-serving", "scheduler-serving"):
+            ca.issue(name, name, server=True, dns=["localhost"], ips=["127.0.0.1"])
+        ca.issue("front-proxy-client", "front-proxy-client", client=True)
+        service_account_keys(self.pki)
+
+    def _spawn(
+        self,
+        state: dict[str, Any],
+        name: str,
+        args: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(
+            list(args),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=dict(os.environ, **(env or {})),
+            cwd=cwd or self.root,
+        )
+        log.close()
+        state["pids"][name] = proc.pid
+        self._save(state)
+        return proc
+
+    def _wait(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        timeout: float,
+        proc: subprocess.Popen | None = None,
+        log: str | None = None,
+    ) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                tail = self._tail(log or what)
+                raise ClusterError(f"{what} exited with {proc.returncode}; last log lines:\n{tail}")
+            with contextlib.suppress(Exception):
+                if check():
+                    return
+            time.sleep(0.25)
+        raise ClusterError(
+            f"{what} not ready after {timeout:.0f} s; log: "
+            f"{self.logs / ((log or what) + '.log')}\n{self._tail(log or what)}"
+        )
+
+    def _tail(self, name: str, lines: int = 15) -> str:
+        path = self.logs / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _start_etcd(self, state: dict[str, Any]) -> None:
+        ports = state["ports"]
+        client = f"http://127.0.0.1:{ports['etcd']}"
+        peer = f"http://127.0.0.1:{ports['etcd-peer']}"
+        proc = self._spawn(
+            state,
+            "etcd",
+            [
+                self.binary("etcd"),
+                "--name=megdet",
+                f"--data-dir={self.root / 'etcd'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=megdet={peer}",
+                "--listen-metrics-urls=",
+                # A throwaway cluster: no fsync (etcd's own test setting), a small backend quota.
+                "--unsafe-no-fsync",
+                "--quota-backend-bytes=2147483648",
+                "--log-level=warn",
+            ],
+        )
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"{client}/health", timeout=2) as resp:
+                return json.loads(resp.read()).get("health") == "true"
+
+        self._wait("etcd", healthy, 60, proc)
+
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(self.pki / "admin.crt", self.pki / "admin.key")
+        return ctx
+
+    def _ready(self, path: str, port_name: str = "kube-apiserver") -> bool:
+        try:
+            port = self.ports[port_name]
+            with urllib.request.urlopen(
+                f"https://127.0.0.1:{port}{path}", timeout=3, context=self._ssl()
+            ) as resp:
+                return resp.status == 200
+        except (OSError, ClusterError, urllib.error.URLError, ssl.SSLError):
+            return False
+
+    def _start_apiserver(self, state: dict[str, Any], timeout: float) -> None:
+        ports, pki = state["ports"], self.pki
+        proc = self._spawn(
+            state,
+            "kube-apiserver",
+            [
+                self.binary("kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['kube-apiserver']}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=Node,RBAC",
+                # The defaults (NamespaceLifecycle, LimitRanger, ServiceAccount, PodSecurity,
+                # Priority, DefaultTolerationSeconds, ResourceQuota, the admission webhooks and
+                # policies, ...) plus what kubeadm adds.
+                "--enable-admission-plugins=NodeRestriction",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--allow-privileged=true",
+                "--profiling=false",
+                f"--cert-dir={pki / 'apiserver-generated'}",
+                f"--requestheader-client-ca-file={pki / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # Every request of the users the tests care about (the controller's
+                # ServiceAccount, the admin, helm) with its response code: logs/audit.log.
+                f"--audit-policy-file={self._audit_policy()}",
+                f"--audit-log-path={self.logs / 'audit.log'}",
+                "--audit-log-format=json",
+            ],
+        )
+        self._wait("kube-apiserver", lambda: self._ready("/readyz"), timeout, proc)
+
+    def _audit_policy(self) -> Path:
+        """Metadata-level audit of every request except the components' own chatter."""
+        policy = {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {
+                    "level": "None",
+                    "users": [
+                        "kwok-controller",
+                        "system:kube-scheduler",
+                        "system:kube-controller-manager",
+                        "system:apiserver",
+                        "kubeflow-operators",
+                    ],
+                },
+                {"level": "None", "userGroups": ["system:nodes"]},
+                {
+                    "level": "None",
+                    "resources": [{"group": "coordination.k8s.io", "resources": ["leases"]}],
+                },
+                {
+                    "level": "None",
+                    "nonResourceURLs": [
+                        "/healthz*",
+                        "/readyz*",
+                        "/livez*",
+                        "/version",
+                        "/openapi*",
+                    ],
+                },
+                {"level": "Metadata"},
+            ],
+        }
+        path = self.root / "audit-policy.yaml"
+        path.write_text(yaml.safe_dump(policy))
+        return path
+
+    def audit_events(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The audit log's events (one JSON object a line), optionally for one user."""
+        path = self.logs / "audit.log"
+        if not path.exists():
+            return []
+        events = []
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(ValueError):
+                event = json.loads(line)
+                if user is None or event.get("user", {}).get("username") == user:
+                    events.append(event)
+        return events
+
+    def _start_controllers(self, state: dict[str, Any]) -> None:
+        ports, pki = state["ports"], self.pki
+        cm_config = str(pki / "controller-manager.kubeconfig")
+        cm = self._spawn(
+            state,
+            "kube-controller-manager",
+            [
+                self.binary("kube-controller-manager"),
+                f"--kubeconfig={cm_config}",
+                f"--authentication-kubeconfig={cm_config}",
+                f"--authorization-kubeconfig={cm_config}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['kube-controller-manager']}",
+                f"--tls-cert-file={pki / 'controller-manager-serving.crt'}",
+                f"--tls-private-key-file={pki / 'controller-manager-serving.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--profiling=false",
+            ],
+        )
+        sched_config = str(pki / "scheduler.kubeconfig")
+        sched = self._spawn(
+            state,
+            "kube-scheduler",
+            [
+                self.binary("kube-scheduler"),
+                f"--kubeconfig={sched_config}",
+                f"--authentication-kubeconfig={sched_config}",
+                f"--authorization-kubeconfig={sched_config}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['kube-scheduler']}",
+                f"--tls-cert-file={pki / 'scheduler-serving.crt'}",
+                f"--tls-private-key-file={pki / 'scheduler-serving.key'}",
+                "--profiling=false",
+            ],
+        )
+        for name, proc in (("kube-controller-manager", cm), ("kube-scheduler", sched)):
+            self._wait(name, lambda n=name: self._ready("/healthz", n), 90, proc)
+
+    def _stages(self) -> Path:
+        """kwok's upstream stage files, read from its module in Go's module cache."""
+        modcache = subprocess.run(
+            [build.find_go(), "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        source = Path(modcache) / f"sigs.k8s.io/kwok@{build.pins()['kwok']}/kustomize/stage"
+        if not source.is_dir():
+            raise ClusterError(
+                f"kwok's stages are missing from the module cache ({source}); "
+                "run `python -m megdet.cluster.build kwok` again"
+            )
+        docs = [(source / rel).read_text() for rel in KWOK_STAGES]
+        path = self.root / "kwok-stages.yaml"
+        path.write_text("\n---\n".join(docs))
+        return path
+
+    def _start_kwok(self, state: dict[str, Any]) -> None:
+        ports = state["ports"]
+        proc = self._spawn(
+            state,
+            "kwok",
+            [
+                self.binary("kwok"),
+                f"--kubeconfig={self.pki / 'kwok.kubeconfig'}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}=fake",
+                f"--config={self._stages()}",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+            ],
+            env={"HOME": str(self.root)},
+        )  # keeps kwok away from the user's ~/.kwok/kwok.yaml
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{ports['kwok']}/healthz", timeout=2
+            ) as resp:
+                return resp.status == 200
+
+        self._wait("kwok", healthy, 60, proc)
+
+    def node_manifest(self, index: int) -> dict[str, Any]:
+        name = f"gpu-node-{index}"
+        resources = {
+            "cpu": "128",
+            "memory": "1Ti",
+            "pods": "110",
+            "ephemeral-storage": "2Ti",
+            "nvidia.com/gpu": str(GPUS_PER_NODE),
+            RDMA_RESOURCE: "1k",
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {KWOK_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                    "nvidia.com/gpu.count": str(GPUS_PER_NODE),
+                },
+            },
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+
+    def add_nodes(self, first: int, count: int, timeout: float = 120) -> None:
+        self.apply(self.node_manifest(i) for i in range(first, first + count))
+        self._wait_nodes_ready(first + count, timeout)
+
+    def _create_nodes(self, timeout: float) -> None:
+        self.add_nodes(0, self.nodes, timeout)
+
+    def _wait_nodes_ready(self, count: int, timeout: float) -> None:
+        def ready() -> bool:
+            out = self.kubectl("get", "nodes", "-o", "json", timeout=20).stdout
+            nodes = json.loads(out)["items"]
+            ok = [
+                n
+                for n in nodes
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n["status"].get("conditions", [])
+                )
+            ]
+            return len(ok) >= count
+
+        self._wait(f"{count} kwok nodes", ready, timeout, log="kwok")
+
+    def _wait_default_service_account(self, timeout: float) -> None:
+        self._wait(
+            "the default ServiceAccount (kube-controller-manager)",
+            lambda: self.kubectl(
+                "get", "serviceaccount", "default", check=False, timeout=10
+            ).returncode
+            == 0,
+            timeout,
+            log="kube-controller-manager",
+        )
+
+    # --- the Kubeflow training operator -------------------------------------------------------
+    def module_dir(self, pin: str) -> Path:
+        """An upstream module's source in Go's module cache (manifests, CRDs, stages)."""
+        comp = build.COMPONENTS[pin]
+        modcache = subprocess.run(
+            [build.find_go(), "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        path = Path(modcache) / f"{comp.module}@{build.pins()[pin]}"
+        if not path.is_dir():
+            subprocess.run(
+                [build.find_go(), "mod", "download", f"{comp.module}@{build.pins()[pin]}"],
+                env=build.go_env(),
+                capture_output=True,
+                check=True,
+                cwd=self.root,
+            )
+        return path
+
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Until the API server serves ``crd`` (its Established condition is True)."""
+
+        def established() -> bool:
+            out = self.kubectl("get", "crd", crd, "-o", "json", check=False, timeout=10)
+            conditions = json.loads(out.stdout or "{}").get("status", {}).get("conditions", [])
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        self._wait(f"CRD {crd}", established, timeout, log="kube-apiserver")
+
+    @staticmethod
+    def webhook_pki() -> Path:
+        """The operators' webhook CA and serving certificate: one per machine, in the build
+        cache, so that every cluster on the machine writes the same files into the folder the
+        operators hard-code (see WEBHOOK_CERT_DIR)."""
+        folder = build.cache_dir() / "webhook-pki"
+        ca = CertificateAuthority(folder, names=WEBHOOK_CA_NAMES)
+        if not (folder / "webhook.crt").exists():
+            # Valid for 127.0.0.1 (the webhook configurations use url: https://127.0.0.1:PORT)
+            # and for the Service names each operator's rotator checks the certificate against.
+            ca.issue(
+                "webhook",
+                "megdet-webhooks",
+                server=True,
+                ips=["127.0.0.1"],
+                dns=["localhost", *WEBHOOK_SERVICE_NAMES],
+            )
+        return folder
+
+    def mount_webhook_certs(self) -> None:
+        """What the operator's Deployment gets from its Secret volume: tls.crt and tls.key in
+        the folder its webhook server reads (cert-controller only checks they exist)."""
+        pki = self.webhook_pki()
+        WEBHOOK_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        for name, source in (
+            ("tls.crt", "webhook.crt"),
+            ("tls.key", "webhook.key"),
+            ("ca.crt", "ca.crt"),
+        ):
+            data = (pki / source).read_bytes()
+            target = WEBHOOK_CERT_DIR / name
+            if not target.exists() or target.read_bytes() != data:
+                tmp = target.with_suffix(".tmp")
+                tmp.write_bytes(data)
+                tmp.replace(target)
+
+    def webhook_secret(self, namespace: str, name: str) -> dict[str, Any]:
+        """A cert-controller style Secret holding the project's webhook certificate and CA, so
+        the operator's certificate rotator finds a valid one and serves it instead of its own."""
+        import base64
+
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        pki = self.webhook_pki()
+        return {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {
+                "ca.crt": b64(pki / "ca.crt"),
+                "ca.key": b64(pki / "ca.key"),
+                "tls.crt": b64(pki / "webhook.crt"),
+                "tls.key": b64(pki / "webhook.key"),
+            },
+        }
+
+    def webhook_configuration(self, name: str, port: int, source: Path) -> dict[str, Any]:
+        """The upstream ValidatingWebhookConfiguration, pointed at the operator on this host."""
+        import base64
+
+        upstream = yaml.safe_load(source.read_text())
+        ca = base64.b64encode((self.webhook_pki() / "ca.crt").read_bytes()).decode()
+        for hook in upstream["webhooks"]:
+            path = hook["clientConfig"]["service"]["path"]
+            hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+        upstream["metadata"] = {"name": name}
+        return upstream
+
+    def _start_training_operator(self, state: dict[str, Any], timeout: float) -> None:
+        ports = state["ports"]
+        module = self.module_dir("training_operator")
+        crd = module / "manifests/base/crds/kubeflow.org_pytorchjobs.yaml"
+        self.kubectl("create", "namespace", OPERATOR_NAMESPACE)
+        self.apply(crd.read_text(), server_side=True)
+        self.wait_established("pytorchjobs.kubeflow.org")
+        hooks = self.webhook_configuration(
+            OPERATOR_WEBHOOK_CONFIG,
+            ports["training-operator-webhook"],
+            module / "manifests/base/webhook/manifests.yaml",
+        )
+        # Only PyTorchJob is served (--enable-scheme=pytorchjob); the other kinds' hooks would
+        # point at paths nobody serves.
+        hooks["webhooks"] = [h for h in hooks["webhooks"] if "pytorchjob" in h["name"]]
+        self.apply([self.webhook_secret(OPERATOR_NAMESPACE, OPERATOR_SECRET), hooks])
+        self.mount_webhook_certs()
+        proc = self._spawn(
+            state,
+            "training-operator",
+            [
+                self.binary("training-operator"),
+                "--enable-scheme=pytorchjob",
+                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
+                f"--webhook-server-port={ports['training-operator-webhook']}",
+                f"--metrics-bind-address=127.0.0.1:{ports['training-operator-metrics']}",
+                f"--health-probe-bind-address=127.0.0.1:{ports['training-operator-probe']}",
+                # Its built-in init container for Worker pods fails `restricted` Pod Security;
+                # the operator chart ships one that passes (docs/operations.md, Pod Security).
+                f"--pytorch-init-container-template-file={PYTORCH_INIT_CONTAINER}",
+            ],
+            env={"MY_POD_NAMESPACE": OPERATOR_NAMESPACE, "KUBEFLOW_NAMESPACE": ""},
+        )
+
+        def ready() -> bool:
+            url = f"http://127.0.0.1:{ports['training-operator-probe']}/readyz"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+
+        self._wait("training-operator", ready, timeout, proc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m megdet.cluster",
+        description="A real Kubernetes control plane on this machine (make cluster).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="build (first time) and start the cluster; no-op when up")
+    up.add_argument("--nodes", type=int, default=4, help="fake 8-GPU nodes (default 4)")
+    sub.add_parser("down", help="stop every process the cluster started and delete its state")
+    sub.add_parser("status", help="say whether the cluster is up")
+    for p in sub.choices.values():
+        p.add_argument(
+            "--state", type=Path, default=DEFAULT_STATE, help="state folder (default .cluster)"
+        )
+    args = parser.parse_args(argv)
+    if getattr(args, "nodes", 1) < 1:
+        parser.error("--nodes must be at least 1")
+    cluster = Cluster(root=args.state.resolve(), nodes=getattr(args, "nodes", 4))
+    try:
+        if args.command == "up":
+            cluster.up()
+        elif args.command == "down":
+            stopped = cluster.down()
+            print(
+                f"cluster down (stopped: {', '.join(stopped) or 'nothing was running'}; "
+                f"deleted {cluster.root})"
+            )
+        else:
+            print("up" if cluster.is_up() else "down")
+            return 0 if cluster.is_up() else 1
+    except (ClusterError, build.BuildError) as err:
+        print(f"megdet cluster {args.command}: error: {err}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,204 @@
+"""The control plane's certificates and keys, made by the project (no cfssl, no kubeadm).
+
+One RSA 2048 certificate authority per cluster signs the API server's serving certificate,
+one client certificate per component (CN is the user, O the groups, as the API server's x509
+authenticator reads them), and the serving certificate of the operators' admission webhooks.
+The ServiceAccount token signing key is RSA 2048 too (RS256, what every token verifier accepts).
+
+Keys are RSA in PKCS#1 PEM ("RSA PRIVATE KEY"): the operators' certificate rotator
+(open-policy-agent/cert-controller, rotator.go buildArtifactsFromSecret) parses the CA and
+serving keys it finds in its Secret with ``x509.ParsePKCS1PrivateKey`` and replaces anything
+else with certificates of its own.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import ipaddress
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+VALIDITY = datetime.timedelta(days=365)
+
+
+def _new_key() -> rsa.RSAPrivateKey:
+    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def _key_pem(key) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.TraditionalOpenSSL,
+        serialization.NoEncryption(),
+    )
+
+
+def _name(cn: str, orgs: Sequence[str] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+class CertificateAuthority:
+    """A CA on disk (``ca.crt``/``ca.key`` in ``folder``) that issues leaf certificates there."""
+
+    def __init__(self, folder: Path, names: Sequence[str] = ()) -> None:
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        crt, key = folder / "ca.crt", folder / "ca.key"
+        if crt.exists() and key.exists():
+            self.cert = x509.load_pem_x509_certificate(crt.read_bytes())
+            self.key = serialization.load_pem_private_key(key.read_bytes(), password=None)
+            return
+        self.key = _new_key()
+        now = datetime.datetime.now(datetime.UTC)
+        name = _name("megdet-cluster-ca")
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            # cert-controller checks a CA it is given against its CAName as a DNS name.
+            .add_extension(
+                x509.SubjectAlternativeName([x509.DNSName(n) for n in names or ["megdet-ca"]]),
+                critical=False,
+            )
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=True,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(self.key, hashes.SHA256())
+        )
+        key.write_bytes(_key_pem(self.key))
+        key.chmod(0o600)
+        crt.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+
+    @property
+    def cert_path(self) -> Path:
+        return self.folder / "ca.crt"
+
+    @property
+    def pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def issue(
+        self,
+        name: str,
+        cn: str,
+        orgs: Sequence[str] = (),
+        dns: Sequence[str] = (),
+        ips: Sequence[str] = (),
+        server: bool = False,
+        client: bool = False,
+    ) -> tuple[Path, Path]:
+        """Write ``<name>.crt`` and ``<name>.key``; returns their paths."""
+        key = _new_key()
+        now = datetime.datetime.now(datetime.UTC)
+        usages = []
+        if server:
+            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
+        if client:
+            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(_name(cn, orgs))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + VALIDITY)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_encipherment=True,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    content_commitment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+        )
+        sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+        sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        cert = builder.sign(self.key, hashes.SHA256())
+        crt_path, key_path = self.folder / f"{name}.crt", self.folder / f"{name}.key"
+        key_path.write_bytes(_key_pem(key))
+        key_path.chmod(0o600)
+        crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        return crt_path, key_path
+
+
+def service_account_keys(folder: Path) -> tuple[Path, Path]:
+    """The ServiceAccount token signing key pair: ``sa.key`` (private) and ``sa.pub``."""
+    key = _new_key()
+    private, public = folder / "sa.key", folder / "sa.pub"
+    private.write_bytes(_key_pem(key))
+    private.chmod(0o600)
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return private, public
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def kubeconfig(
+    server: str,
+    ca: Path,
+    user: str,
+    cert: Path | None = None,
+    key: Path | None = None,
+    token: str | None = None,
+) -> str:
+    """A self-contained kubeconfig (certificates embedded) for one user."""
+    credentials: dict[str, str] = {}
+    if cert and key:
+        credentials = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+    if token:
+        credentials = {"token": token}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "megdet",
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca)},
+            }
+        ],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": "megdet", "context": {"cluster": "megdet", "user": user}}],
+        "current-context": "megdet",
+    }
+    return yaml.safe_dump(config, sort_keys=False)
