@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -60,8 +61,9 @@ CRD_FILE = (
     Path(__file__).resolve().parents[1] / "charts/megdet-operator/crds/megdetruns.megdet.io.yaml"
 )
 
-#: Chart values that are not part of a run's spec: the controller names the job after the run.
-DROPPED_VALUES = ("global", "nameOverride", "fullnameOverride")
+#: Chart values that are not part of a run's spec: the controller names the job after the run,
+#: and whether unsafe MODEL.WEIGHTS may load is the operator's policy, not the run author's.
+DROPPED_VALUES = ("global", "nameOverride", "fullnameOverride", "allowUnsafeWeights")
 
 _PLAN = (
     "the plan (world size, global batch, learning rate, schedule) and the checkpoints already "
@@ -100,8 +102,9 @@ _BATCH = "(self.gpus * self.imagesPerGpu * self.accumulationSteps)"
 
 
 def _null_or_absent(obj: str, field: str) -> str:
-    """CEL for "obj.field is unset" (absent, or null in a nullable field)."""
-    return f"(!has({obj}.{field}) || {obj}.{field} == null)"
+    """CEL for "obj.field is unset". A null in a nullable field counts as absent for has(); the
+    API server's type checker refuses ``x == null`` on a nullable scalar (it is typed int)."""
+    return f"!has({obj}.{field})"
 
 
 def _rescaled(expr: str) -> str:
@@ -224,34 +227,66 @@ def _convert_object(node: Mapping[str, Any], default: Any, path: str, out: dict[
         out["x-kubernetes-preserve-unknown-fields"] = True
     if node.get("required"):
         out["required"] = list(node["required"])
-    if props or isinstance(default, Mapping):
-        # A default for the object itself lets the API server apply the nested defaults to an
-        # omitted object; free-form objects take values.yaml's content as their default.
-        out["default"] = {} if props else copy.deepcopy(default)
+    if isinstance(default, Mapping):
+        # A default for the object itself lets the API server default an omitted object. The
+        # server validates a default as written (required children, enums, the node's CEL
+        # rules), so it is values.yaml's whole object, not {} (which fails `required`).
+        out["default"] = _prune(default, out)
+
+
+def _prune(default: Mapping[str, Any], node: Mapping[str, Any]) -> dict[str, Any]:
+    """values.yaml's object restricted to the fields the structural node declares (a default
+    may not hold fields the schema would prune)."""
+    props = node.get("properties")
+    if props is None:
+        return copy.deepcopy(dict(default))
+    return {
+        key: _prune(value, props[key]) if isinstance(value, Mapping) else copy.deepcopy(value)
+        for key, value in default.items()
+        if key in props and value is not None  # null and absent mean the same
+    }
+
+
+#: The one structural type whose CEL declaration is `dyn` (apiserver pkg/cel/common/schemas.go
+#: SchemaDeclType): a map whose values had no type would have no CEL declaration at all, and
+#: every rule on it (or on its parent naming it) would fail to compile.
+OVERRIDE_VALUE_NOTE = (
+    "In a MegDetRun the values are integers or strings (the API server can type-check no "
+    'other union): quote floats and booleans, e.g. "0.05" or "True"; detectron2 parses '
+    "them as it parses command-line overrides."
+)
+
+
+def owned_override_message(key: str) -> str:
+    """Why a MegDetRun may not set the detectron2 key ``key`` in extraOverrides."""
+    value = OWNED_OVERRIDES[key]
+    if value in DROPPED_VALUES:
+        return (
+            f"{key} is the operator's policy (the run chart's value {value}), not a MegDetRun field"
+        )
+    return f"{key} is set by the value {value}; use spec.{value}"
 
 
 def _pattern_map(node: Mapping[str, Any], out: dict[str, Any]) -> None:
-    """``patternProperties`` (no OpenAPI 3.0 equivalent): a map checked by CEL rules."""
+    """``patternProperties`` (no OpenAPI 3.0 equivalent): a map of int-or-string values whose
+    keys CEL rules check."""
     ((pattern, value_schema),) = node["patternProperties"].items()
-    kinds = value_schema.get("type")
-    cel_types = {"string": "string", "integer": "int", "number": "double", "boolean": "bool"}
-    allowed = sorted({cel_types[k] for k in kinds})
-    out["additionalProperties"] = {"x-kubernetes-preserve-unknown-fields": True}
+    out["description"] = f"{out.get('description', '')} {OVERRIDE_VALUE_NOTE}".strip()
+    out["additionalProperties"] = {
+        "x-kubernetes-int-or-string": True,
+        "description": value_schema.get("description", ""),
+    }
     rules = [
         {
             "rule": f"self.all(k, k.matches({json.dumps(pattern)}))",
             "message": f"keys must be detectron2 config keys matching {pattern}, e.g. "
             "TEST.EVAL_PERIOD",
         },
-        {
-            "rule": f"self.all(k, type(self[k]) in [{', '.join(allowed)}])",
-            "message": "values must be strings, numbers or booleans",
-        },
     ]
     rules += [
         {
             "rule": f"!({json.dumps(key)} in self)",
-            "message": f"{key} is set by the value {value}; use spec.{value}",
+            "message": owned_override_message(key),
         }
         for key, value in sorted(OWNED_OVERRIDES.items())
     ]
@@ -346,6 +381,48 @@ def _spec_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
             "iteration, or a step at or after the last iteration); use a longer maxIter or a "
             "smaller batch",
         },
+    ]
+
+
+def _template_define(chart: Path, name: str) -> str:
+    """The body of ``{{- define "name" -}}...{{- end -}}`` in the run chart's _plan.tpl: the
+    chart's reserved pod label pattern and annotation keys are written once, there."""
+    text = (chart / "templates/_plan.tpl").read_text()
+    match = re.search(
+        r'\{\{-? define "' + re.escape(name) + r'" -?\}\}(.*?)\{\{-? end -?\}\}', text, re.S
+    )
+    if not match:
+        raise ValueError(f"charts/megdet/templates/_plan.tpl has no define {name!r}")
+    return match.group(1).strip()
+
+
+def _pod_metadata_rules(props: dict[str, Any], chart: Path) -> None:
+    """The chart's reserved podLabels keys and podAnnotations, as CEL on those maps."""
+    pattern = _template_define(chart, "megdet.reservedLabelPattern")
+    reserved = yaml.safe_load(_template_define(chart, "megdet.reservedAnnotations"))
+    props["podLabels"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"self.all(k, !k.matches({json.dumps(pattern)}))",
+            "reason": "FieldValueForbidden",
+            "message": "keys under kubernetes.io/, k8s.io/, x-k8s.io/, kubeflow.org/, volcano.sh/ "
+            "or a subdomain of them are reserved (the chart, the monitors and alerts, Kueue, the "
+            "job operators and the gang schedulers select a run's pods by them); use a key of "
+            "your own, e.g. team or example.com/team",
+        }
+    ]
+    keys = sorted(reserved["keys"])
+    prefixes = list(reserved["prefixes"])
+    checks = [f"!(k in {json.dumps(keys)})"] + [
+        f"!k.startsWith({json.dumps(prefix)})" for prefix in prefixes
+    ]
+    props["podAnnotations"]["x-kubernetes-validations"] = [
+        {
+            "rule": f"self.all(k, {' && '.join(checks)})",
+            "reason": "FieldValueForbidden",
+            "message": f"reserved keys: {', '.join(keys)} (the chart or the training operator "
+            f"set them; use network.multusNetworks for networks) and keys under "
+            f"{', '.join(prefixes)}",
+        }
     ]
 
 
@@ -446,6 +523,7 @@ def spec_schema(chart: Path | None = None) -> dict[str, Any]:
         "fullnameOverride (the job is named after the MegDetRun)."
     )
     _nested_rules(spec["properties"])
+    _pod_metadata_rules(spec["properties"], chart or chart_dir())
     _transition_rules(spec["properties"])
     spec["x-kubernetes-validations"] = _spec_rules(spec) + _chart_spec_rules(spec["properties"])
     return spec
@@ -518,12 +596,14 @@ def _printer_columns() -> list[dict[str, Any]]:
 
 
 def _root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Rules on the whole object: the job is named after the run (metadata.name)."""
+    """Rules on the whole object: the job is named after the run (metadata.name).
+
+    No ``fieldPath``: the API server resolves it against the schema as written (its
+    ValidFieldPath), and the root ``metadata`` is a bare ``{type: object}``."""
     rules = [
         {
             "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
-            "fieldPath": ".metadata.name",
-            "reason": "FieldValueTooLong",
+            "reason": "FieldValueInvalid",
             "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters, so "
             "that the training operator's Services <name>-worker-<index> stay within 63",
         },
@@ -533,7 +613,6 @@ def _root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
             # CRD's own CEL rule. The API server alone accepts e.g. "1run" or "a.b" for a
             # MegDetRun, whose job creation would then fail.
             "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
-            "fieldPath": ".metadata.name",
             "reason": "FieldValueInvalid",
             "message": "metadata.name must start with a letter and be lower-case letters, "
             "digits and '-' (an RFC 1035 label: the PyTorchJob webhook and the TrainJob CRD "
@@ -548,8 +627,7 @@ def _root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
                 # JobSet names pods <job>-node-0-<nodes - 1>-<5 random>: 14 characters + digits.
                 "rule": trainjob
                 + f"size(self.metadata.name) + size(string({nodes} - 1)) + 14 <= 63",
-                "fieldPath": ".metadata.name",
-                "reason": "FieldValueTooLong",
+                "reason": "FieldValueInvalid",
                 "message": "with target=trainjob, metadata.name is too long for this many nodes: "
                 "JobSet's pod names <name>-node-0-<nodes - 1>-<5 characters> must fit in 63",
             },

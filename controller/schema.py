@@ -199,6 +199,26 @@ class _Absent:
 ABSENT = _Absent()
 
 
+def _without_nulls(schema: Mapping[str, Any], value: Any) -> Any:
+    """``value`` as the API server's CEL sees it: in an object with properties, a null field is
+    absent (``has()`` is false; apiserver pkg/cel/common/valuesunstructured.go,
+    ``unstructuredMap.Find``). Map values (additionalProperties) keep their nulls."""
+    if isinstance(value, Mapping):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        out = {}
+        for key, child in value.items():
+            if props is not None and child is None:
+                continue
+            sub = (props or {}).get(key) or (extra if isinstance(extra, Mapping) else {})
+            out[key] = _without_nulls(sub, child)
+        return out
+    if isinstance(value, list):
+        items = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
+        return [_without_nulls(items, v) for v in value]
+    return value
+
+
 def _relative(parts: _Path, field_path_text: str) -> _Path:
     """A rule's ``fieldPath`` (``.gpus``, ``.metadata.name``) appended to the node's path."""
     names = [p for p in field_path_text.split(".") if p]
@@ -212,8 +232,10 @@ def cel_problems(
     root: str = "spec",
 ) -> list[Problem]:
     """Problems from the schema's CEL rules. Transition rules run only when ``old`` is given."""
-    typed = coerce_numbers(schema, value)
-    typed_old = coerce_numbers(schema, old) if not isinstance(old, _Absent) else old
+    typed = _without_nulls(schema, coerce_numbers(schema, value))
+    typed_old = (
+        _without_nulls(schema, coerce_numbers(schema, old)) if not isinstance(old, _Absent) else old
+    )
     problems: list[Problem] = []
     for node, node_value, node_old, parts in rule_sites(schema, typed, typed_old, []):
         # One context per node: converting the values to CEL costs more than most rules.

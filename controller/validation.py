@@ -22,7 +22,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from megdet.controller.crd import build_crd, spec_schema
+from megdet.controller.crd import build_crd, owned_override_message, spec_schema
 from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.controller.render import (
     RUN_SPEC_VALUES,
@@ -46,6 +46,9 @@ __all__ = [
     "validate_run",
     "validate_update",
 ]
+
+#: The field the CRD's rules on the whole object are about.
+ROOT_RULES_FIELD = "metadata.name"
 
 #: Release name used to render a spec that is validated without a run name.
 _PLACEHOLDER_NAME = "megdetrun"
@@ -87,7 +90,14 @@ def crd_problems(
         problems = cel_problems(schema, spec, default_spec(old))
     if name is not None:
         whole = {"metadata": {"name": name}, "spec": coerce_numbers(schema, spec)}
-        problems = cel_problems(_root_rules(), whole, root="") + problems
+        # The root rules are all about metadata.name. The CRD cannot say so with fieldPath (the
+        # API server resolves it against the schema, where root metadata has no properties),
+        # so the server reports them at the object; offline we name the field.
+        root = [
+            Problem(p.path or ROOT_RULES_FIELD, p.message)
+            for p in cel_problems(_root_rules(), whole, root="")
+        ]
+        problems = root + problems
     return problems
 
 
@@ -109,7 +119,7 @@ def owned_override_problems(spec: Mapping[str, Any]) -> list[Problem]:
     return [
         Problem(
             field_path(["extraOverrides", key]),
-            f"{key} is set by the value {OWNED_OVERRIDES[key]}; use spec.{OWNED_OVERRIDES[key]}",
+            owned_override_message(key),
         )
         for key in sorted(overrides)
         if key in OWNED_OVERRIDES

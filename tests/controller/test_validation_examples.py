@@ -88,9 +88,20 @@ INVALID = [
     ({"nccl": {"ib": {"enabled": True}}}, "spec.nccl.ib.rdmaResourceName", "rdmaResourceName"),
     ({"nccl": {"ib": {"enabled": "yes"}}}, "spec.nccl.ib.enabled", "not of type"),
     ({"nccl": {"ib": {"timeout": 99}}}, "spec.nccl.ib.timeout", "maximum"),
-    ({"extraOverrides": {"SOLVER.BASE_LR": 0.1}}, "spec.extraOverrides", "use spec.baseLr"),
+    ({"extraOverrides": {"SOLVER.BASE_LR": "0.1"}}, "spec.extraOverrides", "use spec.baseLr"),
     ({"extraOverrides": {"test.eval_period": 1}}, "spec.extraOverrides", "detectron2 config"),
-    ({"extraOverrides": {"TEST.EVAL_PERIOD": [1]}}, "spec.extraOverrides", "strings, numbers"),
+    # A MegDetRun's override values are int-or-string (the one union the API server can
+    # type-check; floats and booleans are quoted).
+    (
+        {"extraOverrides": {"TEST.EVAL_PERIOD": [1]}},
+        "spec.extraOverrides[TEST.EVAL_PERIOD]",
+        "'integer', 'string'",
+    ),
+    (
+        {"extraOverrides": {"SOLVER.MOMENTUM": 0.9}},
+        "spec.extraOverrides[SOLVER.MOMENTUM]",
+        "'integer', 'string'",
+    ),
     ({"restartPolicy": "Sometimes"}, "spec.restartPolicy", "not one of"),
     ({"shm": {"sizeLimit": "lots"}}, "spec.shm.sizeLimit", "does not match"),
     ({"nameOverride": "x"}, "spec.nameOverride", "unknown field"),

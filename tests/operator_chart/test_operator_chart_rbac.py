@@ -15,7 +15,7 @@ EXPECTED_RULES = {
     ("megdet.io", "megdetruns/finalizers"): {"update"},
     ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
-    ("trainer.kubeflow.org", "trainingruntimes"): {"get", "list", "create", "delete"},
+    ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create", "delete"},
     ("", "events"): {"create"},
     ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
 }

@@ -85,7 +85,7 @@ checks them against every API call it makes against kmock). No secrets, no wildc
   resources: ["megdetruns/finalizers"]
   verbs: ["update"]
 # The jobs it creates and owns: looked up by name, created, suspended/resumed (patch),
-# watched for status, listed and deleted when their run is deleted.
+# watched for status (kopf lists and watches), deleted by name when their run is deleted.
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
@@ -95,7 +95,7 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 # A TrainJob's per-run runtime: created next to it, never changed, deleted with the run.
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
-  verbs: ["get", "list", "create", "delete"]
+  verbs: ["get", "create", "delete"]
 # kopf posts an Event on every phase transition and for refused specs.
 - apiGroups: [""]
   resources: ["events"]
