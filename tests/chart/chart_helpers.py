@@ -29,6 +29,23 @@ SCHEMAS = REPO / "tests" / "schemas"
 RELEASE = "megdet"
 NAMESPACE = "vision"
 
+# The container securityContext the chart renders by default (the restricted Pod Security
+# Standard's container fields), and with nccl.ib.memlock=root: uid 0 with IPC_LOCK on top of the
+# runtime's default capabilities (drop ALL taken out), which only the privileged level allows.
+RESTRICTED_CONTAINER_SECURITY = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+ROOT_CONTAINER_SECURITY = {
+    "runAsUser": 0,
+    "runAsNonRoot": False,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"add": ["IPC_LOCK"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
 
 def merge_values(*layers: Mapping[str, Any]) -> dict[str, Any]:
     """Merge value layers like Helm does for -f files and --set: later layers win."""

@@ -15,6 +15,8 @@ from chart_helpers import (
     CI_VALUES,
     NAMESPACE,
     RELEASE,
+    RESTRICTED_CONTAINER_SECURITY,
+    ROOT_CONTAINER_SECURITY,
     env_of,
     qos_class,
     values_file,
@@ -53,18 +55,14 @@ def test_ib_with_runtime_memlock_stays_non_root_and_adds_no_capability(render):
         # would push the pod out of the baseline Pod Security level for nothing.
         added = set(container.get("securityContext", {}).get("capabilities", {}).get("add", []))
         assert added <= BASELINE_CAPS
-        assert "securityContext" not in container
+        assert container["securityContext"] == RESTRICTED_CONTAINER_SECURITY
 
 
 def test_ib_with_root_memlock_runs_the_container_as_root_with_ipc_lock(render):
     rendered = render(values_from(sets=[*IB, "nccl.ib.memlock=root"]))
     for _, spec in rendered.pod_specs():
         (container,) = spec["containers"]
-        assert container["securityContext"] == {
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "capabilities": {"add": ["IPC_LOCK"]},
-        }
+        assert container["securityContext"] == ROOT_CONTAINER_SECURITY
         # Only the container: the pod keeps fsGroup, so /output stays group-writable.
         assert spec["securityContext"]["fsGroup"] == 10001
 
@@ -72,7 +70,7 @@ def test_ib_with_root_memlock_runs_the_container_as_root_with_ipc_lock(render):
 def test_root_memlock_without_ib_changes_nothing(render):
     rendered = render(values_from(sets=["nccl.ib.memlock=root"]))
     for _, container in rendered.containers():
-        assert "securityContext" not in container
+        assert container["securityContext"] == RESTRICTED_CONTAINER_SECURITY
 
 
 @pytest.mark.parametrize(
@@ -363,7 +361,7 @@ def test_free_overrides_pass_through_including_top_level_keys(render):
     free = {
         "SEED": 7,
         "TEST.EVAL_PERIOD": 5000,
-        "MODEL.WEIGHTS": "/output/w.pkl",
+        "MODEL.WEIGHTS": "/output/w.pth",
         "MEGDET.AMP": True,
     }
     assert override_problems(free) == []

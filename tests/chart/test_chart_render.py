@@ -8,6 +8,8 @@ import pytest
 from chart_helpers import (
     CI_VALUES,
     RELEASE,
+    RESTRICTED_CONTAINER_SECURITY,
+    ROOT_CONTAINER_SECURITY,
     env_of,
     flags_of,
     overrides_of,
@@ -70,14 +72,11 @@ def assert_job_structure(rendered) -> None:
         env = env_of(container)
         if ib and v["nccl"]["ib"]["memlock"] == "root":
             # IPC_LOCK reaches the effective set only of a root process (kubernetes#56374).
-            assert container["securityContext"] == {
-                "runAsUser": 0,
-                "runAsNonRoot": False,
-                "capabilities": {"add": ["IPC_LOCK"]},
-            }
+            assert container["securityContext"] == ROOT_CONTAINER_SECURITY
         else:
-            # memlock=runtime (or no IB): the image's user, no capability that would do nothing.
-            assert "securityContext" not in container
+            # memlock=runtime (or no IB): the image's user, every capability dropped.
+            assert container["securityContext"] == RESTRICTED_CONTAINER_SECURITY
+        assert spec["automountServiceAccountToken"] is False
         if ib:
             count = v["nccl"]["ib"]["rdmaResourceCount"]
             assert res["requests"][rdma] == res["limits"][rdma] == count
@@ -214,7 +213,7 @@ def test_trainer_args_carry_the_spec_fields_and_paths(render):
             "DATALOADER.NUM_WORKERS": "6",
             # extraOverrides, sorted by key; booleans as Python literals for yacs.
             "MEGDET.AMP": "True",
-            "MODEL.WEIGHTS": "/output/pretrained/R-50.pkl",
+            "MODEL.WEIGHTS": "/output/pretrained/R-50.pth",
             "SOLVER.CHECKPOINT_PERIOD": "2500",
             "TEST.EVAL_PERIOD": "5000",
         }

@@ -29,6 +29,17 @@ CASES = {
             "gang.enabled=true",
         ]
     ),
+    "networkpolicy-restricted-egress": values_from(
+        sets=["gpus=16", "networkPolicy.enabled=true", "networkPolicy.restrictEgress=true"]
+    ),
+    "security-overrides": values_from(
+        sets=[
+            "containerSecurityContext.readOnlyRootFilesystem=true",
+            "containerSecurityContext.capabilities.add={NET_BIND_SERVICE}",
+            "podSecurityContext.seccompProfile.type=Localhost",
+            "podSecurityContext.seccompProfile.localhostProfile=profiles/megdet.json",
+        ]
+    ),
     **{p.name: values_file(p) for p in CI_VALUES},
 }
 
@@ -110,7 +121,9 @@ def test_pytorchjob_schema_rejects_mistakes(render, pytorchjob_schema, path, val
         jsonschema.validate(job, pytorchjob_schema, cls=jsonschema.Draft202012Validator)
 
 
-@pytest.mark.parametrize("case", ["defaults", *(p.name for p in CI_VALUES)])
+@pytest.mark.parametrize(
+    "case", ["defaults", "networkpolicy-restricted-egress", *(p.name for p in CI_VALUES)]
+)
 def test_lint_strict_reports_no_errors_or_warnings(case):
     report = helm_python.lint(str(CHART_DIR), CASES[case], strict=True, namespace="vision")
     assert report["errors"] == []

@@ -64,17 +64,23 @@ Helm itself accepts release names such as "1run" or "a.b".
 
 {{/* Selector labels: stable across upgrades. */}}
 {{- define "megdet.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "megdet.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/name: {{ include "megdet.name" . | quote }}
+app.kubernetes.io/instance: {{ .Release.Name | quote }}
+{{- end -}}
+
+{{/* The labels that select exactly one run's pods (the NetworkPolicy's podSelector). */}}
+{{- define "megdet.runSelector" -}}
+{{ include "megdet.selectorLabels" . }}
+app.kubernetes.io/part-of: "megdet"
 {{- end -}}
 
 {{/* Common labels for every object. */}}
 {{- define "megdet.labels" -}}
-helm.sh/chart: {{ include "megdet.chart" . }}
+helm.sh/chart: {{ include "megdet.chart" . | quote }}
 {{ include "megdet.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
-app.kubernetes.io/part-of: megdet
+app.kubernetes.io/managed-by: {{ .Release.Service | quote }}
+app.kubernetes.io/part-of: "megdet"
 {{- end -}}
 
 {{/* The run's output folder name under /output. */}}
@@ -101,5 +107,44 @@ A value as Python/yacs will read it back with literal_eval: floats keep a decima
 {{- else if kindIs "float64" . -}}
 {{- if eq (float64 (int64 .)) . -}}{{ int64 . }}{{- else -}}{{ include "megdet.pyFloat" . }}{{- end -}}
 {{- else -}}{{ toString . }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A value of any shape as block YAML: maps (keys sorted, as toYaml sorts them) and lists, every
+string scalar double-quoted with `quote` (Go's %q: control and non-printing characters escaped),
+other scalars as JSON (numbers, true/false, null), empty maps and lists as {} and []. toYaml
+leaves some strings plain that a YAML 1.1 reader such as PyYAML (the controller's) retypes or
+refuses ("=" is YAML 1.1's value type, "<<" a merge key; an exponent without a point is a string
+there), and a plain string is one YAML reading away from "yes" -> true or "1:30" -> 90. A key
+stays plain when it is a name (a letter, then letters, digits, '-', '_', '.', '/') that no reader
+takes for a boolean or null. String scalars are written inline, without an include each: a
+pod has a few hundred of them. Use with nindent.
+*/}}
+{{- define "megdet.yaml" -}}
+{{- if and (kindIs "map" .) . -}}
+{{- $m := . -}}
+{{- range $i, $k := keys $m | sortAlpha -}}
+{{- if $i }}{{ "\n" }}{{ end -}}
+{{- $x := get $m $k -}}
+{{- if and $k (eq (trimAll "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./" $k) "") (contains (substr 0 1 $k) "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") (not (contains (printf " %s " $k) " y Y yes Yes YES n N no No NO true True TRUE false False FALSE on On ON off Off OFF null Null NULL ")) }}{{ $k }}{{ else }}{{ quote $k }}{{ end }}:
+{{- if kindIs "string" $x }} {{ quote $x }}
+{{- else if and (or (kindIs "map" $x) (kindIs "slice" $x)) $x -}}
+{{- include "megdet.yaml" $x | nindent 2 -}}
+{{- else }} {{ include "megdet.yaml" $x }}{{ end -}}
+{{- end -}}
+{{- else if and (kindIs "slice" .) . -}}
+{{- range $i, $x := . -}}
+{{- if $i }}{{ "\n" }}{{ end -}}
+- {{ if kindIs "string" $x }}{{ quote $x }}{{ else }}{{ include "megdet.yaml" $x | indent 2 | trimPrefix "  " }}{{ end }}
+{{- end -}}
+{{- else if kindIs "string" . -}}
+{{- quote . -}}
+{{- else if kindIs "float64" . -}}
+{{- /* JSON writes 1e-07 as 1e-7; YAML 1.1 reads a float only with a point: 1.0e-7. */ -}}
+{{- $json := toJson . -}}
+{{- if and (contains "e" $json) (not (contains "." $json)) -}}{{ replace "e" ".0e" $json }}{{- else -}}{{ $json }}{{- end -}}
+{{- else -}}
+{{- toJson . -}}
 {{- end -}}
 {{- end -}}

@@ -98,6 +98,61 @@ types, ranges and enums. Wording follows megdet.plan.SpecError, with the chart's
 {{- include "megdet.validateOverrides" . -}}
 {{- include "megdet.validateResources" . -}}
 {{- include "megdet.validateScheduling" . -}}
+{{- include "megdet.validatePodMetadata" . -}}
+{{- include "megdet.validateNetworkPolicy" . -}}
+{{- end -}}
+
+{{/*
+Pod label keys that podLabels must not set. The chart's own labels select a run's pods (the
+NetworkPolicy; the operator chart's PodMonitor and alerts by app.kubernetes.io/instance and
+component), Kueue reads kueue.x-k8s.io/queue-name, the job operators and JobSet label their pods
+under training.kubeflow.org/, trainer.kubeflow.org/, jobset.sigs.k8s.io/ and batch.kubernetes.io/,
+scheduler-plugins groups a gang by scheduling.x-k8s.io/pod-group and Volcano by its own. A
+podLabels key there would put the pods in another run's metrics, alerts, policy, queue or gang.
+Kubernetes reserves kubernetes.io and k8s.io with their subdomains; x-k8s.io, kubeflow.org and
+volcano.sh are the add-ons'. The prefix is the part before "/"; it matches a domain or any
+subdomain of one.
+*/}}
+{{- define "megdet.reservedLabelPattern" -}}^([^/]*\.)?(kubernetes\.io|k8s\.io|x-k8s\.io|kubeflow\.org|volcano\.sh)/{{- end -}}
+
+{{/* Pod annotation keys that podAnnotations must not set: the one the chart writes itself, and
+the job operators' and JobSet's own (the gang's PodGroup, their bookkeeping). */}}
+{{- define "megdet.reservedAnnotations" -}}
+keys:
+  k8s.v1.cni.cncf.io/networks: "the chart sets it from network.multusNetworks; use that value"
+  scheduling.k8s.io/group-name: "the training operator puts each pod into its gang's PodGroup with it"
+prefixes: [training.kubeflow.org/, trainer.kubeflow.org/, jobset.sigs.k8s.io/]
+{{- end -}}
+
+{{- define "megdet.validatePodMetadata" -}}
+{{- $pattern := include "megdet.reservedLabelPattern" . -}}
+{{- range $key := keys (default (dict) .Values.podLabels) | sortAlpha -}}
+{{- if regexMatch $pattern $key -}}
+{{- fail (printf "podLabels: %q is reserved: keys under kubernetes.io/, k8s.io/, x-k8s.io/, kubeflow.org/, volcano.sh/ or a subdomain of them (app.kubernetes.io/, kueue.x-k8s.io/, training.kubeflow.org/, trainer.kubeflow.org/, jobset.sigs.k8s.io/, ...) are how the chart, the monitors and alerts, Kueue, the job operators and the gang schedulers select a run's pods; use a key of your own, e.g. team or example.com/team" $key) -}}
+{{- end -}}
+{{- end -}}
+{{- $reserved := include "megdet.reservedAnnotations" . | fromYaml -}}
+{{- range $key := keys (default (dict) .Values.podAnnotations) | sortAlpha -}}
+{{- with get $reserved.keys $key -}}
+{{- fail (printf "podAnnotations: %q is reserved: %s" $key .) -}}
+{{- end -}}
+{{- range $prefix := $reserved.prefixes -}}
+{{- if hasPrefix $prefix $key -}}
+{{- fail (printf "podAnnotations: %q is reserved: the job operators annotate their pods under %s; use a key of your own" $key (join ", " $reserved.prefixes)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* networkPolicy values that would do nothing. */}}
+{{- define "megdet.validateNetworkPolicy" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- if and $np.enabled .Values.network.hostNetwork -}}
+{{- fail "networkPolicy.enabled=true with network.hostNetwork=true: a NetworkPolicy does not apply to host-network pods (their traffic is the node's), so it would isolate nothing; turn one of them off" -}}
+{{- end -}}
+{{- if and $np.extraEgress (not (and $np.enabled $np.restrictEgress)) -}}
+{{- fail "networkPolicy.extraEgress: its rules take effect only with networkPolicy.enabled=true and networkPolicy.restrictEgress=true (otherwise egress is open); set both, or remove it" -}}
+{{- end -}}
 {{- end -}}
 
 {{/*

@@ -27,13 +27,19 @@ are passed: the trainer plans LR and schedule itself from the world size it find
   "MEGDET.METRICS.PORT" (ternary (toString (int64 $v.metrics.port)) "0" $v.metrics.enabled)) -}}
 {{- /* `megdet train --num-workers` spawns processes; torchrun does that in a pod, so
        DataLoader workers go through detectron2's own key. */ -}}
+{{- if $v.resumeFrom -}}
+{{- $args = concat $args (list "MEGDET.RESUME_FROM" (toString $v.resumeFrom)) -}}
+{{- end -}}
+{{- if $v.allowUnsafeWeights -}}
+{{- $args = concat $args (list "MEGDET.ALLOW_UNSAFE_WEIGHTS" "True") -}}
+{{- end -}}
 {{- if not (kindIs "invalid" $v.numWorkers) -}}
 {{- $args = concat $args (list "DATALOADER.NUM_WORKERS" (toString (int64 $v.numWorkers))) -}}
 {{- end -}}
 {{- range $key, $value := $v.extraOverrides -}}
 {{- $args = concat $args (list $key (include "megdet.pyValue" $value)) -}}
 {{- end -}}
-{{- toYaml $args -}}
+{{- include "megdet.yaml" $args -}}
 {{- end -}}
 
 {{/* Container env: NCCL transport, error handling, the metrics folder, then the user's extraEnv. */}}
@@ -62,7 +68,7 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- $env = append $env (dict "name" "PROMETHEUS_MULTIPROC_DIR" "value" "/tmp/megdet-metrics") -}}
 {{- end -}}
 {{- $env = concat $env .Values.extraEnv -}}
-{{- toYaml $env -}}
+{{- include "megdet.yaml" $env -}}
 {{- end -}}
 
 {{/*
@@ -86,86 +92,113 @@ GPUs and HCAs (docs/helm.md). Burstable sets only the requests (and resources.me
 {{- else if $v.resources.memoryLimit -}}
 {{- $_ := set $limits "memory" (toString $v.resources.memoryLimit) -}}
 {{- end -}}
-{{- toYaml (dict "requests" $requests "limits" $limits) -}}
+{{- include "megdet.yaml" (dict "requests" $requests "limits" $limits) -}}
 {{- end -}}
 
 {{/*
-The container's securityContext for InfiniBand, or nothing. RDMA pins its buffers, which needs
-an unlimited RLIMIT_MEMLOCK or an effective CAP_IPC_LOCK. An added capability never reaches
-the effective set of a non-root process (kubernetes/kubernetes#56374), so IPC_LOCK is added only
-with nccl.ib.memlock=root, where the container runs as uid 0; with memlock=runtime the
-container keeps the image's user and the node's runtime must grant the limit (docs/helm.md).
+The container's securityContext: containerSecurityContext (values.yaml holds the defaults, which
+meet the `restricted` Pod Security Standard: non-root, no privilege escalation, every capability
+dropped, the runtime's default seccomp profile), with what nccl.ib.memlock=root needs on top.
+
+RDMA pins its buffers, which needs an unlimited RLIMIT_MEMLOCK or an effective CAP_IPC_LOCK. An
+added capability never reaches the effective set of a non-root process
+(kubernetes/kubernetes#56374), so IPC_LOCK is added only with memlock=root, where the container
+runs as uid 0; that mode also gives root the runtime's default capabilities back (drop ALL is
+taken out of the list: uid 0 without CAP_DAC_OVERRIDE could not write the image user's home)
+and so needs a `privileged` namespace (docs/helm.md, "Pod security"). With memlock=runtime the
+container keeps the image's user and the node's runtime must grant the limit.
 */}}
 {{- define "megdet.containerSecurityContext" -}}
-{{- $ib := .Values.nccl.ib -}}
+{{- $v := .Values -}}
+{{- $sc := deepCopy (default (dict) $v.containerSecurityContext) -}}
+{{- $ib := $v.nccl.ib -}}
 {{- if and $ib.enabled (eq $ib.memlock "root") -}}
-runAsUser: 0
-runAsNonRoot: false
-capabilities:
-  add: ["IPC_LOCK"]
+{{- $caps := deepCopy (default (dict) $sc.capabilities) -}}
+{{- $_ := set $caps "add" (append (without (default (list) $caps.add) "IPC_LOCK") "IPC_LOCK") -}}
+{{- $drop := without (default (list) $caps.drop) "ALL" -}}
+{{- if $drop -}}{{- $_ := set $caps "drop" $drop -}}{{- else -}}{{- $_ := unset $caps "drop" -}}{{- end -}}
+{{- $_ := set $sc "capabilities" $caps -}}
+{{- $_ := set $sc "runAsUser" 0 -}}
+{{- $_ := set $sc "runAsNonRoot" false -}}
 {{- end -}}
+{{- with $sc -}}{{- include "megdet.yaml" . -}}{{- end -}}
 {{- end -}}
 
-{{/* The pod template shared by Master and Worker; .role is master or worker. */}}
+{{/* The pod's labels: the run's selector labels, its component (.role), then podLabels (which
+megdet.validatePodMetadata keeps off the chart's and the operators' keys). */}}
+{{- define "megdet.podLabels" -}}
+{{- $root := .root -}}
+{{- $labels := dict "app.kubernetes.io/name" (include "megdet.name" $root) "app.kubernetes.io/instance" $root.Release.Name -}}
+{{- $_ := set $labels "app.kubernetes.io/component" .role -}}
+{{- $_ := set $labels "app.kubernetes.io/part-of" "megdet" -}}
+{{- include "megdet.yaml" (merge $labels (default (dict) $root.Values.podLabels)) -}}
+{{- end -}}
+
+{{/*
+The pod template shared by the PyTorchJob's Master and Worker and the TrainJob's runtime.
+.role is master, worker or node (app.kubernetes.io/component); .container is the container's
+name (default pytorch); .restartPolicy, when set, is written into the pod spec (Trainer v2's
+Job pods; the v1 operator sets it itself from the replica's).
+*/}}
 {{- define "megdet.podTemplate" -}}
 {{- $root := .root -}}
 {{- $v := $root.Values -}}
 metadata:
   labels:
-    {{- include "megdet.selectorLabels" $root | nindent 4 }}
-    app.kubernetes.io/component: {{ .role }}
-    app.kubernetes.io/part-of: megdet
-    {{- with $v.podLabels }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-  {{- $annotations := deepCopy $v.podAnnotations }}
+    {{- include "megdet.podLabels" . | nindent 4 }}
+  {{- $annotations := deepCopy (default (dict) $v.podAnnotations) }}
   {{- if $v.network.multusNetworks }}
   {{- $_ := set $annotations "k8s.v1.cni.cncf.io/networks" $v.network.multusNetworks }}
   {{- end }}
   {{- with $annotations }}
   annotations:
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
   {{- end }}
 spec:
+  {{- with .restartPolicy }}
+  restartPolicy: {{ . | quote }}
+  {{- end }}
   {{- if $v.network.hostNetwork }}
   hostNetwork: true
-  dnsPolicy: ClusterFirstWithHostNet
+  dnsPolicy: "ClusterFirstWithHostNet"
   {{- end }}
   {{- if $v.gang.enabled }}
-  schedulerName: {{ $v.gang.schedulerName }}
+  schedulerName: {{ $v.gang.schedulerName | quote }}
   {{- end }}
   {{- with $v.priorityClassName }}
-  priorityClassName: {{ . }}
+  priorityClassName: {{ . | quote }}
   {{- end }}
   {{- /* The trainer checkpoints on SIGTERM; the pod must live long enough to write it. */}}
-  terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+  terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds | int64 }}
   {{- with $v.podSecurityContext }}
   securityContext:
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
   {{- end }}
   {{- with $v.serviceAccountName }}
-  serviceAccountName: {{ . }}
+  serviceAccountName: {{ . | quote }}
   {{- end }}
+  {{- /* The trainer never calls the Kubernetes API: no token in the pod. */}}
+  automountServiceAccountToken: false
   {{- with $v.imagePullSecrets }}
   imagePullSecrets:
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
   {{- end }}
   {{- with $v.nodeSelector }}
   nodeSelector:
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
   {{- end }}
   {{- with $v.tolerations }}
   tolerations:
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
   {{- end }}
   {{- with $v.affinity }}
   affinity:
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
   {{- end }}
   containers:
-    - name: pytorch
-      image: {{ include "megdet.image" $root }}
-      imagePullPolicy: {{ $v.image.pullPolicy }}
+    - name: {{ default "pytorch" .container | quote }}
+      image: {{ include "megdet.image" $root | quote }}
+      imagePullPolicy: {{ $v.image.pullPolicy | quote }}
       {{- if $v.metrics.enabled }}
       ports:
         - name: metrics
@@ -191,21 +224,91 @@ spec:
         - name: dshm
           mountPath: /dev/shm
         {{- with $v.extraVolumeMounts }}
-        {{- toYaml . | nindent 8 }}
+        {{- include "megdet.yaml" . | nindent 8 }}
         {{- end }}
   volumes:
     - name: data
       persistentVolumeClaim:
-        claimName: {{ $v.dataset.claimName }}
+        claimName: {{ $v.dataset.claimName | quote }}
         readOnly: true
     - name: output
       persistentVolumeClaim:
-        claimName: {{ $v.output.claimName }}
+        claimName: {{ $v.output.claimName | quote }}
     - name: dshm
       emptyDir:
         medium: Memory
-        sizeLimit: {{ $v.shm.sizeLimit }}
+        sizeLimit: {{ $v.shm.sizeLimit | quote }}
     {{- with $v.extraVolumes }}
-    {{- toYaml . | nindent 4 }}
+    {{- include "megdet.yaml" . | nindent 4 }}
     {{- end }}
+{{- end -}}
+
+{{/*
+The Pod Security Standards level the run's pod meets, for NOTES: YAML with `level`
+(restricted, baseline or privileged) and `baseline` and `restricted`: what fails each level, in
+words naming the values. The checks are the standards' (kubernetes/website
+content/en/docs/concepts/security/pod-security-standards.md, level "latest") for the fields the
+chart renders; tests/chart/pod_security.py implements the same checks and a test holds the two
+equal.
+*/}}
+{{- define "megdet.podSecurity" -}}
+{{- $pod := include "megdet.podTemplate" (dict "root" . "plan" (include "megdet.plan" . | fromYaml) "role" "master") | fromYaml -}}
+{{- $spec := $pod.spec -}}
+{{- $psc := default (dict) $spec.securityContext -}}
+{{- $ib := .Values.nccl.ib -}}
+{{- $rootMode := and $ib.enabled (eq $ib.memlock "root") -}}
+{{- $baseline := list -}}
+{{- $restricted := list -}}
+{{- if or $spec.hostNetwork $spec.hostPID $spec.hostIPC -}}
+{{- $baseline = append $baseline "network.hostNetwork=true (host namespaces)" -}}
+{{- end -}}
+{{- range $key, $value := default (dict) $pod.metadata.annotations -}}
+{{- if and (hasPrefix "container.apparmor.security.beta.kubernetes.io/" $key) (ne $value "runtime/default") (not (hasPrefix "localhost/" $value)) -}}
+{{- $baseline = append $baseline (printf "podAnnotations: %s=%s" $key $value) -}}
+{{- end -}}
+{{- end -}}
+{{- range $spec.volumes -}}
+{{- if hasKey . "hostPath" -}}
+{{- $baseline = append $baseline (printf "extraVolumes: %s is a hostPath volume" .name) -}}
+{{- else if not (has (first (without (keys .) "name")) (list "configMap" "csi" "downwardAPI" "emptyDir" "ephemeral" "persistentVolumeClaim" "projected" "secret")) -}}
+{{- $restricted = append $restricted (printf "extraVolumes: %s is a %s volume" .name (first (without (keys .) "name"))) -}}
+{{- end -}}
+{{- end -}}
+{{- $what := ternary "nccl.ib.memlock=root" "containerSecurityContext" $rootMode -}}
+{{- range $spec.containers -}}
+{{- $sc := default (dict) .securityContext -}}
+{{- range .ports -}}
+{{- if .hostPort -}}{{- $baseline = append $baseline "a hostPort" -}}{{- end -}}
+{{- end -}}
+{{- if $sc.privileged -}}{{- $baseline = append $baseline (printf "%s: privileged" $what) -}}{{- end -}}
+{{- $caps := default (dict) $sc.capabilities -}}
+{{- $add := default (list) $caps.add -}}
+{{- $beyond := list -}}
+{{- range $add -}}
+{{- if not (has . (list "AUDIT_WRITE" "CHOWN" "DAC_OVERRIDE" "FOWNER" "FSETID" "KILL" "MKNOD" "NET_BIND_SERVICE" "SETFCAP" "SETGID" "SETPCAP" "SETUID" "SYS_CHROOT")) -}}{{- $beyond = append $beyond . -}}{{- end -}}
+{{- end -}}
+{{- if $beyond -}}{{- $baseline = append $baseline (printf "%s: capabilities.add %s" $what (join "," $beyond)) -}}{{- end -}}
+{{- if eq (dig "procMount" "Default" $sc) "Default" | not -}}{{- $baseline = append $baseline (printf "%s: procMount %s" $what $sc.procMount) -}}{{- end -}}
+{{- range $where, $ctx := dict "podSecurityContext" $psc $what $sc -}}
+{{- if eq (dig "appArmorProfile" "type" "" $ctx) "Unconfined" -}}{{- $baseline = append $baseline (printf "%s: appArmorProfile Unconfined" $where) -}}{{- end -}}
+{{- if eq (dig "seccompProfile" "type" "" $ctx) "Unconfined" -}}{{- $baseline = append $baseline (printf "%s: seccompProfile Unconfined" $where) -}}{{- end -}}
+{{- with $ctx.seLinuxOptions -}}
+{{- if or .user .role (not (has (default "" .type) (list "" "container_t" "container_init_t" "container_kvm_t" "container_engine_t"))) -}}{{- $baseline = append $baseline (printf "%s: seLinuxOptions" $where) -}}{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if ne (toString (dig "allowPrivilegeEscalation" "" $sc)) "false" -}}{{- $restricted = append $restricted (printf "%s: allowPrivilegeEscalation is not false" $what) -}}{{- end -}}
+{{- $nonRoot := ternary $sc.runAsNonRoot $psc.runAsNonRoot (hasKey $sc "runAsNonRoot") -}}
+{{- if or (ne (toString $nonRoot) "true") (eq (toString $psc.runAsNonRoot) "false") -}}{{- $restricted = append $restricted (printf "%s: runAsNonRoot is not true" $what) -}}{{- end -}}
+{{- if or (eq (toString $sc.runAsUser) "0") (eq (toString $psc.runAsUser) "0") -}}{{- $restricted = append $restricted (printf "%s: runs as root (runAsUser 0)" $what) -}}{{- end -}}
+{{- $seccomp := dig "seccompProfile" "type" (dig "seccompProfile" "type" "" $psc) $sc -}}
+{{- $podSeccomp := dig "seccompProfile" "type" "RuntimeDefault" $psc -}}
+{{- if not (and (has $seccomp (list "RuntimeDefault" "Localhost")) (has $podSeccomp (list "RuntimeDefault" "Localhost"))) -}}{{- $restricted = append $restricted (printf "%s: seccompProfile is not RuntimeDefault or Localhost" $what) -}}{{- end -}}
+{{- if or (not (has "ALL" (default (list) $caps.drop))) (without $add "NET_BIND_SERVICE") -}}{{- $restricted = append $restricted (printf "%s: capabilities do not drop ALL and add at most NET_BIND_SERVICE" $what) -}}{{- end -}}
+{{- end -}}
+{{- range (default (list) $psc.sysctls) -}}
+{{- if not (has .name (list "kernel.shm_rmid_forced" "net.ipv4.ip_local_port_range" "net.ipv4.ip_unprivileged_port_start" "net.ipv4.tcp_syncookies" "net.ipv4.ping_group_range" "net.ipv4.ip_local_reserved_ports" "net.ipv4.tcp_keepalive_time" "net.ipv4.tcp_fin_timeout" "net.ipv4.tcp_keepalive_intvl" "net.ipv4.tcp_keepalive_probes")) -}}{{- $baseline = append $baseline (printf "podSecurityContext: sysctl %s" .name) -}}{{- end -}}
+{{- end -}}
+level: {{ ternary "privileged" (ternary "baseline" "restricted" (gt (len $restricted) 0)) (gt (len $baseline) 0) | quote }}
+baseline: {{ $baseline | toJson }}
+restricted: {{ $restricted | toJson }}
 {{- end -}}

@@ -28,8 +28,8 @@ the limit.
 
 {{/*
 The trainer pod for Trainer v2: the PyTorchJob path's pod (megdet.podTemplate, the same helper)
-with the three things Trainer v2 and JobSet dictate, set on the parsed template rather than by
-forking it:
+with the three things Trainer v2 and JobSet dictate, passed to it as arguments rather than by
+forking it (and not by re-serializing its YAML, which would lose the quoting of its strings):
 - the container is named `node` (Trainer's TrainingRuntime webhook requires it for the
   `trainer` ancestor; the torch plugin injects PET_* env only into `node`);
 - app.kubernetes.io/component is `node`: one replicated job serves every node, so there is no
@@ -39,11 +39,7 @@ forking it:
   wait on a dead rendezvous. The v1 operator sets the pod's restartPolicy itself.
 */}}
 {{- define "megdet.trainJobPodTemplate" -}}
-{{- $pod := include "megdet.podTemplate" (dict "root" .root "plan" .plan "role" "node") | fromYaml -}}
-{{- $container := index $pod.spec.containers 0 -}}
-{{- $_ := set $container "name" "node" -}}
-{{- $_ := set $pod.spec "restartPolicy" "Never" -}}
-{{- toYaml $pod -}}
+{{- include "megdet.podTemplate" (dict "root" .root "plan" .plan "role" "node" "container" "node" "restartPolicy" "Never") -}}
 {{- end -}}
 
 {{/*

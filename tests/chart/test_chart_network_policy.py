@@ -1,0 +1,255 @@
+"""networkPolicy: one NetworkPolicy per run, for both targets, rendered by the real engine and
+checked with kubernetes-validate; its rules are evaluated here the way NetworkPolicy semantics
+define them (kubernetes/website content/en/docs/concepts/services-networking/network-policies.md)
+to show who can reach the run's pods on which port."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from chart_helpers import NAMESPACE, RELEASE
+
+from megdet.controller.render import split_manifests
+
+K8S_VERSIONS = ("1.27.0", "1.34.0")
+TARGETS = ("pytorchjob", "trainjob")
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
+RUN_NS = {"kubernetes.io/metadata.name": NAMESPACE}
+
+
+def policies(render, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [o for o in render(dict(values)).objects if o["kind"] == "NetworkPolicy"]
+
+
+def policy(render, target: str = "pytorchjob", **network_policy: Any) -> dict[str, Any]:
+    (only,) = policies(
+        render, {"target": target, "networkPolicy": {"enabled": True, **network_policy}}
+    )
+    return only
+
+
+def run_pods(render, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod templates of the release (both targets)."""
+    out = []
+    for obj in render(dict(values)).objects:
+        if obj["kind"] == "PyTorchJob":
+            out += [r["template"] for r in obj["spec"]["pytorchReplicaSpecs"].values()]
+        elif obj["kind"] == "TrainingRuntime":
+            jobs = obj["spec"]["template"]["spec"]["replicatedJobs"]
+            out += [j["template"]["spec"]["template"] for j in jobs]
+    return out
+
+
+# --- NetworkPolicy semantics ----------------------------------------------------------------------
+
+
+def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    """A LabelSelector with matchLabels only (what the chart renders); {} selects everything."""
+    assert set(selector) <= {"matchLabels"}, selector
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
+
+
+def peer_matches(peer: Mapping[str, Any], pod: Mapping[str, str], ns: Mapping[str, str]) -> bool:
+    if "ipBlock" in peer:
+        return False  # the tests below use pods, not addresses
+    pod_ok = selects(peer["podSelector"], pod) if "podSelector" in peer else True
+    # A podSelector alone means the policy's own namespace.
+    ns_ok = selects(peer["namespaceSelector"], ns) if "namespaceSelector" in peer else ns == RUN_NS
+    return pod_ok and ns_ok
+
+
+def port_matches(ports: list[dict[str, Any]] | None, port: int, protocol: str) -> bool:
+    if not ports:
+        return True
+    return any(p.get("protocol", "TCP") == protocol and p.get("port", port) == port for p in ports)
+
+
+def allowed(rules: list[dict[str, Any]], peers_key: str, pod, ns, port, protocol) -> bool:
+    return any(
+        (not rule.get(peers_key) or any(peer_matches(p, pod, ns) for p in rule[peers_key]))
+        and port_matches(rule.get("ports"), port, protocol)
+        for rule in rules
+    )
+
+
+def ingress_allowed(policy: dict, src_pod: dict, src_ns: dict, port: int, proto="TCP") -> bool:
+    return allowed(policy["spec"].get("ingress", []), "from", src_pod, src_ns, port, proto)
+
+
+def egress_allowed(policy: dict, dst_pod: dict, dst_ns: dict, port: int, proto="TCP") -> bool:
+    if "Egress" not in policy["spec"]["policyTypes"]:
+        return True
+    return allowed(policy["spec"].get("egress", []), "to", dst_pod, dst_ns, port, proto)
+
+
+# --- rendering ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_no_network_policy_by_default(render, target):
+    assert policies(render, {"target": target}) == []
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize(
+    "network_policy",
+    [
+        {},
+        {"restrictEgress": True},
+        {"metricsFrom": [MONITORING, {"team": "observability"}]},
+        {"metricsFrom": []},
+        {
+            "restrictEgress": True,
+            "extraEgress": [
+                {
+                    "to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+                    "ports": [{"protocol": "TCP", "port": 443}],
+                }
+            ],
+        },
+    ],
+    ids=["defaults", "restrict-egress", "two-monitoring-selectors", "no-metrics", "extra-egress"],
+)
+def test_the_policy_passes_kubernetes_validate_strict(render, target, network_policy):
+    obj = policy(render, target, **network_policy)
+    assert obj["metadata"]["name"] == RELEASE and obj["metadata"]["namespace"] == NAMESPACE
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_kubernetes_validate_strict_catches_a_typo_in_the_policy(render):
+    obj = policy(render)
+    obj["spec"]["ingress"][0]["form"] = obj["spec"]["ingress"][0].pop("from")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, K8S_VERSIONS[-1], strict=True)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_policy_selects_exactly_the_runs_pods(render, target):
+    values = {"target": target, "gpus": 16, "podLabels": {"team": "vision"}}
+    obj = policy(render, target)
+    pods = run_pods(render, values)
+    assert pods
+    for pod in pods:
+        assert selects(obj["spec"]["podSelector"], pod["metadata"]["labels"])
+    # Another release's pods in the same namespace (same chart, other instance) are not selected.
+    files = render.chart.render(values=values, name="other", namespace=NAMESPACE, is_install=True)
+    objects, _ = split_manifests(files)
+    for obj_other in objects:
+        if obj_other["kind"] == "PyTorchJob":
+            for replica in obj_other["spec"]["pytorchReplicaSpecs"].values():
+                labels = replica["template"]["metadata"]["labels"]
+                assert not selects(obj["spec"]["podSelector"], labels)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_ingress_only_from_the_run_and_to_metrics_from_monitoring(render, target):
+    obj = policy(render, target)
+    (pod, *_) = run_pods(render, {"target": target, "gpus": 16})
+    own = pod["metadata"]["labels"]
+    other_run = {**own, "app.kubernetes.io/instance": "other"}
+    # The run's own pods: any TCP port (rendezvous 23456/29400/29500, NCCL's ephemeral ports).
+    for port in (23456, 29400, 29500, 40000, 61000, 9477):
+        assert ingress_allowed(obj, own, RUN_NS, port)
+    assert not ingress_allowed(obj, own, RUN_NS, 29500, "UDP")
+    # Another run in the same namespace, or any pod elsewhere: nothing but monitoring.
+    for port in (29500, 9477):
+        assert not ingress_allowed(obj, other_run, RUN_NS, port)
+        assert not ingress_allowed(obj, {"app": "x"}, {"kubernetes.io/metadata.name": "x"}, port)
+    # The monitoring namespace: the metrics port only.
+    assert ingress_allowed(obj, {"app.kubernetes.io/name": "prometheus"}, MONITORING, 9477)
+    assert not ingress_allowed(obj, {"app.kubernetes.io/name": "prometheus"}, MONITORING, 29500)
+    # Egress stays open unless restricted.
+    assert obj["spec"]["policyTypes"] == ["Ingress"]
+    assert egress_allowed(obj, {}, {"kubernetes.io/metadata.name": "x"}, 443)
+
+
+def test_metrics_port_and_namespaces_follow_their_values(render):
+    values = {
+        "metrics": {"port": 9100},
+        "networkPolicy": {"enabled": True, "metricsFrom": [{"team": "obs"}, MONITORING]},
+    }
+    (obj,) = policies(render, values)
+    for ns in ({"team": "obs"}, MONITORING):
+        assert ingress_allowed(obj, {}, ns, 9100)
+        assert not ingress_allowed(obj, {}, ns, 9477)
+    # A namespace needs every label of one selector.
+    assert not ingress_allowed(obj, {}, {"team": "other"}, 9100)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"metrics": {"enabled": False}}, {"networkPolicy": {"metricsFrom": []}}],
+    ids=["metrics-off", "no-monitoring-namespaces"],
+)
+def test_no_metrics_rule_without_metrics_or_namespaces(render, values):
+    merged = {**values, "networkPolicy": {"enabled": True, **values.get("networkPolicy", {})}}
+    (obj,) = policies(render, merged)
+    assert len(obj["spec"]["ingress"]) == 1
+    assert not ingress_allowed(obj, {}, MONITORING, 9477)
+
+
+def test_restricted_egress_reaches_the_run_and_dns_only(render):
+    extra = {"to": [{"namespaceSelector": {"matchLabels": {"team": "storage"}}}]}
+    obj = policy(render, restrictEgress=True, extraEgress=[extra])
+    assert obj["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    (pod, *_) = run_pods(render, {"gpus": 16})
+    own = pod["metadata"]["labels"]
+    assert egress_allowed(obj, own, RUN_NS, 29500)
+    assert not egress_allowed(obj, {**own, "app.kubernetes.io/instance": "other"}, RUN_NS, 29500)
+    kube_dns = ({"k8s-app": "kube-dns"}, {"kubernetes.io/metadata.name": "kube-system"})
+    assert egress_allowed(obj, *kube_dns, 53, "UDP") and egress_allowed(obj, *kube_dns, 53, "TCP")
+    assert not egress_allowed(obj, *kube_dns, 443)
+    # extraEgress: appended as given.
+    assert obj["spec"]["egress"][-1] == extra
+    assert egress_allowed(obj, {}, {"team": "storage"}, 9000)
+
+
+def test_notes_describe_the_policy(render):
+    notes = render({"networkPolicy": {"enabled": True, "restrictEgress": True}}).notes
+    assert f"NetworkPolicy {RELEASE}: ingress from the run's own pods (all TCP)" in notes
+    assert "kubernetes.io/metadata.name=monitoring" in notes
+    assert "egress to the run's own pods and DNS." in notes
+    assert "NetworkPolicy" not in render({}).notes
+
+
+# --- values it refuses --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        (
+            {"networkPolicy": {"enabled": True}, "network": {"hostNetwork": True}},
+            "networkPolicy.enabled=true with network.hostNetwork=true: a NetworkPolicy does not "
+            "apply to host-network pods",
+        ),
+        (
+            {"networkPolicy": {"enabled": True, "extraEgress": [{"ports": [{"port": 443}]}]}},
+            "networkPolicy.extraEgress: its rules take effect only with "
+            "networkPolicy.enabled=true and networkPolicy.restrictEgress=true",
+        ),
+        (
+            {"networkPolicy": {"enabled": True, "metricsFrom": [{}]}},
+            "at '/networkPolicy/metricsFrom/0': minProperties: got 0, want 1",
+        ),
+        (
+            {"networkPolicy": {"enabled": True, "metricsFrom": MONITORING}},
+            "at '/networkPolicy/metricsFrom': got object, want array",
+        ),
+        (
+            {"networkPolicy": {"enabled": "yes"}},
+            "at '/networkPolicy/enabled': got string, want boolean",
+        ),
+        (
+            {"networkPolicy": {"enable": True}},
+            "at '/networkPolicy': additional properties 'enable' not allowed",
+        ),
+    ],
+    ids=["hostnetwork", "extra-egress-unused", "empty-selector", "map-not-list", "typed", "typo"],
+)
+def test_bad_network_policy_values_are_refused_naming_them(render, values, expected):
+    assert expected in render.error(values)
