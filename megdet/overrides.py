@@ -16,6 +16,8 @@ controller's CRD rule is generated from it too.
 Keys that stay free on purpose: ``SOLVER.CHECKPOINT_PERIOD`` and ``TEST.EVAL_PERIOD`` (reference
 scale; the trainer rescales them), ``SOLVER.WARMUP_FACTOR``, ``SOLVER.GAMMA``, ``MEGDET.AMP``,
 ``MODEL.*``, ``SEED`` and the rest of detectron2's config: no value of the chart sets them.
+``MODEL.WEIGHTS`` stays free, but the trainer refuses URLs and pickle files there unless
+``MEGDET.ALLOW_UNSAFE_WEIGHTS`` (owned) is True.
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ OWNED_OVERRIDES: dict[str, str] = {
     "DATASETS.TRAIN": "dataset.trainJson",
     "DATASETS.TEST": "dataset.valJson",
     "OUTPUT_DIR": "runName",
+    # Safety seams (docs/trainer.md "Safety"): trusting unsafe MODEL.WEIGHTS is the operator's
+    # policy, and continuing another run's output folder is the spec's resumeFrom; a free-form
+    # override must not switch either on.
+    "MEGDET.ALLOW_UNSAFE_WEIGHTS": "allowUnsafeWeights",
+    "MEGDET.RESUME_FROM": "resumeFrom",
 }
 
 #: Where the chart reads the list (relative to the repository root).

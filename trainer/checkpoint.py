@@ -4,12 +4,25 @@ A checkpoint is written to a temporary file in the output folder and renamed int
 reader (a restarted pod on the shared volume) never sees a half-written ``model_*.pth`` under
 its final name. If the newest checkpoint is nevertheless unreadable (truncated by a full disk,
 copied partially), resuming skips it with a warning and takes the previous one.
+
+Nothing is unpickled beyond tensors and plain containers: checkpoints and weights files are
+read with ``torch.load(weights_only=True)`` (detectron2's seam for PyTorch files,
+``DetectionCheckpointer._torch_load``), URLs and pickle files are refused (``load`` and
+``_load_file``), so a file on the volume cannot run code in the trainer. A checkpoint that holds
+other objects stops the run (:class:`UnsafeCheckpointError`, exit 2) instead of being skipped:
+it is not a file this trainer wrote. Only weights loaded with ``trusted=True``
+(``MEGDET.ALLOW_UNSAFE_WEIGHTS`` or :data:`~megdet.trainer.config.TRUSTED_WEIGHTS`) go
+through detectron2's own loaders (pickle for ``.pkl``, full unpickling for PyTorch files).
+The checkpoints the trainer writes hold tensors, ints, floats, strings, None, lists and dicts
+(model and optimizer state, ``iteration``, the LR scheduler's ``base_lrs``/``last_epoch``,
+the AMP scaler's numbers), all loadable weights-only without any allow-listed class.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
 import tempfile
 from collections.abc import Callable
@@ -19,9 +32,53 @@ from typing import Any
 import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
+from megdet.trainer.config import ALLOWED_WEIGHTS, ConfigError, is_url, unsafe_weights_reason
+
 logger = logging.getLogger(__name__)
 
 _ITER_NAME = re.compile(r"^model_(\d+)\.pth$")
+_UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
+#: How torch's weights-only unpickler (torch/_weights_only_unpickler.py) refuses an object, as
+#: opposed to bytes it cannot parse (a corrupt file: skipped like a truncated one).
+_REFUSED_OBJECT = re.compile(
+    r"was not an allowed global|whose module \S+ is blocked|Can only create new object"
+    r"|Trying to call reduce for unrecognized function|Can only build "
+)
+
+
+class UnsafeCheckpointError(ConfigError):
+    """A checkpoint or weights file that would need full unpickling (it could run code)."""
+
+
+def _unsafe_globals(path: str | os.PathLike, err: Exception) -> list[str]:
+    """The classes/functions the file refers to beyond tensors (read statically, not run)."""
+    try:
+        found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # legacy (non-zip) format or unreadable: fall back to the error's text
+        found = []
+    return found or _UNSAFE_GLOBAL.findall(str(err))
+
+
+def load_tensors(path: str | os.PathLike, advice: str = "") -> Any:
+    """``torch.load(path, weights_only=True)`` on the CPU.
+
+    Raises UnsafeCheckpointError naming the file when it holds objects other than tensors and
+    plain containers (their unpickling could run code); other errors (a truncated or corrupt
+    file) pass through unchanged.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        # From torch's weights-only unpickler: an object it refuses, or bytes it cannot parse
+        # (truncation is EOFError/RuntimeError instead).
+        found = _unsafe_globals(path, err)
+        if not found and not _REFUSED_OBJECT.search(str(err)):
+            raise
+        what = f" ({', '.join(found)})" if found else ""
+        raise UnsafeCheckpointError(
+            f"{path}: contains non-tensor objects{what}; refusing to load it, because "
+            f"unpickling them could run code from the file{advice}"
+        ) from None
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -42,11 +99,19 @@ class AtomicCheckpointer(DetectionCheckpointer):
 
     ``on_saved`` callbacks get the path of each checkpoint once it is complete under its final
     name (the metrics exporter's last-checkpoint time).
+
+    Loading is weights-only (see the module doc): resuming and :meth:`load` read tensors only;
+    :meth:`load_weights` reads pretrained weights, with detectron2's unsafe loaders only when
+    the caller trusts them.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.on_saved: list[Callable[[Path], None]] = []
+        # Set by load_weights for one load: the key the path came from (for messages), and
+        # whether the file may be loaded with detectron2's own (unsafe) loaders.
+        self._weights_key = ""
+        self._trusted = False
 
     def save(self, name: str, **kwargs: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -81,12 +146,22 @@ class AtomicCheckpointer(DetectionCheckpointer):
         return [p for _, p in sorted(found, reverse=True)]
 
     def resume_latest(self) -> dict[str, Any] | None:
-        """Load the newest readable checkpoint with all checkpointables; None if there is none."""
+        """Load the newest readable checkpoint with all checkpointables; None if there is none.
+
+        Raises UnsafeCheckpointError when the newest readable checkpoint holds non-tensor
+        objects: someone put a file there that this trainer did not write.
+        """
+        advice = (
+            "; the trainer's own checkpoints hold only tensors, numbers and strings: move the "
+            "file out of the output folder if it is not one of this run's"
+        )
         for path in self.resume_candidates():
             try:
                 # Read it whole first: a truncated file fails here, before the model is touched.
-                torch.load(path, map_location="cpu", weights_only=False)
-            except Exception as err:  # any unpickling/zip error means "not a usable checkpoint"
+                load_tensors(path, advice)
+            except UnsafeCheckpointError:
+                raise
+            except Exception as err:  # any zip/EOF error means "not a usable checkpoint"
                 logger.warning(
                     "Skipping unreadable checkpoint %s (%s: %s)", path, type(err).__name__, err
                 )
@@ -94,3 +169,54 @@ class AtomicCheckpointer(DetectionCheckpointer):
             logger.info("Resuming from %s", path)
             return self.load(str(path))
         return None
+
+    def load_weights(self, path: str, *, key: str = "MODEL.WEIGHTS", trusted: bool = False):
+        """Load pretrained/evaluated weights into the model only (no optimizer, no iteration).
+
+        ``key`` names where ``path`` came from in errors. Without ``trusted``, URLs and pickle
+        files are refused and PyTorch files are read weights-only (UnsafeCheckpointError).
+        """
+        self._weights_key, self._trusted = key, trusted
+        try:
+            return self.load(path, checkpointables=[])
+        finally:
+            self._weights_key, self._trusted = "", False
+
+    # --- detectron2's loading seams -------------------------------------------------------
+
+    def _refusal(self, path: str, reason: str) -> UnsafeCheckpointError:
+        key = self._weights_key or "checkpoint"
+        return UnsafeCheckpointError(f"{key}: {path!r} is refused: {reason}; {ALLOWED_WEIGHTS}")
+
+    def load(self, path: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        # Before DetectionCheckpointer.load, which downloads URLs (get_local_path).
+        if path and not self._trusted and is_url(path):
+            raise self._refusal(path, unsafe_weights_reason(path) or "a URL")
+        try:
+            return super().load(path, *args, **kwargs)
+        except BaseException:
+            # DetectionCheckpointer.load resets this only on success; a refused file would
+            # leave the checkpointer unable to load anything else.
+            self._parsed_url_during_load = None
+            raise
+
+    def _load_file(self, filename: str) -> dict[str, Any]:
+        # DetectionCheckpointer._load_file unpickles .pkl files and torch.loads .pyth files
+        # itself; everything else reaches _torch_load.
+        if not self._trusted:
+            reason = unsafe_weights_reason(filename)
+            if reason:
+                raise self._refusal(filename, reason)
+        return super()._load_file(filename)
+
+    def _torch_load(self, f: str) -> dict[str, Any]:
+        if self._trusted:
+            return torch.load(f, map_location="cpu", weights_only=False)
+        if self._weights_key:
+            advice = (
+                f"; {self._weights_key} must hold only tensors (a state dict), or set "
+                "MEGDET.ALLOW_UNSAFE_WEIGHTS True if you trust this file"
+            )
+        else:
+            advice = ""
+        return load_tensors(f, advice)

@@ -209,6 +209,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_eval(args: argparse.Namespace) -> int:
     from megdet.cli import UsageError
+    from megdet.trainer.config import weights_problem
     from megdet.trainer.launch import launch
     from megdet.trainer.train import TrainJob, eval_worker
 
@@ -218,6 +219,9 @@ def run_eval(args: argparse.Namespace) -> int:
     cfg = _load(args, "eval")
     if not cfg.MEGDET.DATA.VAL_JSON:
         raise UsageError("MEGDET.DATA.VAL_JSON: required for evaluation (or --val-json)")
+    problem = weights_problem(args.weights, cfg.MEGDET.ALLOW_UNSAFE_WEIGHTS)
+    if problem:
+        raise UsageError(f"--weights: {problem}")
     job = TrainJob(cfg=cfg, command="eval", weights=args.weights)
     return launch(eval_worker, job, 1, cfg.MODEL.DEVICE.startswith("cuda"))
 

@@ -7,9 +7,11 @@ every key). ``plan_config`` turns a loaded config and the actual world size into
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import yaml
 from detectron2.config import CfgNode, get_cfg
 
 from megdet.plan import Plan, RunSpec, Scaling, Schedule, SpecError, plan_run
@@ -82,6 +84,16 @@ def add_megdet_config(cfg: CfgNode) -> None:
     _C.MEGDET.DATA.TRAIN_IMAGES = ""
     _C.MEGDET.DATA.VAL_JSON = ""
     _C.MEGDET.DATA.VAL_IMAGES = ""
+    # Trust MODEL.WEIGHTS (and `megdet eval --weights`) whatever it is: URLs (downloaded) and
+    # pickle files (.pkl, .pickle, .pyth), which detectron2 loads with pickle and which can
+    # therefore run code, and PyTorch files holding more than tensors. False: only empty, a
+    # local PyTorch file of tensors, or the ImageNet weights a shipped config names
+    # (TRUSTED_WEIGHTS). The seam for the operator's policy; never set it for untrusted input.
+    _C.MEGDET.ALLOW_UNSAFE_WEIGHTS = False
+    # Continue in an output folder stamped by another run (.megdet-run.json): that run's uid or
+    # name. "" = only the run that stamped the folder may write there (see ownership.py). The
+    # seam for a MegDetRun's spec.resumeFrom.
+    _C.MEGDET.RESUME_FROM = ""
 
 
 def resolve_config_path(name: str) -> Path:
@@ -105,7 +117,21 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Cfg
     add_megdet_config(cfg)
     path = resolve_config_path(config)
     try:
-        cfg.merge_from_file(str(path))
+        # allow_unsafe=False: detectron2's CfgNode defaults to True, which retries a file that
+        # yaml.safe_load refuses (a Python tag such as !!python/object/apply) with
+        # yaml.unsafe_load, i.e. runs code from the file. fvcore passes the flag on to every
+        # _BASE_ file.
+        cfg.merge_from_file(str(path), allow_unsafe=False)
+    except yaml.constructor.ConstructorError as err:
+        if "for the tag" not in str(err.problem):
+            raise ConfigError(f"--config: {path} is not valid YAML: {_yaml_problem(err)}") from None
+        raise ConfigError(
+            f"--config: {path} is refused: a YAML tag that would construct Python objects "
+            f"and can run code: {_yaml_problem(err)}; a config may hold only plain YAML "
+            "(mappings, lists, strings, numbers, booleans, null)"
+        ) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"--config: {path} is not valid YAML: {_yaml_problem(err)}") from None
     except KeyError as err:
         raise ConfigError(f"{path}: {_key_error_text(err)}") from None
     except (ValueError, TypeError, AssertionError) as err:
@@ -118,6 +144,19 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Cfg
         _set_key(cfg, key, value)
     validate_config(cfg)
     return cfg
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """The YAML error on one line: what is wrong and where (the file's line and column)."""
+    if isinstance(err, yaml.MarkedYAMLError):
+        mark = err.problem_mark or err.context_mark
+        where = ""
+        if mark:
+            # The file the tag is in: a _BASE_ file's name differs from the loaded config's.
+            name = f"{mark.name}, " if mark.name and not mark.name.startswith("<") else ""
+            where = f" ({name}line {mark.line + 1}, column {mark.column + 1})"
+        return f"{err.problem or err.context}{where}"
+    return str(err).replace("\n", " ")
 
 
 def _key_error_text(err: KeyError) -> str:
@@ -164,8 +203,64 @@ def validate_config(cfg: CfgNode) -> None:
             f"MEGDET.METRICS.PORT: {port!r} is invalid: expected a port number 1-65535, "
             "or 0 (metrics off)"
         )
-    if not isinstance(m.AMP, bool):
-        raise ConfigError(f"MEGDET.AMP: {m.AMP!r} is invalid: expected True or False")
+    for key in ("AMP", "ALLOW_UNSAFE_WEIGHTS"):
+        if not isinstance(m[key], bool):
+            raise ConfigError(f"MEGDET.{key}: {m[key]!r} is invalid: expected True or False")
+    if not isinstance(m.RESUME_FROM, str):
+        raise ConfigError(
+            f"MEGDET.RESUME_FROM: {m.RESUME_FROM!r} is invalid: expected a run's uid or name, "
+            'or "" (continue only this run\'s own output folder)'
+        )
+    problem = weights_problem(cfg.MODEL.WEIGHTS, m.ALLOW_UNSAFE_WEIGHTS)
+    if problem:
+        raise ConfigError(f"MODEL.WEIGHTS: {problem}")
+
+
+#: MODEL.WEIGHTS values loaded without MEGDET.ALLOW_UNSAFE_WEIGHTS although they are URLs of
+#: pickle files: the ImageNet weights the shipped configs start from (megdet_R50_FPN_1x.yaml),
+#: from detectron2's model zoo (https://dl.fbaipublicfiles.com/detectron2/). Trusted like the
+#: packages the image installs; any other URL or pickle needs the key.
+TRUSTED_WEIGHTS = frozenset({"detectron2://ImageNetPretrained/MSRA/R-50.pkl"})
+
+#: File endings detectron2's DetectionCheckpointer._load_file reads with pickle (.pkl), or with
+#: a torch.load we cannot make weights-only (.pyth); .pickle is pickle by name.
+PICKLE_SUFFIXES = (".pkl", ".pickle", ".pyth")
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+#: What MODEL.WEIGHTS may be without MEGDET.ALLOW_UNSAFE_WEIGHTS (for error messages).
+ALLOWED_WEIGHTS = (
+    "allowed: empty (no pretrained weights), a local PyTorch file (.pth, .pt) holding only "
+    f"tensors, or {', '.join(sorted(TRUSTED_WEIGHTS))}; set MEGDET.ALLOW_UNSAFE_WEIGHTS True "
+    "only for weights you trust"
+)
+
+
+def is_url(path: str) -> bool:
+    """Whether detectron2 would fetch ``path`` through iopath (http://, s3://, detectron2://...)."""
+    return bool(_URL.match(path))
+
+
+def unsafe_weights_reason(path: str) -> str | None:
+    """Why loading ``path`` could run code from it (URL, pickle file), or None."""
+    if is_url(path):
+        return "a URL (downloaded, then loaded with whatever loader its name picks)"
+    # detectron2 drops a ?query before choosing the loader by the file's ending.
+    names = {path, path.split("?", 1)[0], path.split("#", 1)[0]}
+    if any(name.lower().endswith(PICKLE_SUFFIXES) for name in names):
+        suffixes = ", ".join(PICKLE_SUFFIXES)
+        return f"a pickle file ({suffixes}: loaded with pickle, which can run code)"
+    return None
+
+
+def weights_problem(path: str, allow_unsafe: bool) -> str | None:
+    """Why the weights file ``path`` is refused (the message after the key), or None."""
+    if not path or allow_unsafe or path in TRUSTED_WEIGHTS:
+        return None
+    reason = unsafe_weights_reason(path)
+    if reason is None:
+        return None
+    return f"{path!r} is refused: {reason}; {ALLOWED_WEIGHTS}"
 
 
 def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:

@@ -30,6 +30,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from megdet.plan import Plan
 from megdet.trainer.checkpoint import AtomicCheckpointer
+from megdet.trainer.config import TRUSTED_WEIGHTS
 from megdet.trainer.solver import PlanParamScheduler
 from megdet.trainer.sync_bn import build_bn_process_group, convert_sync_batchnorm
 
@@ -220,6 +221,11 @@ def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
+def weights_trusted(cfg: CfgNode, path: str) -> bool:
+    """Whether the weights file ``path`` may be loaded with detectron2's unsafe loaders."""
+    return bool(cfg.MEGDET.ALLOW_UNSAFE_WEIGHTS) or path in TRUSTED_WEIGHTS
+
+
 @dataclass
 class TrainerBundle:
     """What :func:`build_trainer` makes: the trainer and the parts hooks and callers need."""
@@ -275,5 +281,6 @@ def build_trainer(
         if state is not None:
             start_iter = int(state.get("iteration", -1)) + 1
     if start_iter == 0 and cfg.MODEL.WEIGHTS:
-        checkpointer.load(cfg.MODEL.WEIGHTS, checkpointables=[])
+        weights = cfg.MODEL.WEIGHTS
+        checkpointer.load_weights(weights, trusted=weights_trusted(cfg, weights))
     return TrainerBundle(trainer, checkpointer, model, converted, start_iter)

@@ -1,6 +1,7 @@
 """What each worker process runs for `megdet train` and `megdet eval`.
 
-The worker plans the run from the world it finds (``plan_config``), registers the datasets,
+The worker claims the output folder (``ownership.claim_output_folder``: the run stamp), plans
+the run from the world it finds (``plan_config``), registers the datasets,
 writes ``config.yaml`` and ``plan.json``, builds the trainer (:func:`build_trainer`) and trains,
 resuming from the last complete checkpoint in the output folder.
 """
@@ -31,6 +32,7 @@ from megdet.trainer.engine import (
 )
 from megdet.trainer.evaluation import evaluate_model, write_metrics
 from megdet.trainer.metrics import build_monitoring_hooks
+from megdet.trainer.ownership import claim_output_folder
 
 logger = logging.getLogger("megdet.trainer")
 
@@ -102,7 +104,11 @@ def train_worker(job: TrainJob) -> int:
 def _train(job: TrainJob) -> int:
     cfg = job.cfg.clone()
     Path(cfg.OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
+    # Before anything is written into the folder (log.txt included): is it this run's?
+    claimed = claim_output_folder(cfg.OUTPUT_DIR, cfg.MEGDET.RESUME_FROM)
     setup_logging(cfg.OUTPUT_DIR)
+    if comm.is_main_process():
+        logger.info("%s", claimed)
     world, local = comm.get_world_size(), comm.get_local_size()
     plan = plan_config(cfg, world, local)
     register_datasets(cfg)
@@ -159,7 +165,7 @@ def eval_worker(job: TrainJob) -> int:
 
 def _eval(job: TrainJob) -> int:
     from megdet.trainer.checkpoint import AtomicCheckpointer
-    from megdet.trainer.engine import build_megdet_model
+    from megdet.trainer.engine import build_megdet_model, weights_trusted
 
     cfg = job.cfg.clone()
     Path(cfg.OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
@@ -171,7 +177,9 @@ def _eval(job: TrainJob) -> int:
     model, _ = build_megdet_model(cfg)
     if not Path(job.weights).is_file():
         raise ConfigError(f"--weights: {job.weights} does not exist")
-    AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR).load(job.weights, checkpointables=[])
+    AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR).load_weights(
+        job.weights, key="--weights", trusted=weights_trusted(cfg, job.weights)
+    )
     results = evaluate_model(cfg, model, cfg.DATASETS.TEST[0])
     if comm.is_main_process():
         path = write_metrics(

@@ -32,7 +32,7 @@ def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     ckpt.save("model_0000009", iteration=9)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last_checkpoint", "model_0000009.pth"]
     assert (tmp_path / "last_checkpoint").read_text() == "model_0000009.pth"
-    data = torch.load(tmp_path / "model_0000009.pth", weights_only=False)
+    data = torch.load(tmp_path / "model_0000009.pth", weights_only=True)
     assert data["iteration"] == 9
     torch.testing.assert_close(data["model"]["weight"], model.weight.detach())
 

@@ -133,7 +133,7 @@ def test_sigterm_saves_a_checkpoint_and_a_restart_resumes_to_the_last_iteration(
     assert "model_final.pth" not in saved
     stopped_at = max(int(p[6:13]) for p in saved)
     assert 9 <= stopped_at < 29
-    assert torch.load(out / f"model_{stopped_at:07d}.pth", weights_only=False)["iteration"] == (
+    assert torch.load(out / f"model_{stopped_at:07d}.pth", weights_only=True)["iteration"] == (
         stopped_at
     )
     assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tmp"))
@@ -143,7 +143,7 @@ def test_sigterm_saves_a_checkpoint_and_a_restart_resumes_to_the_last_iteration(
     log = (out / "log.txt").read_text()
     assert f"Resuming from {out / f'model_{stopped_at:07d}.pth'}" in log
     assert f"Starting training from iteration {stopped_at + 1}" in log
-    final = torch.load(out / "model_final.pth", weights_only=False)
+    final = torch.load(out / "model_final.pth", weights_only=True)
     assert final["iteration"] == 29
     assert (out / "last_checkpoint").read_text() == "model_final.pth"
     iterations = [e["iteration"] for e in _events(out) if "total_loss" in e]
@@ -165,7 +165,7 @@ def test_under_torchrun_each_process_is_one_rank_and_plans_for_the_world_it_find
     assert result.returncode == 0, result.stderr[-3000:]
     plan = json.loads((out / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["procs_per_node"] == 2 and plan["global_batch"] == 8
-    assert torch.load(out / "model_final.pth", weights_only=False)["iteration"] == 5
+    assert torch.load(out / "model_final.pth", weights_only=True)["iteration"] == 5
     assert (out / "log.txt.rank1").exists()  # rank 1 ran in its own process, not spawned by us
 
 
