@@ -44,12 +44,14 @@ __all__ = [
 REGISTRY = CollectorRegistry()
 
 #: Values of the ``result`` label of :data:`RECONCILES`.
-RESULTS = ("success", "invalid", "error", "conflict")
+RESULTS = ("success", "invalid", "error", "conflict", "refused")
 
 RECONCILES = Counter(
     "megdet_controller_reconciles",
     "MegDetRun reconciles by result: success, invalid (spec refused), error (retried), "
-    "conflict (a job of the same name that the run does not own).",
+    "conflict (the job's name, or the run's output folder, is taken; retried), refused (the "
+    "API server refused the job: schema, admission webhook or quota; not retried until the "
+    "spec changes).",
     ["result"],
     registry=REGISTRY,
 )
@@ -74,7 +76,8 @@ JOBS_CREATED = Counter(
 )
 JOBS_DELETED = Counter(
     "megdet_controller_jobs_deleted",
-    "Jobs owned by MegDetRuns that were deleted.",
+    "Jobs owned by MegDetRuns that were deleted: with their run, or on their own (the training "
+    "operator's TTL after finishing, or by hand; the run then says JobPresent=False).",
     ["namespace", "target"],
     registry=REGISTRY,
 )

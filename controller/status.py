@@ -34,13 +34,22 @@ from typing import Any
 __all__ = [
     "ACTIVE_PHASES",
     "CONDITION_TYPES",
+    "JOB_DELETED",
+    "JOB_PRESENT",
+    "JOB_REFUSED",
     "PHASES",
     "TERMINAL_PHASES",
     "JobState",
+    "condition_of",
+    "finished",
+    "had_job",
     "invalid_status",
+    "job_deleted_status",
     "job_state",
     "next_status",
     "pytorchjob_state",
+    "refused_at",
+    "refused_status",
     "set_condition",
     "trainjob_state",
 ]
@@ -51,9 +60,17 @@ PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Phases mirrored from the job, each with a run condition of the same name.
 ACTIVE_PHASES = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
+#: Condition type added (status False, reason :data:`JOB_DELETED`) when the run's job vanished
+#: after it had been created: the operator's TTL after finishing, or a delete by hand.
+JOB_PRESENT = "JobPresent"
+#: Reason of ``JobPresent=False`` and, for a run that had not finished, of ``Failed=True``.
+JOB_DELETED = "JobDeleted"
+#: Reason of ``Created=False`` (and ``Failed=True``) when the API server refused the job (4xx).
+JOB_REFUSED = "JobRefused"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
-#: (the controller created, or found, its job) and one per mirrored phase.
-CONDITION_TYPES = ("Valid", "Created", *ACTIVE_PHASES)
+#: (the controller created, or found, its job), one per mirrored phase, and JobPresent (only
+#: once the job has gone).
+CONDITION_TYPES = ("Valid", "Created", *ACTIVE_PHASES, JOB_PRESENT)
 
 
 @dataclass(frozen=True)
@@ -247,6 +264,109 @@ def invalid_status(
         generation,
     )
     return {"phase": "Invalid", "conditions": conditions, "observedGeneration": generation}
+
+
+def condition_of(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    """The condition of type ``kind`` in a run's status, if any."""
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return None
+
+
+def had_job(status: Mapping[str, Any]) -> bool:
+    """Whether the controller created (or found) this run's job once: ``Created=True``.
+
+    Such a run never gets a second job: if the job is gone, it was deleted (the operator's
+    ``ttlSecondsAfterFinished`` or a ``kubectl delete``), see :func:`job_deleted_status`.
+    """
+    created = condition_of(status, "Created")
+    return created is not None and created.get("status") == "True"
+
+
+def refused_at(status: Mapping[str, Any]) -> Any:
+    """The generation at which the API server refused the run's job (None: not refused)."""
+    created = condition_of(status, "Created")
+    if created is None or created.get("status") != "False" or created.get("reason") != JOB_REFUSED:
+        return None
+    return created.get("observedGeneration")
+
+
+def finished(status: Mapping[str, Any]) -> bool:
+    """A run that is done for good: Succeeded or Failed after it had its job.
+
+    A run whose job the API server refused is ``Failed`` too, but not finished: a change of its
+    spec tries again. Nothing makes a job for a finished run.
+    """
+    return (
+        isinstance(status, Mapping)
+        and status.get("phase") in TERMINAL_PHASES
+        and refused_at(status) is None
+    )
+
+
+def job_deleted_status(
+    old: Mapping[str, Any], kind: str, name: str, now: str, generation: int | None
+) -> dict[str, Any] | None:
+    """Status for a run whose job is gone after it had been created; None if already recorded.
+
+    A finished run keeps its phase (its result stands) and gains ``JobPresent=False``. A run
+    that had not finished becomes ``Failed`` (reason ``JobDeleted``): the controller never
+    re-creates a job behind the user's back, since that would start training again.
+    """
+    present = condition_of(old, JOB_PRESENT)
+    if present is not None and present.get("status") == "False":
+        return None
+    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
+    phase = old.get("phase")
+    if phase in TERMINAL_PHASES:
+        message = (
+            f"{kind} {name} was deleted after the run ended (the training operator's "
+            "ttlSecondsAfterFinished, or a delete by hand); the run's result stands and the "
+            "controller does not run it again: delete and re-create the MegDetRun to train again"
+        )
+        return {
+            "conditions": set_condition(
+                conditions, JOB_PRESENT, False, JOB_DELETED, message, now, generation
+            )
+        }
+    message = (
+        f"{kind} {name} was deleted while the run was {phase or 'starting'}; the controller "
+        "does not re-create it (that would take the GPUs again): delete and re-create the "
+        "MegDetRun to run again (it resumes from the last checkpoint in its output folder)"
+    )
+    conditions = set_condition(
+        conditions, JOB_PRESENT, False, JOB_DELETED, message, now, generation
+    )
+    patch = next_status(
+        {**old, "conditions": conditions}, JobState("Failed", JOB_DELETED, message), now, generation
+    )
+    if old.get("startTime") is None:
+        patch.pop("startTime", None)  # it never ran as far as the controller saw
+    return patch
+
+
+def refused_status(
+    old: Mapping[str, Any], message: str, now: str, generation: int | None
+) -> dict[str, Any]:
+    """Status for a run whose job the API server refused: phase Failed, ``Created=False``.
+
+    ``Failed=True`` (reason ``JobRefused``) goes with the phase, as for every mirrored phase; no
+    start or completion time, since nothing ran. Not :func:`finished`: a spec change retries.
+    """
+    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
+    conditions = set_condition(conditions, "Created", False, JOB_REFUSED, message, now, generation)
+    for kind in ACTIVE_PHASES:
+        if kind == "Failed":
+            conditions = set_condition(
+                conditions, kind, True, JOB_REFUSED, message, now, generation
+            )
+        elif any(c.get("type") == kind for c in conditions):
+            conditions = set_condition(
+                conditions, kind, False, f"Not{kind}", "phase is Failed", now, generation
+            )
+    return {"phase": "Failed", "conditions": conditions, "observedGeneration": generation}
 
 
 def _count(mapping: Mapping[str, Any], key: str) -> int:

@@ -76,14 +76,23 @@ async def test_apply_run_creates_one_owned_pytorchjob_and_plan_status(cluster, o
         "controller": True,
         "blockOwnerDeletion": True,
     }
-    # The job is exactly what the run chart renders for this run, plus the owner reference.
-    rendered = render_run("coco-16", NAMESPACE, body["spec"])
+    # The job is exactly what the run chart renders for this run, plus the owner reference;
+    # the controller passes the run's uid and name to the pods through the chart's extraEnv.
+    run_env = [
+        {"name": "MEGDET_RUN_UID", "value": body["metadata"]["uid"]},
+        {"name": "MEGDET_RUN_NAME", "value": "coco-16"},
+    ]
+    rendered = render_run("coco-16", NAMESPACE, {**body["spec"], "extraEnv": run_env})
     expected = dict(rendered.job, metadata={**rendered.job["metadata"], "ownerReferences": [ref]})
     server_set = ("uid", "resourceVersion")  # the emulator assigns these, as an API server does
     assert (
         dict(job, metadata={k: v for k, v in job["metadata"].items() if k not in server_set})
         == expected
     )
+
+    for pod in job["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = pod["template"]["spec"]["containers"]
+        assert container["env"][-2:] == run_env
 
     st = status(cluster, "coco-16")
     assert {k: st[k] for k in rendered.status_plan()} == rendered.status_plan()

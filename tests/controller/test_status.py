@@ -14,10 +14,15 @@ import pytest
 
 from megdet.controller.status import (
     JobState,
+    finished,
+    had_job,
     invalid_status,
+    job_deleted_status,
     job_state,
     next_status,
     pytorchjob_state,
+    refused_at,
+    refused_status,
     set_condition,
     trainjob_state,
 )
@@ -159,6 +164,73 @@ def test_invalid_status_names_every_problem_and_sets_valid_false() -> None:
     assert valid["observedGeneration"] == 3
 
 
+def _types(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    return {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+
+
+def test_a_finished_runs_vanished_job_keeps_the_result_and_adds_job_present_false() -> None:
+    old = {
+        "phase": "Succeeded",
+        "completionTime": T0,
+        "startTime": T0,
+        "conditions": [cond("Created", reason="JobCreated"), cond("Succeeded")],
+    }
+    patch = job_deleted_status(old, "PyTorchJob", "r", T1, 2)
+    assert "phase" not in patch  # the result stands
+    assert _types(patch)["JobPresent"] == ("False", "JobDeleted")
+    assert _types(patch)["Succeeded"] == ("True", "Succeeded")
+    assert "ttlSecondsAfterFinished" in patch["conditions"][-1]["message"]
+    # Recorded once: nothing more to write the next time.
+    assert job_deleted_status({**old, **patch}, "PyTorchJob", "r", T1, 2) is None
+    assert finished({**old, **patch}) and had_job({**old, **patch})
+
+
+@pytest.mark.parametrize(
+    "phase", [None, "Pending", "Running", "Restarting", "Suspended", "Invalid"]
+)
+def test_an_unfinished_runs_vanished_job_fails_the_run(phase: str | None) -> None:
+    old = {"conditions": [cond("Created", reason="JobCreated")]}
+    if phase is not None:
+        old["phase"] = phase
+    if phase == "Running":
+        old["startTime"] = T0
+        old["conditions"].append(cond("Running"))
+    patch = job_deleted_status(old, "TrainJob", "r", T1, 4)
+    assert patch["phase"] == "Failed"
+    types = _types(patch)
+    assert types["Failed"] == ("True", "JobDeleted") and types["JobPresent"] == (
+        "False",
+        "JobDeleted",
+    )
+    if phase == "Running":
+        assert types["Running"][0] == "False" and patch["startTime"] == T0
+    else:
+        assert "startTime" not in patch  # it never ran as far as the controller saw
+    assert patch["completionTime"] == T1
+    message = next(c["message"] for c in patch["conditions"] if c["type"] == "Failed")
+    assert message.startswith("TrainJob r was deleted while the run was")
+    assert "delete and re-create the MegDetRun" in message
+    assert finished({**old, **patch})
+
+
+def test_a_refused_job_fails_the_run_but_a_spec_change_may_retry() -> None:
+    old = {"phase": "Pending", "conditions": [cond("Valid", reason="SpecValid")]}
+    status = refused_status(old, "the API server refused ...", T0, 3)
+    assert status["phase"] == "Failed" and status["observedGeneration"] == 3
+    assert _types(status)["Created"] == ("False", "JobRefused")
+    assert _types(status)["Failed"] == ("True", "JobRefused")
+    assert "startTime" not in status and "completionTime" not in status
+    assert refused_at(status) == 3
+    assert not finished(status) and not had_job(status)
+    assert refused_at({"phase": "Failed", "conditions": [cond("Failed")]}) is None
+    assert finished({"phase": "Failed", "conditions": [cond("Failed")]})
+
+
+def test_finished_and_had_job_read_anything() -> None:
+    for junk in ({}, {"conditions": "x"}, {"conditions": [None, 3]}, {"phase": 3}):
+        assert not finished(junk) and not had_job(junk) and refused_at(junk) is None
+
+
 def _crd_status_schema() -> dict[str, Any]:
     from pathlib import Path
 
@@ -216,6 +288,10 @@ def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None
         written.append(dict(status))
     written.append(conflict_status(status, "PyTorchJob", "r", T1, 2))
     written.append(invalid_status(status, ["spec.gpus: bad"], T1, 2))
+    written.append({**status, **job_deleted_status(status, "PyTorchJob", "r", T1, 2)})
+    running = {**status, "phase": "Running"}
+    written.append({**running, **job_deleted_status(running, "PyTorchJob", "r", T1, 2)})
+    written.append({**status, **refused_status(status, "refused", T1, 2)})
     for status in written:
         jsonschema.validate(status, schema)  # types, enums (phase)
         assert _pruned(status, schema) == []  # nothing the API server would silently drop

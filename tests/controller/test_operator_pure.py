@@ -1,0 +1,163 @@
+"""The controller's pure helpers for refused jobs, output folders and the run's env."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from megdet.controller.operator import (
+    RUN_ENV,
+    OutputClaim,
+    Planned,
+    controlled_by,
+    output_claim,
+    output_holder,
+    output_location,
+    plan_children,
+    refusal_message,
+    with_run_env,
+)
+
+JOB = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "r"}}
+
+
+def api_error(code: int, body: Any) -> k8s.ApiException:
+    err = k8s.ApiException(status=code, reason="Whatever")
+    err.body = body if isinstance(body, str | bytes | None) else json.dumps(body)
+    return err
+
+
+def test_a_refusal_says_the_servers_message_its_causes_and_the_fix() -> None:
+    body = {
+        "kind": "Status",
+        "code": 422,
+        "reason": "Invalid",
+        "message": 'PyTorchJob.kubeflow.org "r" is invalid: spec.x: Invalid value',
+        "details": {
+            "causes": [
+                {"field": "spec.x", "message": "Invalid value"},
+                {"field": "spec.y", "message": "Required value"},
+                {"reason": "FieldValueForbidden"},
+                "junk",
+            ]
+        },
+    }
+    text = refusal_message(JOB, api_error(422, body), 7)
+    assert text.startswith("the API server refused to create PyTorchJob r (HTTP 422 Invalid): ")
+    assert body["message"] in text
+    assert "spec.y: Required value" in text and "FieldValueForbidden" in text
+    assert text.count("spec.x: Invalid value") == 1  # already in the message: not repeated
+    assert "metadata.generation 7" in text and "edit the spec" in text
+
+
+@pytest.mark.parametrize("body", [None, "", "not json", b"\xff", "[1, 2]", '{"details": 3}'])
+def test_a_refusal_with_an_unreadable_body_still_makes_a_message(body: Any) -> None:
+    text = refusal_message(JOB, api_error(403, body), 1)
+    assert "HTTP 403" in text and "PyTorchJob r" in text
+
+
+def test_a_long_server_message_is_cut() -> None:
+    text = refusal_message(JOB, api_error(400, {"message": "x" * 50_000}), 1)
+    assert len(text) < 3000 and "edit the spec" in text
+
+
+def test_run_env_is_appended_after_the_users_and_junk_is_left_for_validation() -> None:
+    spec = {"gpus": 8, "extraEnv": [{"name": "A", "value": "1"}]}
+    out = with_run_env(spec, "r", "u-1")
+    assert out["extraEnv"] == [
+        {"name": "A", "value": "1"},
+        {"name": RUN_ENV[0], "value": "u-1"},
+        {"name": RUN_ENV[1], "value": "r"},
+    ]
+    assert spec["extraEnv"] == [{"name": "A", "value": "1"}]  # not changed in place
+    assert with_run_env({"gpus": 8}, "r", None)["extraEnv"] == [{"name": RUN_ENV[1], "value": "r"}]
+    for junk in (None, 3, "x", {"extraEnv": "x"}, {"extraEnv": {"a": 1}}):
+        assert with_run_env(junk, "r", "u") == junk
+
+
+def test_planned_pods_get_the_runs_uid_and_name() -> None:
+    run = {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": "r", "namespace": "vision", "uid": "u-1", "generation": 1},
+        "spec": {
+            "gpus": 16,
+            "gpusPerNode": 8,
+            "extraEnv": [{"name": "MEGDET_RUN_NAME", "value": "x"}],
+        },
+    }
+    planned = plan_children(run)
+    assert isinstance(planned, Planned)
+    for pod in planned.job["spec"]["pytorchReplicaSpecs"].values():
+        (container,) = pod["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}  # the last of a name wins
+        assert env["MEGDET_RUN_UID"] == "u-1" and env["MEGDET_RUN_NAME"] == "r"
+
+
+def test_controlled_by_needs_the_controller_reference_to_the_uid() -> None:
+    def job(**ref: Any) -> dict[str, Any]:
+        return {"metadata": {"ownerReferences": [{"kind": "MegDetRun", "uid": "u", **ref}]}}
+
+    assert controlled_by(job(controller=True), "u")
+    assert not controlled_by(job(controller=False), "u")
+    assert not controlled_by(job(), "u")
+    assert not controlled_by(job(controller=True), "v")
+    assert not controlled_by(job(controller=True), None)
+    assert not controlled_by({"metadata": {"ownerReferences": "x"}}, "u")
+
+
+def run(name: str, **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}"}, "spec": spec}
+
+
+def test_output_location_is_claim_and_folder() -> None:
+    assert output_location(run("a")) == ("ns", "megdet-output", "a")
+    assert output_location(run("a", runName="base", output={"claimName": "pvc"})) == (
+        "ns",
+        "pvc",
+        "base",
+    )
+    for junk in (run("a", output="x"), run("a", runName=3), {"metadata": 3}, {"spec": []}):
+        assert output_location(junk) is None
+        assert output_claim(junk) == {}
+
+
+def claim(name: str, *, has_job: bool = False, live: bool = True, created: str = "") -> OutputClaim:
+    return OutputClaim(name, f"uid-{name}", created, has_job, live, "Pending")
+
+
+def test_output_holder_prefers_a_run_with_a_job_then_the_older() -> None:
+    key = ("ns", "megdet-output", "shared")
+    me = run("m", runName="shared")
+    me["metadata"]["creationTimestamp"] = "2026-01-02T00:00:00Z"
+    assert output_holder({}, me) is None
+    assert output_holder(None, me) is None
+    older = claim("z", created="2026-01-01T00:00:00Z")
+    newer = claim("a", created="2026-01-03T00:00:00Z")
+    with_job = claim("y", has_job=True, created="2026-01-05T00:00:00Z")
+    assert output_holder({key: [newer]}, me) is None
+    assert output_holder({key: [newer, older]}, me) == older
+    assert output_holder({key: [newer, older, with_job]}, me) == with_job
+    assert output_holder({key: [claim("z", live=False, created="2020")]}, me) is None
+    assert output_holder({key: [claim("m", has_job=True)]}, me) is None  # itself
+
+
+def test_an_index_entry_says_whether_the_run_holds_its_folder() -> None:
+    def entry(status: dict[str, Any], **meta: Any) -> OutputClaim:
+        body = run("a")
+        body["metadata"].update(meta)
+        body["status"] = status
+        (value,) = output_claim(body).values()
+        return value
+
+    created = {"type": "Created", "status": "True"}
+    assert entry({}).live and not entry({}).has_job
+    assert entry({"phase": "Running", "conditions": [created]}).has_job
+    assert not entry({"phase": "Succeeded"}).live
+    assert not entry({"phase": "Failed"}).live
+    assert not entry({"phase": "Invalid"}).live
+    assert entry({"phase": "Invalid", "conditions": [created]}).live
+    assert not entry({}, deletionTimestamp="2026-01-01T00:00:00Z").live
