@@ -1,0 +1,205 @@
+"""The real control plane for the e2e tests (megdet.cluster, the same code as `make cluster`),
+the users' own commands (the Helm CLI and kubectl built from upstream) and the controller run
+on the host under the operator chart's ServiceAccount."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megdet.cluster.control_plane import Cluster, free_port
+from megdet.cluster.pki import kubeconfig
+
+ROOT = Path(__file__).resolve().parents[2]
+E2E_ROOT = ROOT / "output" / "e2e"
+#: Where the component logs stay after the suite (printed with every failure).
+LOGS = E2E_ROOT / "logs"
+OPERATOR_RELEASE = "megdet-operator"
+OPERATOR_NAMESPACE = "megdet-system"
+#: The user the controller runs as: the operator chart's ServiceAccount.
+CONTROLLER_USER = f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_RELEASE}"
+
+
+def eventually(
+    check: Callable[[], Any], timeout: float = 60, interval: float = 0.5, message: str = "condition"
+) -> Any:
+    """Poll ``check`` until it returns something truthy; its last value on success."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as err:
+            last = err
+        else:
+            if last:
+                return last
+        time.sleep(interval)
+    raise AssertionError(f"{message} not reached in {timeout:.0f} s (last: {last!r})")
+
+
+def helm(
+    kube: Cluster, *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [Cluster.binary("helm"), *args],
+        env=kube.env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def get_json(kube: Cluster, *args: str) -> dict[str, Any]:
+    return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
+
+
+def get_or_none(kube: Cluster, *args: str) -> dict[str, Any] | None:
+    proc = kube.kubectl("get", *args, "-o", "json", check=False)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def token_kubeconfig(kube: Cluster, namespace: str, service_account: str, path: Path) -> Path:
+    """A kubeconfig that logs in with a ServiceAccount token (TokenRequest, as a pod gets)."""
+    token = kube.kubectl(
+        "create", "token", service_account, "-n", namespace, "--duration=3h"
+    ).stdout.strip()
+    path.write_text(
+        kubeconfig(kube.server, kube.pki / "ca.crt", f"{namespace}:{service_account}", token=token)
+    )
+    path.chmod(0o600)
+    return path
+
+
+class ControllerProcess:
+    """`megdet controller` on the host with the args of the chart's Deployment, logged in as
+    the chart's ServiceAccount, so the API server enforces the chart's RBAC on every call."""
+
+    def __init__(self, kube: Cluster, workdir: Path) -> None:
+        self.kube = kube
+        self.workdir = workdir
+        self.log = kube.logs / "megdet-controller.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.metrics_port = 0
+        self.health_port = 0
+
+    def deployment_args(self) -> list[str]:
+        deploy = get_json(self.kube, "deployment", "-n", OPERATOR_NAMESPACE, OPERATOR_RELEASE)
+        (container,) = deploy["spec"]["template"]["spec"]["containers"]
+        return list(container.get("args") or [])
+
+    def start(self) -> None:
+        self.metrics_port, self.health_port = free_port(), free_port()
+        args = [
+            a
+            for a in self.deployment_args()
+            if not a.startswith(("--metrics-port=", "--health-port="))
+        ]
+        config = token_kubeconfig(
+            self.kube, OPERATOR_NAMESPACE, OPERATOR_RELEASE, self.workdir / "controller.kubeconfig"
+        )
+        env = {**os.environ, "KUBECONFIG": str(config), "POD_ID": "e2e-host"}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "megdet",
+                    *args,
+                    f"--metrics-port={self.metrics_port}",
+                    f"--health-port={self.health_port}",
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        import urllib.request
+
+        def healthy() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"controller exited {self.proc.returncode}; log {self.log}")
+            url = f"http://127.0.0.1:{self.health_port}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+
+        eventually(healthy, timeout=60, message="controller /healthz")
+
+    def stop(self) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(10)
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.read().decode()
+
+
+def mdr(name: str, namespace: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def apply_objects(
+    kube: Cluster, *objects: dict[str, Any], check: bool = True, extra: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess[str]:
+    return kube.kubectl(
+        "apply", *extra, "-f", "-", input=yaml.safe_dump_all(list(objects)), check=check
+    )
+
+
+def namespace(kube: Cluster, name: str, labels: dict[str, str] | None = None) -> str:
+    obj = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": labels or {}},
+    }
+    apply_objects(kube, obj)
+    eventually(
+        lambda: kube.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode
+        == 0,
+        message=f"default ServiceAccount in {name}",
+    )
+    return name
+
+
+def pods_of(kube: Cluster, ns: str, selector: str) -> list[dict[str, Any]]:
+    return get_json(kube, "pods", "-n", ns, "-l", selector)["items"]
+
+
+def iter_docs(text: str) -> Iterator[dict[str, Any]]:
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            yield doc

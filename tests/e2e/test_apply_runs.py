@@ -1,0 +1,208 @@
+"""`kubectl apply` of MegDetRuns against the real API server: the CRD's defaults are applied,
+invalid specs are refused by the server's own schema and CEL with the messages the docs
+promise, immutable fields cannot change, and `megdet validate` agrees with the server."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e_helpers import ROOT, apply_objects, get_json, mdr, namespace
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megdet.controller.validation import validate_run
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+VALUES = yaml.safe_load((ROOT / "charts/megdet/values.yaml").read_text())
+NS = "apply-e2e"
+
+
+@pytest.fixture(scope="module")
+def ns(kube, operator_chart):
+    return namespace(kube, NS)
+
+
+def server_verdict(kube, obj: dict) -> tuple[bool, str]:
+    """Server-side dry run: the API server's schema, defaults and CEL, nothing stored."""
+    proc = kube.kubectl(
+        "create", "--dry-run=server", "-f", "-", "-o", "json", input=json.dumps(obj), check=False
+    )
+    return proc.returncode == 0, proc.stderr if proc.returncode else proc.stdout
+
+
+def test_examples_apply_with_the_crd_defaults(kube, ns) -> None:
+    for path in EXAMPLES:
+        kube.kubectl("apply", "-n", ns, "--dry-run=server", "-f", str(path))
+    kube.kubectl("apply", "-n", ns, "-f", str(ROOT / "examples/megdetrun-8gpu.yaml"))
+    run = get_json(kube, "mdr", "-n", ns, "r50-fpn-8gpu")
+    spec = run["spec"]
+    # Fields the example leaves out come back with values.yaml's defaults, nested ones too.
+    assert spec["gpusPerNode"] == VALUES["gpusPerNode"]
+    assert spec["baseLr"] == VALUES["baseLr"]
+    assert spec["syncBN"] == VALUES["syncBN"]
+    assert spec["image"]["repository"] == VALUES["image"]["repository"]
+    assert spec["nccl"]["ib"]["enabled"] == VALUES["nccl"]["ib"]["enabled"]
+    assert spec["resources"]["qos"] == VALUES["resources"]["qos"]
+    assert spec["dataset"]["claimName"] == "coco"  # what the example set stays
+    kube.kubectl("delete", "mdr", "-n", ns, "r50-fpn-8gpu", "--wait=false")
+
+
+# (spec change, name, the message the server must give)
+REFUSED = [
+    ({"gpus": 12}, "r", "gpus above gpusPerNode must be a multiple of gpusPerNode"),
+    ({"steps": [30000, 20000]}, "r", "steps must be strictly increasing"),
+    ({"warmupIters": 90000}, "r", "warmupIters must be below maxIter"),
+    ({"syncBN": "partial"}, "r", 'spec.syncBN: Unsupported value: "partial"'),
+    ({"gpus": 0}, "r", "spec.gpus: Invalid value: 0"),
+    ({"extraOverrides": {"SOLVER.BASE_LR": 1}}, "r", "SOLVER.BASE_LR is set by the value baseLr"),
+    ({"extraOverrides": {"test.period": 1}}, "r", "keys must be detectron2 config keys"),
+    (
+        {"nccl": {"ib": {"enabled": True, "rdmaResourceName": ""}}},
+        "r",
+        "nccl.ib.enabled needs nccl.ib.rdmaResourceName",
+    ),
+    ({"kueue": {"queueName": "q"}, "runPolicy": {"suspend": True}}, "r", "Kueue owns suspend"),
+    ({}, "1run", "metadata.name must start with a letter"),
+    ({}, "x" * 51, "metadata.name must be at most 50 characters"),
+    ({"bogus": 1}, "r", 'unknown field "spec.bogus"'),
+]
+
+
+@pytest.mark.parametrize(("change", "name", "message"), REFUSED)
+def test_invalid_specs_are_refused_by_the_server(kube, ns, change, name, message) -> None:
+    spec = {"gpus": 8, "dataset": {"claimName": "coco"}, "output": {"claimName": "out"}}
+    spec.update(change)
+    proc = kube.kubectl(
+        "apply", "-n", ns, "-f", "-", input=yaml.safe_dump(mdr(name, ns, spec)), check=False
+    )
+    assert proc.returncode != 0, proc.stdout
+    assert message in proc.stderr, proc.stderr
+
+
+def test_immutable_fields_cannot_be_patched(kube, ns) -> None:
+    spec = {"gpus": 8, "dataset": {"claimName": "coco"}, "output": {"claimName": "out"}}
+    apply_objects(kube, mdr("frozen", ns, spec))
+    try:
+        for patch, message in (
+            ({"gpus": 16}, "gpus is immutable"),
+            ({"syncBN": "none"}, "syncBN is immutable"),
+            ({"output": {"claimName": "elsewhere"}}, "output is immutable"),
+        ):
+            proc = kube.kubectl(
+                "patch",
+                "mdr",
+                "frozen",
+                "-n",
+                ns,
+                "--type=merge",
+                "-p",
+                json.dumps({"spec": patch}),
+                check=False,
+            )
+            assert proc.returncode != 0 and message in proc.stderr, (patch, proc.stderr)
+        # What stays changeable does change.
+        kube.kubectl(
+            "patch",
+            "mdr",
+            "frozen",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": {"runPolicy": {"suspend": True}}}),
+        )
+        assert get_json(kube, "mdr", "frozen", "-n", ns)["spec"]["runPolicy"]["suspend"] is True
+    finally:
+        kube.kubectl("delete", "mdr", "frozen", "-n", ns, "--wait=false")
+
+
+# -- megdet validate and the server agree ---------------------------------------------------------
+
+specs = st.fixed_dictionaries(
+    {"dataset": st.just({"claimName": "coco"}), "output": st.just({"claimName": "out"})},
+    optional={
+        "gpus": st.sampled_from([0, 1, 4, 8, 12, 16, 64, 128, 4096]),
+        "gpusPerNode": st.sampled_from([1, 4, 8]),
+        "imagesPerGpu": st.integers(1, 4),
+        "accumulationSteps": st.integers(1, 4),
+        "maxIter": st.sampled_from([1, 10, 1000, 90000]),
+        "steps": st.lists(st.sampled_from([0, 5, 500, 60000, 80000]), max_size=3),
+        "warmupIters": st.sampled_from([0, 5, 1000]),
+        "syncBN": st.sampled_from(["backbone", "all", "none", "partial"]),
+        "schedule": st.sampled_from(["step", "three-stage", "cosine"]),
+        "scaling": st.sampled_from(["linear", "sqrt", "none"]),
+        "baseLr": st.sampled_from([0.02, 0.0, -1.0, 0.5]),
+        "target": st.sampled_from(["pytorchjob", "trainjob"]),
+        "nccl": st.fixed_dictionaries(
+            {},
+            optional={
+                "ib": st.fixed_dictionaries(
+                    {"enabled": st.booleans()},
+                    optional={"rdmaResourceName": st.sampled_from(["", "rdma/ib"])},
+                )
+            },
+        ),
+        "gang": st.fixed_dictionaries(
+            {},
+            optional={
+                "enabled": st.booleans(),
+                "schedulerName": st.sampled_from(["volcano", "scheduler-plugins-scheduler"]),
+                "queue": st.sampled_from(["", "training"]),
+                "scheduleTimeoutSeconds": st.one_of(st.none(), st.just(600)),
+            },
+        ),
+        "kueue": st.fixed_dictionaries({}, optional={"queueName": st.sampled_from(["", "q"])}),
+        "runPolicy": st.fixed_dictionaries({}, optional={"suspend": st.booleans()}),
+        "resources": st.fixed_dictionaries(
+            {},
+            optional={
+                "qos": st.sampled_from(["Guaranteed", "Burstable"]),
+                "cpu": st.sampled_from(["32", "1.5", "500m"]),
+                "memoryLimit": st.sampled_from(["", "300Gi"]),
+            },
+        ),
+        "extraOverrides": st.dictionaries(
+            st.sampled_from(["TEST.EVAL_PERIOD", "SOLVER.BASE_LR", "lower.case", "SEED"]),
+            st.one_of(st.integers(0, 10), st.sampled_from(["0.05", "True", "x"])),
+            max_size=2,
+        ),
+    },
+)
+#: The server's verdicts seen by the agreement test (accepted: True).
+VERDICTS: list[bool] = []
+names = st.sampled_from(["r", "run-a", "9lives", "a.b", "x" * 40, "x" * 50, "x" * 51])
+
+
+@settings(
+    max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck)
+)
+@given(spec=specs, name=names)
+def test_megdet_validate_agrees_with_the_server(kube, ns, spec, name) -> None:
+    obj = mdr(name, ns, copy.deepcopy(spec))
+    accepted, detail = server_verdict(kube, obj)
+    problems = validate_run(spec, name=name)
+    VERDICTS.append(accepted)
+    assert accepted == (not problems), (spec, name, detail, problems)
+
+
+def test_the_agreement_covered_both_verdicts() -> None:
+    """The comparison above saw many accepted and many refused specs (runs after it)."""
+    assert VERDICTS.count(True) >= 30 and VERDICTS.count(False) >= 30, (
+        VERDICTS.count(True),
+        VERDICTS.count(False),
+    )
+
+
+def test_the_crd_file_is_what_the_server_serves(kube, operator_chart) -> None:
+    served = get_json(kube, "crd", "megdetruns.megdet.io")
+    committed = yaml.safe_load(
+        Path(ROOT / "charts/megdet-operator/crds/megdetruns.megdet.io.yaml").read_text()
+    )
+    assert served["spec"]["names"] == {
+        **committed["spec"]["names"],
+        **{"listKind": "MegDetRunList"},
+    }

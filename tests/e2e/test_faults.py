@@ -1,0 +1,166 @@
+"""Faults the cluster makes, on the real control plane: kwok fails a worker container, a
+finished run's job is deleted (as ttlSecondsAfterFinished does) while the controller restarts,
+and a deleted run's objects are removed by Kubernetes' garbage collector.
+
+Faults of the API itself (500s, timeouts, a controller killed mid-reconcile) stay in
+tests/controller on kmock, where they can be injected (docs/architecture.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from e2e_helpers import apply_objects, eventually, get_json, get_or_none, mdr, namespace, pods_of
+from test_pytorchjob import volumes
+
+NS = "faults-e2e"
+FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
+
+
+@pytest.fixture(scope="module")
+def ns(kube, controller):
+    name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
+    apply_objects(kube, *volumes(name))
+    return name
+
+
+def status(kube, ns: str, name: str) -> dict:
+    return ((get_or_none(kube, "mdr", name, "-n", ns) or {}).get("status")) or {}
+
+
+def condition(kube, ns: str, name: str, kind: str) -> dict | None:
+    return next(
+        (c for c in status(kube, ns, name).get("conditions", []) if c["type"] == kind), None
+    )
+
+
+def start_run(kube, ns: str, name: str, **spec) -> list[dict]:
+    apply_objects(kube, mdr(name, ns, {
+        "gpus": 16, "dataset": {"claimName": "coco"},
+        "output": {"claimName": "megdet-output"}, "runName": name, **spec,
+    }))  # fmt: skip
+    eventually(
+        lambda: status(kube, ns, name).get("phase") == "Running",
+        timeout=90,
+        message=f"{name} Running",
+    )
+    return pods_of(kube, ns, f"training.kubeflow.org/job-name={name}")
+
+
+def fail_container(kube, ns: str, pod: str, exit_code: int) -> None:
+    """kwok's pod chaos stage: the running container terminates with ``exit_code``."""
+    kube.kubectl(
+        "annotate",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "--overwrite",
+        f"{FAIL_LABEL}/exit-code={exit_code}",
+        f"{FAIL_LABEL}/reason=Error",
+    )
+    kube.kubectl("label", "pod", pod, "-n", ns, "--overwrite", f"{FAIL_LABEL}=true")
+
+
+def job_events(kube, ns: str, job: str) -> list[dict]:
+    events = json.loads(kube.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    return [e for e in events if e["involvedObject"]["name"] == job]
+
+
+def test_a_worker_killed_with_137_is_restarted_by_the_operator(kube, ns) -> None:
+    """restartPolicy OnFailure (the default): the operator deletes the failed pod and makes a
+    new one (common/pod.go: PodFailed with OnFailure, or ExitCode and a retryable code, is
+    restarted); the job, and so the run, stay Running."""
+    pods = start_run(kube, ns, "kill-137")
+    worker = next(p for p in pods if p["metadata"]["name"].endswith("-worker-0"))
+    fail_container(kube, ns, worker["metadata"]["name"], 137)
+    eventually(
+        lambda: [
+            e
+            for e in job_events(kube, ns, "kill-137")
+            if e["reason"] == "ExitedWithCode" and "137" in e["message"]
+        ],
+        timeout=60,
+        message="the operator's ExitedWithCode event",
+    )
+    replaced = eventually(
+        lambda: (p := get_or_none(kube, "pod", worker["metadata"]["name"], "-n", ns))
+        and p["metadata"]["uid"] != worker["metadata"]["uid"]
+        and p,
+        timeout=60,
+        message="a new worker pod",
+    )
+    assert replaced["spec"]["nodeName"]
+    assert any(e["reason"] == "PyTorchJobRestarting" for e in job_events(kube, ns, "kill-137"))
+    assert status(kube, ns, "kill-137")["phase"] == "Running"
+
+
+def test_a_non_retryable_exit_fails_the_run_under_exit_code_policy(kube, ns) -> None:
+    pods = start_run(kube, ns, "exit-1", restartPolicy="ExitCode")
+    worker = next(p for p in pods if p["metadata"]["name"].endswith("-worker-0"))
+    fail_container(kube, ns, worker["metadata"]["name"], 1)
+    eventually(
+        lambda: status(kube, ns, "exit-1").get("phase") == "Failed",
+        timeout=60,
+        message="run Failed",
+    )
+    failed = condition(kube, ns, "exit-1", "Failed")
+    assert failed and "Worker" in failed["message"], failed  # the operator's own words
+
+
+def test_a_finished_runs_deleted_job_is_not_launched_again(kube, ns, controller) -> None:
+    """What ttlSecondsAfterFinished does, plus a controller restart (a failover): the run
+    keeps its result, says the job is gone, and no job is made again."""
+    eventually(
+        lambda: status(kube, ns, "exit-1").get("phase") == "Failed",
+        timeout=90,
+        message="exit-1 Failed (previous test)",
+    )
+    kube.kubectl("delete", "pytorchjob", "exit-1", "-n", ns, "--wait=true")
+    controller.restart()
+    gone = eventually(
+        lambda: (c := condition(kube, ns, "exit-1", "JobPresent")) and c["status"] == "False" and c,
+        timeout=60,
+        message="JobPresent=False on the run",
+    )
+    assert gone["reason"] == "JobDeleted"
+    # The restarted controller has seen the run (above); give it a resync's worth of time.
+    controller_seen = status(kube, ns, "exit-1")
+    assert controller_seen["phase"] == "Failed"
+    assert get_or_none(kube, "pytorchjob", "exit-1", "-n", ns) is None
+
+
+def test_deleting_a_run_leaves_nothing_even_without_the_controller(kube, ns, controller) -> None:
+    """The job and everything the operator made for it go by garbage collection (owner
+    references), not only by the controller's finalizer: with the controller stopped and the
+    finalizer removed by hand, `kubectl delete mdr` still leaves nothing."""
+    start_run(kube, ns, "gc")
+    controller.stop()
+    try:
+        run = get_json(kube, "mdr", "gc", "-n", ns)
+        if run["metadata"].get("finalizers"):
+            kube.kubectl(
+                "patch",
+                "mdr",
+                "gc",
+                "-n",
+                ns,
+                "--type=merge",
+                "-p",
+                json.dumps({"metadata": {"finalizers": None}}),
+            )
+        kube.kubectl("delete", "mdr", "gc", "-n", ns, "--wait=true")
+        eventually(
+            lambda: get_or_none(kube, "pytorchjob", "gc", "-n", ns) is None,
+            timeout=60,
+            message="the PyTorchJob collected",
+        )
+        eventually(
+            lambda: not pods_of(kube, ns, "training.kubeflow.org/job-name=gc"),
+            timeout=60,
+            message="its pods collected",
+        )
+        services = get_json(kube, "services", "-n", ns)["items"]
+        assert not [s for s in services if s["metadata"]["name"].startswith("gc-")]
+    finally:
+        controller.start()
