@@ -7,8 +7,8 @@ machine compiles anything; nothing built or downloaded is committed.
 
 Two ways to build, chosen per module:
 
-* Modules without ``replace`` directives (kwok, Helm, the Kubeflow operators, JobSet, Kueue)
-  build with ``go install pkg@version``, which uses exactly the module's own go.mod.
+* Modules without ``replace`` directives (kwok, Helm, the Kubeflow operators, Kueue) build
+  with ``go install pkg@version``, which uses exactly the module's own go.mod.
 * ``k8s.io/kubernetes`` and etcd's server module require their sibling modules at placeholder
   versions with ``replace => ./staging/...`` (or ``../api``), so ``go install pkg@version``
   refuses them. For those we write a small wrapper go.mod in the cache that requires the module
@@ -150,7 +150,9 @@ COMPONENTS: dict[str, Component] = {
                 )
             },
         ),
-        Component("jobset", "sigs.k8s.io/jobset", {"jobset": "sigs.k8s.io/jobset"}),
+        # The proxy refuses JobSet's version list (403), which `go install pkg@v` reads for
+        # deprecations; a wrapper module names the version and never asks for the list.
+        Component("jobset", "sigs.k8s.io/jobset", {"jobset": "sigs.k8s.io/jobset"}, wrapper=True),
         Component("kueue", "sigs.k8s.io/kueue", {"kueue": "sigs.k8s.io/kueue/cmd/kueue"}),
     )
 }
@@ -171,9 +173,10 @@ def go_env() -> dict[str, str]:
 
 
 def find_go() -> str:
-    go = shutil.which("go") or (
-        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
-    )
+    """The ``go`` on PATH (or in $GOROOT/bin)."""
+    go = shutil.which("go")
+    if go is None and os.environ.get("GOROOT"):
+        go = shutil.which("go", path=str(Path(os.environ["GOROOT"]) / "bin"))
     if go is None:
         raise BuildError(
             "no Go toolchain found: the control plane is built from upstream Go modules. Install "
