@@ -61,9 +61,10 @@ cluster: setup
 cluster-down: setup
 	$(BIN)/python -m megdet.cluster down
 
-# Only build the control plane's binaries (all of them: also Trainer v2, JobSet, Kueue).
+# Only build the control plane's binaries (all of them: also Trainer v2, JobSet, Kueue and the
+# older kube-apiserver the CRD is installed on too).
 cluster-build: setup
-	$(BIN)/python -m megdet.cluster.build kubernetes etcd kwok helm training_operator trainer jobset kueue
+	$(BIN)/python -m megdet.cluster.build --all
 
 lint: setup
 	$(BIN)/ruff check .

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from operator_chart_helpers import CHART_DIR, CI_VALUES, NAMESPACE, render, values_file
 
-K8S_VERSIONS = ("1.27.0", "1.34.0")  # Chart.yaml: kubeVersion >=1.27
+K8S_VERSIONS = ("1.28.0", "1.34.0")  # Chart.yaml: kubeVersion >=1.28
 CUSTOM_GROUPS = ("kopf.dev/", "monitoring.coreos.com/", "megdet.io/")
 CASES = {
     "defaults": {},
@@ -84,3 +84,16 @@ def test_values_schema_describes_every_value_and_refuses_unknown_keys() -> None:
     assert missing == []
     values = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
     assert set(values) <= set(schema["properties"])
+
+
+def test_the_megdetrun_crd_needs_1_28() -> None:
+    """The chart's floor is the CRD's: its CEL rules carry `reason` and `fieldPath`, which
+    apiextensions.k8s.io/v1 has from 1.28. The real 1.36 server accepts the CRD
+    (tests/e2e/test_operator_install.py); kubernetes-validate checks the older schemas."""
+    crd = yaml.safe_load((CHART_DIR / "crds" / "megdetruns.megdet.io.yaml").read_text())
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.28.0-0"
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(crd, version, strict=True)
+    with pytest.raises(kubernetes_validate.ValidationError, match="x-kubernetes-validations"):
+        kubernetes_validate.validate(crd, "1.27.0", strict=True)
