@@ -117,6 +117,15 @@ COMPONENTS: dict[str, Component] = {
             stamp=_kube_stamp,
             siblings=_kube_siblings,
         ),
+        # An older API server, only to check that the CRD installs on the oldest served minor.
+        Component(
+            "kubernetes_previous",
+            "k8s.io/kubernetes",
+            {"kube-apiserver-previous": "k8s.io/kubernetes/cmd/kube-apiserver"},
+            wrapper=True,
+            stamp=_kube_stamp,
+            siblings=_kube_siblings,
+        ),
         Component(
             "etcd",
             "go.etcd.io/etcd/server/v3",
@@ -197,6 +206,40 @@ def binary_path(binary: str) -> Path:
         if binary in comp.binaries:
             return component_dir(comp.name, versions[comp.name]) / binary
     raise KeyError(binary)
+
+
+def gomodcache() -> Path:
+    """Go's module cache (where upstream sources, manifests and kwok's stages lie)."""
+    try:
+        out = subprocess.run(
+            [find_go(), "env", "GOMODCACHE"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        return Path(out)
+    except BuildError:  # binaries built earlier, no `go` on PATH now: Go's default location
+        if os.environ.get("GOMODCACHE"):
+            return Path(os.environ["GOMODCACHE"])
+        gopath = os.environ.get("GOPATH", "").split(os.pathsep)[0] or str(Path.home() / "go")
+        return Path(gopath) / "pkg" / "mod"
+
+
+def module_source(name: str) -> Path:
+    """The pinned module's source tree in Go's module cache, downloaded if missing."""
+    comp, version = COMPONENTS[name], pins()[name]
+    path = gomodcache() / f"{comp.module}@{version}"
+    if not path.is_dir():
+        subprocess.run(
+            [find_go(), "mod", "download", f"{comp.module}@{version}"],
+            env=go_env(),
+            capture_output=True,
+            check=True,
+            cwd=cache_dir().parent,
+        )
+    return path
+
+
+def component_of(binary: str) -> str:
+    """The component that builds ``binary``."""
+    return next(c.name for c in COMPONENTS.values() if binary in c.binaries)
 
 
 def is_built(name: str) -> bool:
@@ -330,7 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{' '.join(c for c in COMPONENTS if c not in CORE)})",
     )
     parser.add_argument("-j", "--jobs", type=int, default=None, help="go build -p")
+    parser.add_argument("--all", action="store_true", help="every pinned component")
     args = parser.parse_args(argv)
+    if args.all:
+        args.components = list(COMPONENTS)
     unknown = [c for c in args.components if c not in COMPONENTS]
     if unknown:
         parser.error(f"unknown component(s) {', '.join(unknown)}; allowed: {', '.join(COMPONENTS)}")

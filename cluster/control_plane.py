@@ -40,9 +40,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography import x509
 
 from megdet.cluster import build
-from megdet.cluster.pki import CertificateAuthority, kubeconfig, service_account_keys
+from megdet.cluster.pki import CertificateAuthority, dns_names, kubeconfig, service_account_keys
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STATE = ROOT / ".cluster"
@@ -58,6 +59,15 @@ PORT_OFFSETS = {
     "training-operator-webhook": 6,
     "training-operator-metrics": 7,
     "training-operator-probe": 8,
+    "jobset-webhook": 9,
+    "jobset-metrics": 10,
+    "jobset-probe": 11,
+    "trainer-webhook": 12,
+    "trainer-metrics": 13,
+    "trainer-probe": 14,
+    "kueue-webhook": 15,
+    "kueue-metrics": 16,
+    "kueue-probe": 17,
 }
 DEFAULT_PORT_BASE = 26440
 
@@ -69,6 +79,9 @@ COMPONENTS = (
     "kube-scheduler",
     "kwok",
     "training-operator",
+    "jobset",
+    "trainer",
+    "kueue",
 )
 
 #: The extended resource the fake nodes advertise for InfiniBand (the 16-GPU IB example's).
@@ -82,9 +95,22 @@ OPERATOR_SECRET = "training-operator-webhook-cert"
 OPERATOR_WEBHOOK_CONFIG = "validator.training-operator.kubeflow.org"
 SERVICE_CIDR = "10.96.0.0/16"
 #: The CA names the operators' certificate rotators verify a given CA against (their CAName).
-WEBHOOK_CA_NAMES = ("megdet-webhook-ca", "training-operator-ca")
-#: The in-cluster names the rotators verify the serving certificate against (<svc>.<ns>.svc).
-WEBHOOK_SERVICE_NAMES = (f"training-operator.{OPERATOR_NAMESPACE}.svc",)
+#: JobSet's, Trainer v2's and Kueue's are the caName constants of their pkg/util/cert/cert.go.
+WEBHOOK_CA_NAMES = (
+    "megdet-webhook-ca",
+    "training-operator-ca",
+    "jobset-ca",
+    "kubeflow-trainer-ca",
+    "kueue-ca",
+)
+#: The in-cluster names the rotators verify the serving certificate against (<svc>.<ns>.svc);
+#: JobSet's, Trainer's and Kueue's from their default Service names and namespaces (below).
+WEBHOOK_SERVICE_NAMES = (
+    f"training-operator.{OPERATOR_NAMESPACE}.svc",
+    "jobset-webhook-service.jobset-system.svc",
+    "kubeflow-trainer-controller-manager.kubeflow-system.svc",
+    "kueue-webhook-service.kueue-system.svc",
+)
 #: The restricted-profile init container template the operator chart ships for platforms.
 PYTORCH_INIT_CONTAINER = (
     ROOT / "charts/megdet-operator/files/pytorch-init-container-restricted.yaml"
@@ -146,6 +172,10 @@ class Cluster:
     ports_mode: str = "fixed"
     nodes: int = 4
     training_operator: bool = True
+    #: Only etcd and the API server (no controllers, nodes or operators): the older-server check.
+    api_only: bool = False
+    #: Which built kube-apiserver to run (build.COMPONENTS names the binaries).
+    apiserver: str = "kube-apiserver"
     echo: Callable[[str], None] = print
 
     # --- paths -------------------------------------------------------------------------------
@@ -259,6 +289,8 @@ class Cluster:
             )
         ports = self._choose_ports()  # before a long first build: a taken port fails at once
         needed = [c for c in build.CORE if self.training_operator or c != "training_operator"]
+        if self.api_only:
+            needed = ["etcd", build.component_of(self.apiserver), "kubernetes"]
         missing = [c for c in needed if not build.is_built(c)]
         if missing:
             self.echo(
@@ -281,6 +313,9 @@ class Cluster:
             self._make_pki(ports)
             self._start_etcd(state)
             self._start_apiserver(state, timeout)
+            if self.api_only:
+                self.echo(f"API server up: {self.server}")
+                return
             self._start_controllers(state)
             self._start_kwok(state)
             self._create_nodes(timeout)
@@ -500,7 +535,7 @@ class Cluster:
             state,
             "kube-apiserver",
             [
-                self.binary("kube-apiserver"),
+                self.binary(self.apiserver),
                 f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
                 "--bind-address=127.0.0.1",
                 "--advertise-address=127.0.0.1",
@@ -635,10 +670,7 @@ class Cluster:
 
     def _stages(self) -> Path:
         """kwok's upstream stage files, read from its module in Go's module cache."""
-        modcache = subprocess.run(
-            [build.find_go(), "env", "GOMODCACHE"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        source = Path(modcache) / f"sigs.k8s.io/kwok@{build.pins()['kwok']}/kustomize/stage"
+        source = build.module_source("kwok") / "kustomize/stage"
         if not source.is_dir():
             raise ClusterError(
                 f"kwok's stages are missing from the module cache ({source}); "
@@ -740,20 +772,7 @@ class Cluster:
     # --- the Kubeflow training operator -------------------------------------------------------
     def module_dir(self, pin: str) -> Path:
         """An upstream module's source in Go's module cache (manifests, CRDs, stages)."""
-        comp = build.COMPONENTS[pin]
-        modcache = subprocess.run(
-            [build.find_go(), "env", "GOMODCACHE"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        path = Path(modcache) / f"{comp.module}@{build.pins()[pin]}"
-        if not path.is_dir():
-            subprocess.run(
-                [build.find_go(), "mod", "download", f"{comp.module}@{build.pins()[pin]}"],
-                env=build.go_env(),
-                capture_output=True,
-                check=True,
-                cwd=self.root,
-            )
-        return path
+        return build.module_source(pin)
 
     def wait_established(self, crd: str, timeout: float = 60) -> None:
         """Until the API server serves ``crd`` (its Established condition is True)."""
@@ -770,18 +789,28 @@ class Cluster:
         """The operators' webhook CA and serving certificate: one per machine, in the build
         cache, so that every cluster on the machine writes the same files into the folder the
         operators hard-code (see WEBHOOK_CERT_DIR)."""
+        import fcntl
+
         folder = build.cache_dir() / "webhook-pki"
-        ca = CertificateAuthority(folder, names=WEBHOOK_CA_NAMES)
-        if not (folder / "webhook.crt").exists():
-            # Valid for 127.0.0.1 (the webhook configurations use url: https://127.0.0.1:PORT)
-            # and for the Service names each operator's rotator checks the certificate against.
-            ca.issue(
-                "webhook",
-                "megdet-webhooks",
-                server=True,
-                ips=["127.0.0.1"],
-                dns=["localhost", *WEBHOOK_SERVICE_NAMES],
-            )
+        folder.mkdir(parents=True, exist_ok=True)
+        dns = ["localhost", *WEBHOOK_SERVICE_NAMES]
+        # Clusters on the machine may start at the same time: one issues, the others wait.
+        with open(folder / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            ca = CertificateAuthority(folder, names=WEBHOOK_CA_NAMES)
+            # A cache from before an operator was added lacks its CAName: re-sign the CA with
+            # the same key (so caBundles of clusters already running stay valid) ...
+            renewed = ca.add_names(WEBHOOK_CA_NAMES)
+            crt = folder / "webhook.crt"
+            if (
+                renewed
+                or not crt.exists()
+                or not set(dns) <= set(dns_names(x509.load_pem_x509_certificate(crt.read_bytes())))
+            ):
+                # ... and issue a serving certificate valid for 127.0.0.1 (the webhook
+                # configurations use url: https://127.0.0.1:PORT) and for the Service names
+                # each operator's rotator checks the certificate against.
+                ca.issue("webhook", "megdet-webhooks", server=True, ips=["127.0.0.1"], dns=dns)
         return folder
 
     def mount_webhook_certs(self) -> None:

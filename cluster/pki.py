@@ -45,6 +45,41 @@ def _name(cn: str, orgs: Sequence[str] = ()) -> x509.Name:
     return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
+def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str]):
+    """A self-signed CA certificate for ``key``; ``names`` are its DNS SANs (cert-controller
+    checks a CA it is given against its CAName as a DNS name)."""
+    now = datetime.datetime.now(datetime.UTC)
+    return (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
+            critical=False,
+        )
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+
+
 class CertificateAuthority:
     """A CA on disk (``ca.crt``/``ca.key`` in ``folder``) that issues leaf certificates there."""
 
@@ -57,41 +92,25 @@ class CertificateAuthority:
             self.key = serialization.load_pem_private_key(key.read_bytes(), password=None)
             return
         self.key = _new_key()
-        now = datetime.datetime.now(datetime.UTC)
-        name = _name("megdet-cluster-ca")
-        self.cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self.key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            # cert-controller checks a CA it is given against its CAName as a DNS name.
-            .add_extension(
-                x509.SubjectAlternativeName([x509.DNSName(n) for n in names or ["megdet-ca"]]),
-                critical=False,
-            )
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    content_commitment=False,
-                    key_encipherment=True,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .sign(self.key, hashes.SHA256())
-        )
+        self.cert = _ca_certificate(self.key, _name("megdet-cluster-ca"), names or ["megdet-ca"])
         key.write_bytes(_key_pem(self.key))
         key.chmod(0o600)
         crt.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+
+    def add_names(self, names: Sequence[str]) -> bool:
+        """Re-sign the CA certificate with ``names`` among its DNS SANs, keeping its key and
+        subject; False when it had them all. Certificates the old one signed still verify
+        against the new one and the other way round (same issuer name and key, and neither
+        carries key identifiers), so caBundles already handed out stay valid."""
+        have = dns_names(self.cert)
+        if all(n in have for n in names):
+            return False
+        wanted = [*have, *(n for n in names if n not in have)]
+        self.cert = _ca_certificate(self.key, self.cert.subject, wanted)
+        tmp = self.cert_path.with_suffix(".tmp")
+        tmp.write_bytes(self.pem)
+        tmp.replace(self.cert_path)
+        return True
 
     @property
     def cert_path(self) -> Path:
@@ -154,6 +173,15 @@ class CertificateAuthority:
         key_path.chmod(0o600)
         crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return crt_path, key_path
+
+
+def dns_names(cert: x509.Certificate) -> list[str]:
+    """A certificate's DNS subject alternative names."""
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return sans.get_values_for_type(x509.DNSName)
 
 
 def service_account_keys(folder: Path) -> tuple[Path, Path]:
