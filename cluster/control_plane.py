@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -128,6 +129,40 @@ KWOK_STAGES = (
     "pod/chaos/pod-container-running-failed.yaml",
 )
 
+#: Kubeflow Trainer v2, JobSet and Kueue (Cluster(trainer_v2=True, kueue=True)). Each one's
+#: certificate rotator reads a Secret in a namespace and checks certificates against names that
+#: the operator hard-codes or defaults; webhook_pki() issues certificates that pass, and
+#: webhook_secret() hands them over. Out of a pod (no ServiceAccount namespace file) JobSet and
+#: Trainer fall back to these namespaces: jobset v0.12.0 pkg/util/cert/cert.go
+#: (defaultNamespace, caName "jobset-ca", the two configuration names) and
+#: api/config/v1alpha1/defaults.go (the Secret and Service names); trainer v2.3.0
+#: pkg/util/cert/cert.go (defaultNamespace, caName "kubeflow-trainer-ca"),
+#: cmd/trainer-controller-manager/main.go (the configuration names) and
+#: pkg/apis/config/v1alpha1/defaults.go; kueue v0.19.0 pkg/util/cert/cert.go (caName
+#: "kueue-ca", the names derived from the Service name) and apis/config/v1beta2/defaults.go.
+JOBSET_NAMESPACE = "jobset-system"
+JOBSET_SECRET = "jobset-webhook-server-cert"
+JOBSET_WEBHOOK_CONFIGS = {
+    "ValidatingWebhookConfiguration": "jobset-validating-webhook-configuration",
+    "MutatingWebhookConfiguration": "jobset-mutating-webhook-configuration",
+}
+TRAINER_NAMESPACE = "kubeflow-system"
+TRAINER_SECRET = "kubeflow-trainer-webhook-cert"
+TRAINER_WEBHOOK_CONFIGS = {
+    "ValidatingWebhookConfiguration": "validator.trainer.kubeflow.org",
+    "MutatingWebhookConfiguration": "defaulter.trainer.kubeflow.org",
+}
+KUEUE_NAMESPACE = "kueue-system"
+KUEUE_SECRET = "kueue-webhook-server-cert"
+KUEUE_WEBHOOK_CONFIGS = {
+    "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
+    "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
+}
+#: The one Kueue integration the cluster turns on: the project's target: trainjob.
+KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob",)
+#: A pod's ServiceAccount namespace file: JobSet and Trainer use it over their defaults.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
 
 class ClusterError(RuntimeError):
     """Something stopped the cluster from starting; the message names the fix."""
@@ -172,6 +207,10 @@ class Cluster:
     ports_mode: str = "fixed"
     nodes: int = 4
     training_operator: bool = True
+    #: Also JobSet and Kubeflow Trainer v2 (target: trainjob); off for `make cluster`.
+    trainer_v2: bool = False
+    #: Also Kueue with its TrainJob integration (starts JobSet and Trainer v2 too).
+    kueue: bool = False
     #: Only etcd and the API server (no controllers, nodes or operators): the older-server check.
     api_only: bool = False
     #: Which built kube-apiserver to run (build.COMPONENTS names the binaries).
@@ -289,6 +328,7 @@ class Cluster:
             )
         ports = self._choose_ports()  # before a long first build: a taken port fails at once
         needed = [c for c in build.CORE if self.training_operator or c != "training_operator"]
+        needed += self._extra_components()
         if self.api_only:
             needed = ["etcd", build.component_of(self.apiserver), "kubernetes"]
         missing = [c for c in needed if not build.is_built(c)]
@@ -321,6 +361,8 @@ class Cluster:
             self._create_nodes(timeout)
             if self.training_operator:
                 self._start_training_operator(state, timeout)
+            for name in self._extra_components():
+                self._extra_starters()[name](state, timeout)
             self._wait_default_service_account(timeout)
         except BaseException:
             self.echo(f"cluster failed to start; component logs: {self.logs}")
@@ -337,17 +379,18 @@ class Cluster:
         """
         state = self.state() or {"pids": {}}
         stopped = []
+        # One at a time, in reverse start order: the API server stops in about a second while
+        # etcd is still there, but waits out its whole grace period once etcd is gone first.
         for name in reversed(list(state["pids"])):
             pid = state["pids"][name]
-            if _alive(pid):
-                stopped.append(name)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for name in stopped:
-            pid = state["pids"][name]
+            if not _alive(pid):
+                continue
+            stopped.append(name)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 15
             while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+                time.sleep(0.05)
             if _alive(pid):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGKILL)
@@ -905,6 +948,355 @@ class Cluster:
 
         self._wait("training-operator", ready, timeout, proc)
 
+    # --- JobSet, Kubeflow Trainer v2 and Kueue -------------------------------------------------
+    def _extra_components(self) -> list[str]:
+        """The optional operators this cluster runs, in start order (build.COMPONENTS names)."""
+        names = ["jobset", "trainer"] if self.trainer_v2 or self.kueue else []
+        return names + (["kueue"] if self.kueue else [])
+
+    def _extra_starters(self) -> dict[str, Callable[[dict[str, Any], float], None]]:
+        return {
+            "jobset": self._start_jobset,
+            "trainer": self._start_trainer,
+            "kueue": self._start_kueue,
+        }
+
+    def start_trainer_v2(self, timeout: float = 180) -> list[str]:
+        """Start JobSet and Trainer v2 on this running cluster (what ``trainer_v2=True`` starts
+        in up()); returns what it started (nothing when both run already)."""
+        return self._start_extras(["jobset", "trainer"], timeout)
+
+    def start_kueue(self, timeout: float = 180) -> list[str]:
+        """Start Kueue (and JobSet and Trainer v2, whose TrainJobs it queues) on this running
+        cluster; returns what it started."""
+        return self._start_extras(["jobset", "trainer", "kueue"], timeout)
+
+    def _start_extras(self, names: Sequence[str], timeout: float) -> list[str]:
+        state = self.state()
+        if not state or not self._ready("/readyz"):
+            raise ClusterError(f"no running cluster in {self.root}: start it first")
+        todo = [n for n in names if not (n in state["pids"] and _alive(state["pids"][n]))]
+        missing = [n for n in todo if not build.is_built(n)]
+        if missing:
+            self.echo(f"building {', '.join(missing)} (first use on this machine only)")
+            build.build_all(missing, echo=self.echo)
+        for name in PORT_OFFSETS:  # a cluster started before these components existed
+            if name not in state["ports"]:
+                state["ports"][name] = free_port()
+        self._save(state)
+        for name in todo:
+            self._extra_starters()[name](state, timeout)
+        return todo
+
+    @staticmethod
+    def _pod_namespace(default: str) -> str:
+        """The namespace JobSet's and Trainer's certificate code looks in: a pod's ServiceAccount
+        namespace file if there is one, else its default (getOperatorNamespace in both)."""
+        with contextlib.suppress(OSError):
+            if namespace := SERVICE_ACCOUNT_NAMESPACE.read_text().strip():
+                return namespace
+        return default
+
+    @staticmethod
+    def json_patch(doc: Any, ops: Iterable[Mapping[str, Any]]) -> Any:
+        """RFC 6902 add/replace/remove on ``doc`` in place: the kustomize patches upstream's
+        manifests come with (the subset they use)."""
+        for op in ops:
+            parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+            *parents, last = parts
+            target = doc
+            for part in parents:
+                target = target[int(part)] if isinstance(target, list) else target[part]
+            if isinstance(target, list):
+                index = len(target) if last == "-" else int(last)
+                if op["op"] == "add":
+                    target.insert(index, op["value"])
+                elif op["op"] == "replace":
+                    target[index] = op["value"]
+                else:
+                    del target[index]
+            elif op["op"] in ("add", "replace"):
+                target[last] = op["value"]
+            else:
+                del target[last]
+        return doc
+
+    def webhook_configurations(
+        self,
+        source: Path,
+        port: int,
+        names: Mapping[str, str],
+        patches: Mapping[str, Sequence[Path]] | None = None,
+        keep: Callable[[Mapping[str, Any]], bool] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Upstream's Mutating- and ValidatingWebhookConfiguration (kubebuilder's
+        manifests.yaml), with the JSON patches its kustomization applies to each kind, named
+        as its rotator expects (``names``: kind -> name) and pointed at the operator on this
+        host with the project's CA; ``keep`` picks the hooks of what the cluster serves."""
+        import base64
+
+        ca = base64.b64encode((self.webhook_pki() / "ca.crt").read_bytes()).decode()
+        configs = []
+        for doc in yaml.safe_load_all(source.read_text()):
+            if not doc:
+                continue
+            kind = doc["kind"]
+            for patch in (patches or {}).get(kind, ()):
+                self.json_patch(doc, yaml.safe_load(patch.read_text()))
+            doc["metadata"] = {"name": names[kind]}
+            doc["webhooks"] = [h for h in doc["webhooks"] if keep is None or keep(h)]
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca}
+            configs.append(doc)
+        return configs
+
+    def install_crds(self, kustomization: Path, port: int | None = None) -> list[str]:
+        """The CRDs a kustomization lists (``resources``), with the conversion webhooks its
+        ``patches`` add (pointed at ``port`` on this host with the project's CA; other patch
+        content, cert-manager annotations, is left out); server-side applied, then waited for.
+        Returns the CRD names."""
+        import base64
+
+        folder = kustomization.parent
+        spec = yaml.safe_load(kustomization.read_text())
+        crds = [yaml.safe_load((folder / rel).read_text()) for rel in spec.get("resources", [])]
+        by_name = {crd["metadata"]["name"]: crd for crd in crds}
+        ca = base64.b64encode((self.webhook_pki() / "ca.crt").read_bytes()).decode()
+        for entry in spec.get("patches", []):
+            patch = yaml.safe_load((folder / entry["path"]).read_text())
+            conversion = (patch.get("spec") or {}).get("conversion")
+            if not conversion or port is None:
+                continue
+            client = conversion["webhook"]["clientConfig"]
+            path = client["service"].get("path", "/convert")
+            conversion["webhook"]["clientConfig"] = {
+                "url": f"https://127.0.0.1:{port}{path}",
+                "caBundle": ca,
+            }
+            by_name[patch["metadata"]["name"]]["spec"]["conversion"] = conversion
+        self.apply(crds, server_side=True)
+        for name in by_name:
+            self.wait_established(name)
+        return list(by_name)
+
+    def _operator_config(self, name: str, source: Path, overrides: Mapping[str, Any]) -> Path:
+        """Upstream's controller-manager configuration file with ``overrides`` merged in."""
+
+        def merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+            for key, value in extra.items():
+                if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+                    merge(base[key], value)
+                else:
+                    base[key] = value
+            return base
+
+        config = merge(yaml.safe_load(source.read_text()), overrides)
+        path = self.root / f"{name}-config.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def _install_webhooks(
+        self, namespace: str, secret: str, configs: Sequence[Mapping[str, Any]]
+    ) -> None:
+        """The operator's namespace, its pre-made Secret and webhook configurations, and the
+        serving certificate where its webhook server reads it."""
+        ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        self.apply([ns, self.webhook_secret(namespace, secret), *configs])
+        self.mount_webhook_certs()
+
+    def _wait_operator(
+        self,
+        name: str,
+        proc: subprocess.Popen,
+        probe_port: int,
+        webhook_port: int,
+        configs: Sequence[Mapping[str, Any]],
+        timeout: float,
+    ) -> None:
+        """Until its /readyz answers (certificates ready, webhook server started) and every
+        hook path is registered: the controllers and webhooks are set up in a goroutine after
+        the certificates, so /readyz can pass before a path answers anything but 404."""
+
+        def ready() -> bool:
+            url = f"http://127.0.0.1:{probe_port}/readyz"
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                return resp.status == 200
+
+        self._wait(name, ready, timeout, proc)
+        ctx = ssl.create_default_context(cafile=str(self.webhook_pki() / "ca.crt"))
+        urls = {h["clientConfig"]["url"] for c in configs for h in c["webhooks"]}
+        paths = sorted(urllib.parse.urlsplit(url).path for url in urls)
+
+        def served() -> bool:
+            for path in paths:
+                request = urllib.request.Request(
+                    f"https://127.0.0.1:{webhook_port}{path}",
+                    data=b"{}",
+                    headers={"Content-Type": "application/json"},
+                )
+                try:
+                    urllib.request.urlopen(request, timeout=2, context=ctx).close()
+                except urllib.error.HTTPError as err:
+                    if err.code == 404:
+                        return False
+            return True
+
+        self._wait(f"{name} webhooks", served, timeout, proc, log=name)
+
+    def _start_jobset(self, state: dict[str, Any], timeout: float) -> None:
+        """JobSet v0.12.0: its CRD, webhooks and Secret, then its manager (main.go) with
+        upstream's config file (config/components/manager) bound to 127.0.0.1."""
+        ports = state["ports"]
+        module = self.module_dir("jobset")
+        components = module / "config/components"
+        self.install_crds(components / "crd/kustomization.yaml", ports["jobset-webhook"])
+        webhook = components / "webhook"
+        configs = self.webhook_configurations(
+            webhook / "manifests.yaml",
+            ports["jobset-webhook"],
+            JOBSET_WEBHOOK_CONFIGS,
+            # The patches give the pod hooks an objectSelector (pods of a JobSet only).
+            patches={
+                "MutatingWebhookConfiguration": [webhook / "patches/mutating-patch.yaml"],
+                "ValidatingWebhookConfiguration": [webhook / "patches/validating-patch.yaml"],
+            },
+        )
+        self._install_webhooks(self._pod_namespace(JOBSET_NAMESPACE), JOBSET_SECRET, configs)
+        config = self._operator_config(
+            "jobset",
+            components / "manager/controller_manager_config.yaml",
+            {
+                "leaderElection": {"leaderElect": False},
+                "webhook": {"port": ports["jobset-webhook"], "host": "127.0.0.1"},
+                "metrics": {"bindAddress": f"127.0.0.1:{ports['jobset-metrics']}"},
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['jobset-probe']}"},
+            },
+        )
+        proc = self._spawn(
+            state,
+            "jobset",
+            [
+                self.binary("jobset"),
+                f"--config={config}",
+                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
+                "--zap-log-level=2",
+            ],
+        )
+        self._wait_operator(
+            "jobset", proc, ports["jobset-probe"], ports["jobset-webhook"], configs, timeout
+        )
+
+    def _start_trainer(self, state: dict[str, Any], timeout: float) -> None:
+        """Kubeflow Trainer v2.3.0's controller manager: its CRDs (manifests/base/crds), its
+        webhooks with upstream's kustomize patches (manifests/base/webhook), its Secret, and
+        upstream's config file (manifests/base/manager) bound to 127.0.0.1. No
+        ClusterTrainingRuntimes: the controller creates a TrainingRuntime per run. JobSet's CRD
+        must be served first (its jobset plugin only logs when it is not, then never watches)."""
+        ports = state["ports"]
+        base = self.module_dir("trainer") / "manifests/base"
+        self.install_crds(base / "crds/kustomization.yaml")
+        webhook = base / "webhook"
+        configs = self.webhook_configurations(
+            webhook / "manifests.yaml",
+            ports["trainer-webhook"],
+            TRAINER_WEBHOOK_CONFIGS,
+            patches={
+                "MutatingWebhookConfiguration": [webhook / "patch_mutating.yaml"],
+                "ValidatingWebhookConfiguration": [webhook / "patch_validating.yaml"],
+            },
+        )
+        self._install_webhooks(self._pod_namespace(TRAINER_NAMESPACE), TRAINER_SECRET, configs)
+        config = self._operator_config(
+            "trainer",
+            base / "manager/controller_manager_config.yaml",
+            {
+                "leaderElection": {"leaderElect": False},
+                "webhook": {"port": ports["trainer-webhook"], "host": "127.0.0.1"},
+                "metrics": {"bindAddress": f"127.0.0.1:{ports['trainer-metrics']}"},
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['trainer-probe']}"},
+            },
+        )
+        proc = self._spawn(
+            state,
+            "trainer",
+            [
+                self.binary("trainer-controller-manager"),
+                f"--config={config}",
+                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
+                "--zap-log-level=2",
+            ],
+        )
+        self._wait_operator(
+            "trainer", proc, ports["trainer-probe"], ports["trainer-webhook"], configs, timeout
+        )
+
+    def _start_kueue(self, state: dict[str, Any], timeout: float) -> None:
+        """Kueue v0.19.0 with only its TrainJob integration: its CRDs with their conversion
+        webhooks (config/components/crd; its rotator injects the CA into five of them and
+        fails without their clientConfig), the webhooks of its own kinds and of TrainJob,
+        its Secret and upstream's config file (config/components/manager) bound to
+        127.0.0.1, without the visibility API server (an aggregated API on :8082)."""
+        ports = state["ports"]
+        components = self.module_dir("kueue") / "config/components"
+        self.install_crds(components / "crd/kustomization.yaml", ports["kueue-webhook"])
+        namespace = KUEUE_NAMESPACE
+
+        def keep(hook: Mapping[str, Any]) -> bool:
+            groups = {g for rule in hook["rules"] for g in rule["apiGroups"]}
+            return bool(groups & {"kueue.x-k8s.io", "trainer.kubeflow.org"})
+
+        configs = self.webhook_configurations(
+            components / "webhook/manifests.yaml",
+            ports["kueue-webhook"],
+            KUEUE_WEBHOOK_CONFIGS,
+            keep=keep,
+        )
+        # Upstream's kustomization gives every job kind's hooks this namespaceSelector.
+        for config in configs:
+            for hook in config["webhooks"]:
+                if "trainer.kubeflow.org" in hook["rules"][0]["apiGroups"]:
+                    hook["namespaceSelector"] = {
+                        "matchExpressions": [
+                            {
+                                "key": "kubernetes.io/metadata.name",
+                                "operator": "NotIn",
+                                "values": ["kube-system", namespace],
+                            }
+                        ]
+                    }
+        self._install_webhooks(namespace, KUEUE_SECRET, configs)
+        config = self._operator_config(
+            "kueue",
+            components / "manager/controller_manager_config.yaml",
+            {
+                "namespace": namespace,
+                "leaderElection": {"leaderElect": False},
+                "webhook": {
+                    "port": ports["kueue-webhook"],
+                    "host": "127.0.0.1",
+                    "certDir": str(WEBHOOK_CERT_DIR),
+                },
+                "metrics": {"bindAddress": f"127.0.0.1:{ports['kueue-metrics']}"},
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['kueue-probe']}"},
+                "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
+                "featureGates": {"VisibilityOnDemand": False},
+            },
+        )
+        proc = self._spawn(
+            state,
+            "kueue",
+            [
+                self.binary("kueue"),
+                f"--config={config}",
+                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
+                "--zap-log-level=2",
+            ],
+        )
+        self._wait_operator(
+            "kueue", proc, ports["kueue-probe"], ports["kueue-webhook"], configs, timeout
+        )
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     import argparse
@@ -916,6 +1308,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build (first time) and start the cluster; no-op when up")
     up.add_argument("--nodes", type=int, default=4, help="fake 8-GPU nodes (default 4)")
+    up.add_argument(
+        "--trainer-v2",
+        action="store_true",
+        help="also JobSet and Kubeflow Trainer v2 (target: trainjob); starts them on a running "
+        "cluster too",
+    )
+    up.add_argument("--kueue", action="store_true", help="also Kueue (with JobSet and Trainer v2)")
     sub.add_parser("down", help="stop every process the cluster started and delete its state")
     sub.add_parser("status", help="say whether the cluster is up")
     for p in sub.choices.values():
@@ -925,10 +1324,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if getattr(args, "nodes", 1) < 1:
         parser.error("--nodes must be at least 1")
-    cluster = Cluster(root=args.state.resolve(), nodes=getattr(args, "nodes", 4))
+    cluster = Cluster(
+        root=args.state.resolve(),
+        nodes=getattr(args, "nodes", 4),
+        trainer_v2=getattr(args, "trainer_v2", False),
+        kueue=getattr(args, "kueue", False),
+    )
     try:
         if args.command == "up":
             cluster.up()
+            # A cluster that was up already gets what the flags add (a no-op otherwise).
+            if cluster._extra_components():
+                started = cluster._start_extras(cluster._extra_components(), 180)
+                if started:
+                    print(f"started {', '.join(started)}")
         elif args.command == "down":
             stopped = cluster.down()
             print(

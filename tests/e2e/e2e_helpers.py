@@ -96,6 +96,9 @@ class ControllerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.health_port = 0
+        #: time.monotonic() of the last start: the controller serves the job kinds it finds
+        #: then (kopf's cluster scanning is off), so a kind installed later needs a restart.
+        self.started_at = 0.0
 
     def deployment_args(self) -> list[str]:
         deploy = get_json(self.kube, "deployment", "-n", OPERATOR_NAMESPACE, OPERATOR_RELEASE)
@@ -103,6 +106,7 @@ class ControllerProcess:
         return list(container.get("args") or [])
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.metrics_port, self.health_port = free_port(), free_port()
         args = [
             a
@@ -203,3 +207,30 @@ def iter_docs(text: str) -> Iterator[dict[str, Any]]:
     for doc in yaml.safe_load_all(text):
         if doc:
             yield doc
+
+
+def free_gpus(kube: Cluster) -> int:
+    """GPUs the nodes have that no scheduled, unfinished pod requests."""
+    total = sum(
+        int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
+        for n in get_json(kube, "nodes")["items"]
+    )
+    used = 0
+    for pod in get_json(kube, "pods", "-A")["items"]:
+        if pod["spec"].get("nodeName") and pod["status"].get("phase") not in (
+            "Succeeded",
+            "Failed",
+        ):
+            for container in pod["spec"]["containers"]:
+                requests = container.get("resources", {}).get("requests", {})
+                used += int(requests.get("nvidia.com/gpu", 0))
+    return total - used
+
+
+def ensure_free_gpus(kube: Cluster, gpus: int) -> None:
+    """Add fake 8-GPU nodes until ``gpus`` are free: earlier modules' runs keep theirs (a
+    PyTorchJob's pods run until deleted), and the session's cluster starts with 32."""
+    missing = gpus - free_gpus(kube)
+    if missing > 0:
+        first = len(get_json(kube, "nodes")["items"])
+        kube.add_nodes(first, -(-missing // 8))

@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from e2e_helpers import ROOT, apply_objects, eventually, get_json, helm, namespace, pods_of
+from e2e_helpers import (
+    ROOT,
+    apply_objects,
+    ensure_free_gpus,
+    eventually,
+    get_json,
+    helm,
+    namespace,
+    pods_of,
+)
 from test_pytorchjob import volumes
 
 NS = "chart-e2e"
@@ -88,6 +97,7 @@ def test_helm_install_is_accepted_by_the_server_and_the_operator(
 
 def test_helm_install_gpus_16_runs_on_two_nodes(kube, ns) -> None:
     """The README's command, as is: `helm install megdet charts/megdet --set gpus=16`."""
+    ensure_free_gpus(kube, 16)  # the runs test_faults and test_pytorchjob leave take 32
     helm(kube, "install", "megdet", "charts/megdet", "-n", ns, "--set", "gpus=16")
 
     def running() -> bool:
