@@ -4,6 +4,8 @@
     .venv/bin/python -m bench --quick    # smoke runs: seconds each, numbers not meaningful
 
 The GPU benchmark (``python -m bench.gpu_step``) needs a CUDA device and is not run here.
+controller_reconcile's full run also starts a real control plane (``make cluster``'s binaries)
+beside kmock when those are built.
 """
 
 from __future__ import annotations
@@ -51,7 +53,16 @@ def _controller_validation(quick: bool) -> None:
 
 
 def _controller_reconcile(quick: bool) -> None:
-    controller_reconcile.print_report(controller_reconcile.run(runs=8 if quick else 200, workers=2))
+    # Full runs: kmock and a real API server side by side, when the control plane is built.
+    from bench.controller_cluster import available
+
+    why_not = None if quick else available()
+    apis = ("kmock",) if quick or why_not else controller_reconcile.APIS
+    if why_not:
+        print(f"controller_reconcile: kmock only ({why_not})")
+    controller_reconcile.print_report(
+        controller_reconcile.compare(apis, runs=8 if quick else 200, workers=2)
+    )
 
 
 def _exporter_overhead(quick: bool) -> None:

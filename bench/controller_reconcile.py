@@ -1,35 +1,58 @@
-"""200 MegDetRuns through the controller against kmock: total time, reconcile latency, memory.
+"""MegDetRuns through the controller, against kmock and a real API server side by side.
 
-No API server can run on this machine, so the API is kmock (an in-memory Kubernetes API
-emulator, with the small extensions in tests/controller/kmock_helpers.py: resourceVersions,
-uids, generateName). The controller is the real one (kopf + our handlers + the official
-client + the in-process Helm render) in its own process, so its memory is its own; kmock runs
-in this process. All runs are applied at once (a burst, the worst case for queueing), or with
-``--paced`` one after another, each once the previous one is reconciled (a reconcile without
-others competing for the 2 cores); in a mix of shapes: 8 GPUs, 16 GPUs with InfiniBand, 64 GPUs
-with gang scheduling, 16 GPUs as a TrainJob.
+The controller is the real one (kopf + our handlers + the official client + the in-process Helm
+render) in its own spawned process, so its memory and CPU are its own. The API it talks to is
 
-Reported:
-- total: first apply -> the last run's status carries its job (seen by kmock, this process);
+- ``kmock``: an in-memory Kubernetes API emulator (with the small extensions in
+  tests/controller/kmock_helpers.py: resourceVersions, uids, generateName), served from this
+  process; the specs are applied with the CRD's defaults filled in, as a server stores them;
+- ``cluster``: a real control plane on this machine (bench/controller_cluster.py: etcd,
+  kube-apiserver with RBAC and an audit log, controller-manager, scheduler, kwok fake 8-GPU
+  nodes; the PyTorchJob, Trainer v2 and MegDetRun CRDs; the operator chart installed with Helm),
+  the controller logged in with a token of the chart's ServiceAccount, the runs POSTed with the
+  admin kubeconfig through the official client (the server defaults them);
+- ``both`` (the default): kmock, then the cluster, in one invocation, and the ratios.
+
+All runs are applied at once (a burst, the worst case for queueing), or with ``--paced`` one
+after another, each once the previous one is reconciled (a reconcile without others competing
+for the cores); in a mix of shapes: 8 GPUs, 16 GPUs with InfiniBand, 64 GPUs with gang
+scheduling, 16 GPUs as a TrainJob (+ its TrainingRuntime). ``--namespaces K`` spreads the runs
+over K namespaces (round robin).
+
+Reported, for each API:
+- total: first apply -> the last run's status carries its job (kmock: when the status write
+  reaches the emulator; cluster: when the watch of this process delivers it);
+- apply phase: first create sent -> last create answered (how fast this process applies; a
+  burst is as fast as the API lets it be, so apply -> status compares only with this in view);
 - reconcile latency: each create-reconcile handler's own duration (validate, render, look up
   and create the job(s), write status), measured inside the controller; p50/p99/max;
-- apply -> status latency per run (queueing included), from kmock's clock; p50/p99/max;
+- apply -> status latency per run (queueing included), from the moment the create returned;
 - the pure part alone (plan_children: validate + render + adopt) timed in the controller process
-  for the same 200 specs right before the burst, so "how much of a reconcile is API I/O" is a
-  ratio measured side by side;
-- controller CPU time (all its threads) from ready to stop, per run: less sensitive than wall
-  time to other jobs on a shared machine;
-- controller memory: VmRSS when ready (chart loaded) and VmHWM (peak) at the end, from
-  /proc/self/status of the controller process.
+  for the same specs right before the burst;
+- controller CPU time (all its threads) from ready to stop, per run; the API side's CPU per
+  run over the same span (kmock: this process, which serves kmock and applies the runs;
+  cluster: kube-apiserver + etcd, with the other components and this process beside it);
+- controller memory: VmRSS when ready (chart loaded), VmHWM (peak) and VmRSS at the end (all
+  runs reconciled: what stays, against the peak's backlog of events and handlers in flight);
+- cluster only: the controller's API requests per run, by verb and by call, from the API
+  server's audit log (its ServiceAccount's requests between the first apply and its stop),
+  and the status writes the server refused with 409.
 
-    .venv/bin/python -m bench.controller_reconcile [--runs 200] [--workers N] [--paced] [--json]
+The last status is followed by a 1 s settle before the controller is stopped, so kopf's trailing
+writes (its progress annotations) land in the counts.
+
+    .venv/bin/python -m bench.controller_reconcile [--api kmock|cluster|both] [--runs 200]
+        [--nodes 4] [--namespaces 1] [--workers N] [--paced] [--json] [--keep-logs DIR]
+        [--write-costs N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import multiprocessing as mp
+import os
 import platform
 import sys
 import threading
@@ -40,7 +63,14 @@ from typing import Any
 from bench import harness
 
 ROOT = Path(__file__).resolve().parents[1]
-GOALS = {"p99_ms": 100.0, "total_s": 20.0}
+#: The issue's goals: reconcile p99, 1,000 runs reconciled within 60 s, controller memory. The
+#: 200-in-20-s goal is issue 8's, kept for the 200-run default.
+GOALS = {"p99_ms": 100.0, "runs": 1000, "runs_s": 60.0, "rss_mib": 300.0, "total_s": 20.0}
+APIS = ("kmock", "cluster")
+#: Cluster bursts: threads POSTing the runs (kmock's single loop applies 200 in under 1 s).
+APPLY_THREADS = 8
+#: Seconds after the last status before the controller is told to stop.
+SETTLE_S = 1.0
 
 SPECS: list[dict[str, Any]] = [
     {"gpus": 8},
@@ -54,10 +84,19 @@ def served_spec(index: int) -> dict[str, Any]:
     """The index-th spec as the API server hands it to the controller: with the CRD's defaults
     applied (kmock does no defaulting; the controller's validation reuses its render of exactly
     this spec, so an undefaulted spec would cost a second render that a cluster never causes).
+    In cluster mode the server's own defaults are compared with this (``specs_as_kmock``).
     """
     from megdet.controller.validation import default_spec
 
     return default_spec(SPECS[index % len(SPECS)])
+
+
+def namespace_of(index: int, namespaces: int) -> str:
+    return "vision" if namespaces <= 1 else f"vision-{index % namespaces}"
+
+
+def run_name(index: int, runs: int) -> str:
+    return f"bench-{index:0{max(3, len(str(runs - 1)))}d}"
 
 
 def _kmock_helpers() -> Any:
@@ -77,8 +116,13 @@ def _memory_kib(field: str) -> int:
     return 0
 
 
-def _controller(url: str, runs: int, workers: int | None, ready: Any, stop: Any, conn: Any) -> None:
-    """The controller process: warm up, time the pure part, then serve until told to stop."""
+def _controller(
+    target: dict[str, str], runs: int, workers: int | None, ready: Any, stop: Any, conn: Any
+) -> None:
+    """The controller process: warm up, time the pure part, then serve until told to stop.
+
+    ``target``: ``{"api": "kmock", "url": ...}`` or ``{"api": "cluster", "kubeconfig": ...}``.
+    """
     import kopf
     from kubernetes import client as k8s
 
@@ -91,7 +135,7 @@ def _controller(url: str, runs: int, workers: int | None, ready: Any, stop: Any,
     )
 
     helpers = _kmock_helpers()
-    bodies = [helpers.run_body(f"pure-{i:03d}", served_spec(i)) for i in range(runs)]
+    bodies = [helpers.run_body(f"pure-{i:04d}", served_spec(i)) for i in range(runs)]
     plan_children(bodies[0])  # loads the chart once, as the first real reconcile would
     pure = []
     for body in bodies:
@@ -99,18 +143,30 @@ def _controller(url: str, runs: int, workers: int | None, ready: Any, stop: Any,
         plan_children(body)
         pure.append(time.perf_counter() - started)
 
-    durations: list[float] = []
     config = k8s.Configuration()
-    config.host = url
+    if target["api"] == "kmock":
+        config.host = target["url"]
+    else:
+        from kubernetes import config as k8s_config
+
+        # kopf's own login reads KUBECONFIG; the official client is given the same file.
+        os.environ["KUBECONFIG"] = target["kubeconfig"]
+        k8s_config.load_kube_config(config_file=target["kubeconfig"], client_configuration=config)
+    api = k8s.ApiClient(config)
+    api.user_agent = "megdet-controller"  # as `megdet controller` sets it
+
+    durations: list[float] = []
     registry = build_registry(
-        Cluster(k8s.ApiClient(config), timeout=10.0),
+        Cluster(api, timeout=10.0),
         Backoff(base=0.05, cap=1.0),
         observe=durations.append,
     )
 
     @kopf.on.login(registry=registry)
-    def login(**_: Any) -> kopf.ConnectionInfo:
-        return kopf.ConnectionInfo(server=url, insecure=True)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if target["api"] == "kmock":
+            return kopf.ConnectionInfo(server=target["url"], insecure=True)
+        return kopf.login_with_kubeconfig(**kwargs)
 
     settings = kopf.OperatorSettings()
     configure(settings, peering=None, fast=True, workers=workers)
@@ -123,9 +179,10 @@ def _controller(url: str, runs: int, workers: int | None, ready: Any, stop: Any,
         ready.set()
         stop.wait()
         cpu[1] = time.process_time()
+        rss_end[0] = _memory_kib("VmRSS")
         kopf_stop.set()
 
-    rss_ready, cpu = [0], [0.0, 0.0]
+    rss_ready, rss_end, cpu = [0], [0], [0.0, 0.0]
     threading.Thread(target=relay, daemon=True).start()
     asyncio.run(
         kopf.operator(
@@ -141,10 +198,48 @@ def _controller(url: str, runs: int, workers: int | None, ready: Any, stop: Any,
             "reconcile_s": durations,
             "pure_s": pure,
             "rss_ready_kib": rss_ready[0],
+            "rss_end_kib": rss_end[0],
             "rss_peak_kib": _memory_kib("VmHWM"),
             "cpu_s": cpu[1] - cpu[0],
         }
     )
+
+
+class _ControllerProcess:
+    """The spawned controller process, polled (so kmock keeps serving from this event loop)."""
+
+    def __init__(self, target: dict[str, str], runs: int, workers: int | None) -> None:
+        ctx = mp.get_context("spawn")
+        self.ready, self.stop = ctx.Event(), ctx.Event()
+        self.parent, child = ctx.Pipe()
+        self.proc = ctx.Process(
+            target=_controller,
+            args=(target, runs, workers, self.ready, self.stop, child),
+            daemon=True,
+        )
+        self.proc.start()
+
+    def is_ready(self) -> bool:
+        if self.ready.is_set():
+            return True
+        if not self.proc.is_alive():
+            raise RuntimeError("the controller process died during start-up")
+        return False
+
+    def results(self) -> dict[str, Any] | None:
+        """Ask it to stop; its measurements once it has sent them, else None (poll again)."""
+        self.stop.set()
+        if self.parent.poll():
+            return self.parent.recv()
+        if not self.proc.is_alive():
+            raise RuntimeError("the controller process sent no results")
+        return None
+
+    def close(self) -> None:
+        self.stop.set()
+        self.proc.join(30)
+        if self.proc.is_alive():
+            self.proc.kill()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -162,14 +257,54 @@ def summary(seconds: list[float]) -> dict[str, float]:
     }
 
 
-async def _run(
-    runs: int, workers: int | None, paced: bool = False, timeout: float = 600
+def _result(
+    api: str,
+    runs: int,
+    paced: bool,
+    namespaces: int,
+    applied: dict[Any, float],
+    status_seen: dict[Any, float],
+    started: float,
+    child: dict[str, Any],
+    jobs: int,
+    refused: int,
+) -> dict[str, Any]:
+    e2e = [status_seen[key] - applied[key] for key in applied]
+    reconcile, pure = child["reconcile_s"], child["pure_s"]
+    return {
+        "api": api,
+        "runs": runs,
+        "paced": paced,
+        "namespaces": namespaces,
+        "jobs_created": jobs,
+        "status_writes_refused": refused,
+        "total_s": max(status_seen.values()) - started,
+        # first create sent -> last create answered: how fast this process could apply
+        "apply_s": max(applied.values()) - started,
+        "reconcile": summary(reconcile),
+        "apply_to_status": summary(e2e),
+        "pure_part": summary(pure),
+        "pure_share_of_reconcile_median": percentile(pure, 0.5) / percentile(reconcile, 0.5),
+        "controller_cpu_s": child["cpu_s"],
+        "controller_cpu_per_run_ms": child["cpu_s"] / runs * 1e3,
+        "rss_ready_mib": child["rss_ready_kib"] / 1024,
+        "rss_peak_mib": child["rss_peak_kib"] / 1024,
+        "rss_end_mib": child["rss_end_kib"] / 1024,
+        "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
+    }
+
+
+# --- kmock ----------------------------------------------------------------------------------
+
+
+async def _run_kmock(
+    runs: int, workers: int | None, paced: bool, namespaces: int, timeout: float
 ) -> dict[str, Any]:
     import kmock
 
     helpers = _kmock_helpers()
-    applied: dict[str, float] = {}
-    status_seen: dict[str, float] = {}
+    applied: dict[tuple[str, str], float] = {}
+    status_seen: dict[tuple[str, str], float] = {}
     refused = [0]  # conditional status writes answered 409 (and then redone by the controller)
 
     class StampingEmulator(helpers.Emulator):
@@ -183,11 +318,12 @@ async def _run(
             path = request.url.path
             stamped = None
             if request.method == "PATCH" and path.endswith("/status") and "/megdetruns/" in path:
-                name = path.split("/")[-2]
+                parts = path.split("/")
+                key = (parts[-4], parts[-2])  # .../namespaces/<ns>/megdetruns/<name>/status
                 status = (request.data or {}).get("status") or {}
-                if status.get("jobName") and name not in status_seen:
-                    status_seen[name] = time.perf_counter()
-                    stamped = name
+                if status.get("jobName") and key not in status_seen:
+                    status_seen[key] = time.perf_counter()
+                    stamped = key
             try:
                 return await super()._handle(request)
             except kmock.KubernetesError as err:
@@ -199,27 +335,21 @@ async def _run(
 
     async with StampingEmulator() as api, kmock.Server(api):
         helpers.declare_resources(api)
-        ctx = mp.get_context("spawn")
-        ready, stop = ctx.Event(), ctx.Event()
-        parent, child = ctx.Pipe()
-        proc = ctx.Process(
-            target=_controller, args=(str(api.url), runs, workers, ready, stop, child), daemon=True
-        )
-        proc.start()
+        controller = _ControllerProcess({"api": "kmock", "url": str(api.url)}, runs, workers)
         try:
-            while not ready.is_set():
-                if not proc.is_alive():
-                    raise RuntimeError("the controller process died during start-up")
+            while not controller.is_ready():
                 await asyncio.sleep(0.05)
 
             started = time.perf_counter()
+            own_cpu = time.process_time()
             for i in range(runs):
-                name = f"bench-{i:03d}"
-                await helpers.apply(api, helpers.run_body(name, served_spec(i)))
-                applied[name] = time.perf_counter()
-                while paced and name not in status_seen:
+                key = (namespace_of(i, namespaces), run_name(i, runs))
+                body = helpers.run_body(key[1], served_spec(i), namespace=key[0])
+                await helpers.apply(api, body)
+                applied[key] = time.perf_counter()
+                while paced and key not in status_seen:
                     if time.perf_counter() - started > timeout:
-                        raise RuntimeError(f"{name} not reconciled in {timeout} s")
+                        raise RuntimeError(f"{key} not reconciled in {timeout} s")
                     await asyncio.sleep(0.002)
             last_report = time.perf_counter()
             while len(status_seen) < runs:
@@ -230,93 +360,387 @@ async def _run(
                     )
                 if now - last_report > 10:
                     print(
-                        f"  ... {len(status_seen)}/{runs} reconciled", file=sys.stderr, flush=True
+                        f"  [kmock] ... {len(status_seen)}/{runs} reconciled",
+                        file=sys.stderr,
+                        flush=True,
                     )
                     last_report = now
                 await asyncio.sleep(0.01)
-            total = max(status_seen.values()) - started
-            jobs = len(helpers.objects(api, helpers.PYTORCHJOBS)) + len(
-                helpers.objects(api, helpers.TRAINJOBS)
+            await asyncio.sleep(SETTLE_S)
+            jobs = sum(
+                1
+                for (resource, _ns, _name), obj in list(api.objects.items())
+                if resource
+                in (kmock.resource(helpers.PYTORCHJOBS), kmock.resource(helpers.TRAINJOBS))
+                and not obj.deleted
             )
-            stop.set()
             deadline = time.perf_counter() + 60
-            while not parent.poll():
-                if time.perf_counter() > deadline or not proc.is_alive():
+            while (child := controller.results()) is None:
+                if time.perf_counter() > deadline:
                     raise RuntimeError("the controller process sent no results")
                 await asyncio.sleep(0.05)
-            child_result = parent.recv()
+            own_cpu = time.process_time() - own_cpu
         finally:
-            stop.set()
-            await asyncio.to_thread(proc.join, 30)
-            if proc.is_alive():
-                proc.kill()
+            await asyncio.to_thread(controller.close)
 
-    e2e = [status_seen[n] - applied[n] for n in applied]
-    reconcile, pure = child_result["reconcile_s"], child_result["pure_s"]
+    result = _result(
+        "kmock", runs, paced, namespaces, applied, status_seen, started, child, jobs, refused[0]
+    )
+    # kmock serves from this process, which also applies the runs: its CPU is the API's side.
+    result["api_cpu_per_run_ms"] = own_cpu / runs * 1e3
+    result["other_cpu_per_run_ms"] = {"this process (kmock + client)": own_cpu / runs * 1e3}
+    return result
+
+
+# --- a real API server ----------------------------------------------------------------------
+
+
+def cluster_body(index: int, runs: int, namespaces: int) -> dict[str, Any]:
+    """The index-th run as a user applies it: the spec as written, the server defaults it."""
+    import copy
+
     return {
-        "runs": runs,
-        "paced": paced,
-        "jobs_created": jobs,
-        "status_writes_refused": refused[0],
-        "total_s": total,
-        "reconcile": summary(reconcile),
-        "apply_to_status": summary(e2e),
-        "pure_part": summary(pure),
-        "pure_share_of_reconcile_median": percentile(pure, 0.5) / percentile(reconcile, 0.5),
-        "controller_cpu_s": child_result["cpu_s"],
-        "controller_cpu_per_run_ms": child_result["cpu_s"] / runs * 1e3,
-        "rss_ready_mib": child_result["rss_ready_kib"] / 1024,
-        "rss_peak_mib": child_result["rss_peak_kib"] / 1024,
-        "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": run_name(index, runs), "namespace": namespace_of(index, namespaces)},
+        "spec": copy.deepcopy(SPECS[index % len(SPECS)]),
     }
 
 
-def _load() -> str:
-    import os
+def _run_cluster(
+    runs: int,
+    workers: int | None,
+    paced: bool,
+    namespaces: int,
+    nodes: int,
+    timeout: float,
+    keep_logs: Path | None = None,
+    write_costs: int = 0,
+) -> dict[str, Any]:
+    from bench.controller_cluster import CONTROLLER_USER, BenchCluster, RunClient
+    from bench.controller_cluster import write_costs as measure_write_costs
 
+    bench = BenchCluster(nodes)
+    started_up = time.perf_counter()
+    try:
+        bench.start()
+        startup_s = time.perf_counter() - started_up
+        bench.create_namespaces(sorted({namespace_of(i, namespaces) for i in range(runs)}))
+        client = RunClient(bench.kube.kubeconfig)
+        client.start_watch()
+        target = {"api": "cluster", "kubeconfig": str(bench.controller_kubeconfig)}
+        controller = _ControllerProcess(target, runs, workers)
+        try:
+            deadline = time.perf_counter() + 180
+            while not controller.is_ready():
+                if time.perf_counter() > deadline:
+                    raise RuntimeError("the controller did not get ready in 180 s")
+                time.sleep(0.05)
+            time.sleep(0.5)  # lets the controller's first lists and watches settle
+            wall_start = time.time()
+            started = time.perf_counter()
+            own_cpu, cpu_before = time.process_time(), bench.component_cpu_s()
+            if paced:
+                created = []
+                for i in range(runs):
+                    body = cluster_body(i, runs, namespaces)
+                    created.append(client.create(body))
+                    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+                    client.wait_for(
+                        lambda key=key: key in client.status_seen,
+                        timeout - (time.perf_counter() - started),
+                        f"{key} reconciled",
+                    )
+            else:
+                # POSTs from several threads: one after another, each waits ~10 ms for the API
+                # server (100 ms once the controller loads the 2 cores), and the burst would
+                # become a trickle that the controller keeps up with.
+                bodies = [cluster_body(i, runs, namespaces) for i in range(runs)]
+                with concurrent.futures.ThreadPoolExecutor(APPLY_THREADS) as pool:
+                    created = list(pool.map(client.create, bodies))
+            specs_as_kmock = all(
+                created[i]["spec"] == served_spec(i) for i in range(min(runs, len(SPECS)))
+            )
+            client.wait_for(
+                lambda: len(client.status_seen) >= runs,
+                timeout - (time.perf_counter() - started),
+                f"all {runs} runs reconciled",
+            )
+            time.sleep(SETTLE_S)
+            deadline = time.perf_counter() + 60
+            while (child := controller.results()) is None:
+                if time.perf_counter() > deadline:
+                    raise RuntimeError("the controller process sent no results")
+                time.sleep(0.05)
+            wall_end = time.time()
+            own_cpu = time.process_time() - own_cpu
+            cpu_after = bench.component_cpu_s()
+        finally:
+            controller.close()
+            client.stop()
+        requests = bench.controller_requests(wall_start, wall_end)
+        jobs = bench.count_jobs()
+        refused = sum(
+            n for call, n in requests["non_2xx"].items() if call == "patch megdetruns/status 409"
+        )
+        result = _result(
+            "cluster",
+            runs,
+            paced,
+            namespaces,
+            client.applied,
+            client.status_seen,
+            started,
+            child,
+            jobs,
+            refused,
+        )
+        cpu = {
+            name: (cpu_after[name] - cpu_before.get(name, 0.0)) / runs * 1e3 for name in cpu_after
+        }
+        cpu["this process (client + watch)"] = own_cpu / runs * 1e3
+        result.update(
+            api_cpu_per_run_ms=cpu.get("kube-apiserver", 0.0) + cpu.get("etcd", 0.0),
+            other_cpu_per_run_ms=cpu,
+            nodes=nodes,
+            specs_as_kmock=specs_as_kmock,
+            cluster_startup_s=startup_s,
+            api_requests=requests,
+            api_requests_per_run={
+                "total": requests["total"] / runs,
+                **{verb: n / runs for verb, n in requests["by_verb"].items()},
+            },
+            controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
+        )
+        if write_costs:
+            result["write_costs"] = measure_write_costs(bench, client, write_costs)
+        return result
+    finally:
+        bench.stop(keep_logs=keep_logs)
+
+
+# --- both -----------------------------------------------------------------------------------
+
+#: (label, path into a result, unit) of the compared figures; lower is better for all.
+ROWS = [
+    ("total", ("total_s",), "s"),
+    ("apply phase (creates)", ("apply_s",), "s"),
+    ("reconcile p50", ("reconcile", "p50_ms"), "ms"),
+    ("reconcile p99", ("reconcile", "p99_ms"), "ms"),
+    ("reconcile max", ("reconcile", "max_ms"), "ms"),
+    ("apply -> status p50", ("apply_to_status", "p50_ms"), "ms"),
+    ("apply -> status p99", ("apply_to_status", "p99_ms"), "ms"),
+    ("pure part p50", ("pure_part", "p50_ms"), "ms"),
+    ("controller CPU per run", ("controller_cpu_per_run_ms",), "ms"),
+    ("API server CPU per run", ("api_cpu_per_run_ms",), "ms"),
+    ("controller RSS ready", ("rss_ready_mib",), "MiB"),
+    ("controller RSS peak", ("rss_peak_mib",), "MiB"),
+    ("controller RSS at the end", ("rss_end_mib",), "MiB"),
+]
+
+
+def _get(result: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = result
+    for key in path:
+        value = value[key]
+    return float(value)
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    """cluster / kmock for every compared figure (when both ran)."""
+    if not all(api in results for api in APIS):
+        return {}
+    out = {}
+    for label, path, _unit in ROWS:
+        base = _get(results["kmock"], path)
+        out[label] = _get(results["cluster"], path) / base if base else float("nan")
+    return out
+
+
+def goals(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The issue's goals for one API's result: measured value and met / not met / not judged."""
+    p99 = result["reconcile"]["p99_ms"]
+    peak = result["rss_peak_mib"]
+    runs, total = result["runs"], result["total_s"]
+    out: dict[str, dict[str, Any]] = {
+        "reconcile p99 < 100 ms": {"value": f"{p99:.1f} ms", "met": p99 < GOALS["p99_ms"]},
+        "controller RSS < 300 MiB": {
+            "value": f"{peak:.0f} MiB peak",
+            "met": peak < GOALS["rss_mib"],
+        },
+    }
+    if runs == 200 and not result["paced"]:
+        out["200 runs in < 20 s (issue 8)"] = {
+            "value": f"{total:.1f} s",
+            "met": total < GOALS["total_s"],
+        }
+    rate = runs / total if total else float("inf")
+    if runs >= GOALS["runs"] and not result["paced"]:
+        out["1,000 runs in < 60 s"] = {
+            "value": f"{runs} runs in {total:.1f} s",
+            "met": total < GOALS["runs_s"],
+        }
+    else:
+        out["1,000 runs in < 60 s"] = {
+            "value": f"{runs} runs{' paced' if result['paced'] else ''} in {total:.1f} s "
+            f"({rate:.1f} runs/s; the goal needs {GOALS['runs'] / GOALS['runs_s']:.1f} runs/s "
+            "for a burst of 1,000)",
+            "met": None,
+        }
+    return out
+
+
+def _load() -> str:
     one, five, fifteen = os.getloadavg()
     return f"{one:.2f}/{five:.2f}/{fifteen:.2f} on {os.cpu_count()} cores"
 
 
-def run(runs: int = 200, workers: int | None = None, paced: bool = False) -> dict[str, Any]:
-    """Run the benchmark and return its measurements (``workers``: kopf's handler threads;
-    ``paced``: apply each run only after the previous one's status names its job)."""
-    return asyncio.run(_run(runs, workers, paced))
+def run(
+    runs: int = 200,
+    workers: int | None = None,
+    paced: bool = False,
+    api: str = "kmock",
+    namespaces: int = 1,
+    nodes: int = 4,
+    timeout: float = 600,
+    keep_logs: Path | None = None,
+    write_costs: int = 0,
+) -> dict[str, Any]:
+    """One API's measurements (``workers``: kopf's handler threads; ``paced``: apply each run
+    only after the previous one's status names its job)."""
+    if api == "kmock":
+        return asyncio.run(_run_kmock(runs, workers, paced, namespaces, timeout))
+    if api == "cluster":
+        return _run_cluster(
+            runs, workers, paced, namespaces, nodes, timeout, keep_logs, write_costs
+        )
+    raise ValueError(f"api {api!r}: want one of {', '.join(APIS)}")
+
+
+def compare(
+    apis: tuple[str, ...] = APIS,
+    runs: int = 200,
+    workers: int | None = None,
+    paced: bool = False,
+    namespaces: int = 1,
+    nodes: int = 4,
+    timeout: float = 600,
+    keep_logs: Path | None = None,
+    write_costs: int = 0,
+) -> dict[str, Any]:
+    """Each API in turn (kmock first), in one invocation, with the cluster/kmock ratios."""
+    results: dict[str, dict[str, Any]] = {}
+    for api in apis:
+        print(f"  [{api}] {runs} runs ...", file=sys.stderr, flush=True)
+        results[api] = run(
+            runs, workers, paced, api, namespaces, nodes, timeout, keep_logs, write_costs
+        )
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "results": results,
+        "ratios_cluster_over_kmock": ratios(results),
+        "goals": {api: goals(r) for api, r in results.items()},
+    }
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "s":
+        return f"{value:.2f} s"
+    if unit == "MiB":
+        return f"{value:.0f} MiB"
+    return f"{value:.1f} ms"
 
 
 def print_report(result: dict[str, Any]) -> None:
-    rec, e2e, pure = result["reconcile"], result["apply_to_status"], result["pure_part"]
-    how = "one at a time (paced)" if result["paced"] else "at once"
-    print(f"{result['runs']} MegDetRuns applied {how}; {result['jobs_created']} jobs created")
-    print(
-        "status writes refused (409, stale resourceVersion) and redone: "
-        f"{result['status_writes_refused']}"
-    )
-    total, goal = result["total_s"], GOALS["total_s"]
-    print(f"total (first apply -> last status): {total:.2f} s   (goal < {goal:.0f} s)")
-    print("                      p50        p99        max")
-    for label, row in (
-        ("reconcile handler", rec),
-        ("apply -> status", e2e),
-        ("pure part alone", pure),
-    ):
+    if "results" not in result:  # one API's result, from run()
+        result = {
+            "results": {result["api"]: result},
+            "ratios_cluster_over_kmock": {},
+            "goals": {result["api"]: goals(result)},
+        }
+    results = result["results"]
+    apis = list(results)
+    first = results[apis[0]]
+    how = "one at a time (paced)" if first["paced"] else "at once (burst)"
+    spread = f" over {first['namespaces']} namespaces" if first["namespaces"] > 1 else ""
+    print(f"{first['runs']} MegDetRuns applied {how}{spread}; APIs: {', '.join(apis)}")
+    if "cluster" in results:
+        c = results["cluster"]
         print(
-            f"{label:<18} {row['p50_ms']:7.1f} ms {row['p99_ms']:7.1f} ms {row['max_ms']:7.1f} ms"
+            f"cluster: {c['nodes']} kwok nodes x 8 GPUs, up in {c['cluster_startup_s']:.0f} s; "
+            f"controller logged in with a {c['controller_login']}; server-defaulted specs equal "
+            f"kmock's: {c['specs_as_kmock']}"
         )
-    print(f"reconcile p99 goal: < {GOALS['p99_ms']:.0f} ms")
-    print(f"pure part / reconcile (medians): {result['pure_share_of_reconcile_median']:.2f}")
+    ratio = result["ratios_cluster_over_kmock"]
+    header = f"{'':<26}" + "".join(f"{api:>13}" for api in apis)
+    print(header + (f"{'cluster/kmock':>15}" if ratio else ""))
+    for label, path, unit in ROWS:
+        line = f"{label:<26}" + "".join(f"{_fmt(_get(results[a], path), unit):>13}" for a in apis)
+        if ratio:
+            line += f"{ratio[label]:>15.2f}"
+        print(line)
+    for label, key in (
+        ("jobs created", "jobs_created"),
+        ("status writes refused 409", "status_writes_refused"),
+    ):
+        print(f"{label:<26}" + "".join(f"{results[a][key]:>13}" for a in apis))
     print(
-        f"controller CPU: {result['controller_cpu_s']:.1f} s in all, "
-        f"{result['controller_cpu_per_run_ms']:.0f} ms per run"
+        "API server CPU: kmock = this process (emulator and client); cluster = kube-apiserver + "
+        "etcd. CPU per run of each process:"
     )
-    ready, peak = result["rss_ready_mib"], result["rss_peak_mib"]
-    print(f"controller RSS: {ready:.0f} MiB ready, {peak:.0f} MiB peak")
-    print(f"machine: {result['machine']}")
+    for api in apis:
+        parts = results[api].get("other_cpu_per_run_ms", {})
+        print(f"  {api}: " + ", ".join(f"{name} {ms:.1f} ms" for name, ms in parts.items()))
+    if "cluster" in results:
+        per_run = results["cluster"]["api_requests_per_run"]
+        cells = lambda v: "".join(  # noqa: E731
+            f"{v:>13.2f}" if a == "cluster" else f"{'-':>13}" for a in apis
+        )
+        print(f"{'API requests per run':<26}" + cells(per_run["total"]))
+        for verb, value in per_run.items():
+            if verb != "total":
+                print(f"{'  ' + verb:<26}" + cells(value))
+        calls = results["cluster"]["api_requests"]["by_call"]
+        runs = results["cluster"]["runs"]
+        print(
+            "  by call (per run): "
+            + ", ".join(f"{call} {n / runs:.2f}" for call, n in calls.items())
+        )
+        if results["cluster"]["api_requests"]["non_2xx"]:
+            print(f"  non-2xx answers: {results['cluster']['api_requests']['non_2xx']}")
+    costs = results.get("cluster", {}).get("write_costs")
+    if costs:
+        print("requests alone (no controller), per request: wall, kube-apiserver CPU, etcd CPU")
+        for label, c in costs.items():
+            print(
+                f"  {label:<28} n={c['n']:<4} {c['wall_ms']:6.1f} ms "
+                f"{c['apiserver_cpu_ms']:6.1f} ms {c['etcd_cpu_ms']:6.1f} ms"
+            )
+    print("goals:")
+    for api in apis:
+        for goal, verdict in result["goals"][api].items():
+            met = {True: "met", False: "NOT met", None: "not judged"}[verdict["met"]]
+            print(f"  {api:<8} {goal:<26} {met:<11} ({verdict['value']})")
+    for api in apis:
+        print(f"machine after {api}: {results[api]['machine']}")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--api",
+        choices=("kmock", "cluster", "both"),
+        default="both",
+        help="the API server: kmock (emulator), cluster (a real control plane) or both, "
+        "side by side (default)",
+    )
     parser.add_argument("--runs", type=int, default=200, help="MegDetRuns to apply (default 200)")
+    parser.add_argument(
+        "--nodes", type=int, default=4, help="cluster: fake 8-GPU kwok nodes (default 4)"
+    )
+    parser.add_argument(
+        "--namespaces", type=int, default=1, help="spread the runs over this many (default 1)"
+    )
     parser.add_argument(
         "--workers", type=int, default=None, help="kopf handler threads (default: kopf's)"
     )
@@ -325,9 +749,36 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="apply each run after the previous one is reconciled (latency without a queue)",
     )
+    parser.add_argument(
+        "--timeout", type=float, default=600, help="seconds for all runs to be reconciled"
+    )
+    parser.add_argument(
+        "--keep-logs", type=Path, default=None, help="cluster: copy its logs (audit.log) here"
+    )
+    parser.add_argument(
+        "--write-costs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cluster: afterwards, time N requests of each kind a reconcile makes, alone "
+        "(the API server's CPU per request; default 0: skip)",
+    )
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
-    result = run(args.runs, args.workers, args.paced)
+    if args.runs < 1 or args.nodes < 1 or args.namespaces < 1:
+        parser.error("--runs, --nodes and --namespaces must be at least 1")
+    apis = APIS if args.api == "both" else (args.api,)
+    result = compare(
+        apis,
+        args.runs,
+        args.workers,
+        args.paced,
+        args.namespaces,
+        args.nodes,
+        args.timeout,
+        args.keep_logs,
+        args.write_costs,
+    )
     harness.emit(result, args.json, print_report)
 
 

@@ -156,3 +156,92 @@ def test_controller_reconcile_bench_reconciles_every_run_once(paced: bool) -> No
     assert result["reconcile"]["n"] >= 4 and result["apply_to_status"]["n"] == 4
     assert result["pure_part"]["n"] == 4
     assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
+
+
+def test_controller_reconcile_compare_spreads_namespaces_and_reports_ratios(capsys) -> None:
+    """kmock for real (4 runs over 2 namespaces); the cluster column is kmock's result with
+    made-up request counts, so the side-by-side report and its ratios are checked here without
+    a control plane (the real-cluster mode is run by hand, see docs/benchmarks.md)."""
+    import copy
+
+    from bench import controller_reconcile
+
+    compared = controller_reconcile.compare(("kmock",), runs=4, workers=2, namespaces=2)
+    kmock = compared["results"]["kmock"]
+    assert kmock["api"] == "kmock" and kmock["namespaces"] == 2
+    assert kmock["jobs_created"] == 4 and kmock["apply_to_status"]["n"] == 4
+    assert compared["ratios_cluster_over_kmock"] == {}
+    assert set(compared["goals"]["kmock"]) >= {"reconcile p99 < 100 ms", "1,000 runs in < 60 s"}
+    assert compared["goals"]["kmock"]["1,000 runs in < 60 s"]["met"] is None  # 4 runs
+
+    cluster = copy.deepcopy(kmock)
+    cluster["api"] = "cluster"
+    cluster["total_s"] = kmock["total_s"] * 2
+    cluster.update(
+        nodes=4,
+        cluster_startup_s=1.0,
+        specs_as_kmock=True,
+        controller_login="ServiceAccount token (test)",
+        api_requests={
+            "total": 26,
+            "by_verb": {"patch": 12, "create": 9, "get": 5},
+            "by_call": {"patch megdetruns/status": 4},
+            "by_user_agent": {},
+            "non_2xx": {},
+        },
+        api_requests_per_run={"total": 6.5, "patch": 3.0, "create": 2.25, "get": 1.25},
+    )
+    results = {"kmock": kmock, "cluster": cluster}
+    ratios = controller_reconcile.ratios(results)
+    assert ratios["total"] == pytest.approx(2.0)
+    assert ratios["controller RSS peak"] == pytest.approx(1.0)
+    capsys.readouterr()
+    controller_reconcile.print_report(
+        {
+            "results": results,
+            "ratios_cluster_over_kmock": ratios,
+            "goals": {api: controller_reconcile.goals(r) for api, r in results.items()},
+        }
+    )
+    out = capsys.readouterr().out
+    assert "cluster/kmock" in out and "API requests per run" in out
+    assert "2.00" in out.split("total", 1)[1].splitlines()[0]
+
+
+def test_controller_cluster_counts_the_controllers_requests_from_the_audit_log(tmp_path) -> None:
+    from bench.controller_cluster import CONTROLLER_USER, BenchCluster
+
+    bench = BenchCluster(nodes=1, root=tmp_path)
+    (tmp_path / "logs").mkdir()
+
+    def event(verb, resource, code, ts, user=CONTROLLER_USER, sub=None, stage="ResponseComplete"):
+        ref = {"resource": resource, **({"subresource": sub} if sub else {})}
+        return {
+            "stage": stage,
+            "verb": verb,
+            "user": {"username": user},
+            "objectRef": ref,
+            "responseStatus": {"code": code},
+            "userAgent": "megdet-controller/1",
+            "requestReceivedTimestamp": ts,
+        }
+
+    inside, before = "2026-12-01T10:00:05.000000Z", "2026-12-01T09:59:00.000000Z"
+    events = [
+        event("get", "pytorchjobs", 404, inside),
+        event("create", "pytorchjobs", 201, inside),
+        event("patch", "megdetruns", 200, inside, sub="status"),
+        event("patch", "megdetruns", 409, inside, sub="status"),
+        event("patch", "megdetruns", 200, inside, stage="ResponseStarted"),  # counted once
+        event("watch", "megdetruns", 200, before),  # before the window
+        event("create", "megdetruns", 201, inside, user="megdet-admin"),  # not the controller
+    ]
+    (tmp_path / "logs" / "audit.log").write_text("\n".join(json.dumps(e) for e in events))
+    import datetime
+
+    start = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.UTC).timestamp()
+    counted = bench.controller_requests(start, start + 60)
+    assert counted["total"] == 4
+    assert counted["by_verb"] == {"patch": 2, "get": 1, "create": 1}
+    assert counted["by_call"]["patch megdetruns/status"] == 2
+    assert counted["non_2xx"] == {"get pytorchjobs 404": 1, "patch megdetruns/status 409": 1}
