@@ -1163,28 +1163,13 @@ class Cluster:
             },
         )
         self._install_webhooks(self._pod_namespace(JOBSET_NAMESPACE), JOBSET_SECRET, configs)
-        config = self._operator_config(
-            "jobset",
-            components / "manager/controller_manager_config.yaml",
-            {
-                "leaderElection": {"leaderElect": False},
-                "webhook": {"port": ports["jobset-webhook"], "host": "127.0.0.1"},
-                "metrics": {"bindAddress": f"127.0.0.1:{ports['jobset-metrics']}"},
-                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['jobset-probe']}"},
-            },
-        )
-        proc = self._spawn(
+        self._run_manager(
             state,
             "jobset",
-            [
-                self.binary("jobset"),
-                f"--config={config}",
-                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
-                "--zap-log-level=2",
-            ],
-        )
-        self._wait_operator(
-            "jobset", proc, ports["jobset-probe"], ports["jobset-webhook"], configs, timeout
+            "jobset",
+            components / "manager/controller_manager_config.yaml",
+            configs,
+            timeout,
         )
 
     def _start_trainer(self, state: dict[str, Any], timeout: float) -> None:
@@ -1207,28 +1192,55 @@ class Cluster:
             },
         )
         self._install_webhooks(self._pod_namespace(TRAINER_NAMESPACE), TRAINER_SECRET, configs)
-        config = self._operator_config(
+        self._run_manager(
+            state,
             "trainer",
+            "trainer-controller-manager",
             base / "manager/controller_manager_config.yaml",
+            configs,
+            timeout,
+        )
+
+    def _run_manager(
+        self,
+        state: dict[str, Any],
+        name: str,
+        binary: str,
+        manager_config: Path,
+        configs: list[dict[str, Any]],
+        timeout: float,
+        extra: Mapping[str, Any] | None = None,
+        cert_dir: bool = False,
+    ) -> None:
+        """A controller-runtime manager from upstream's config file, bound to 127.0.0.1 with
+        this cluster's ports and no leader election, then its readiness (and its webhooks')."""
+        ports = state["ports"]
+        webhook: dict[str, Any] = {"port": ports[f"{name}-webhook"], "host": "127.0.0.1"}
+        if cert_dir:
+            webhook["certDir"] = str(WEBHOOK_CERT_DIR)
+        config = self._operator_config(
+            name,
+            manager_config,
             {
                 "leaderElection": {"leaderElect": False},
-                "webhook": {"port": ports["trainer-webhook"], "host": "127.0.0.1"},
-                "metrics": {"bindAddress": f"127.0.0.1:{ports['trainer-metrics']}"},
-                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['trainer-probe']}"},
+                "webhook": webhook,
+                "metrics": {"bindAddress": f"127.0.0.1:{ports[f'{name}-metrics']}"},
+                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports[f'{name}-probe']}"},
+                **(extra or {}),
             },
         )
         proc = self._spawn(
             state,
-            "trainer",
+            name,
             [
-                self.binary("trainer-controller-manager"),
+                self.binary(binary),
                 f"--config={config}",
                 f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
                 "--zap-log-level=2",
             ],
         )
         self._wait_operator(
-            "trainer", proc, ports["trainer-probe"], ports["trainer-webhook"], configs, timeout
+            name, proc, ports[f"{name}-probe"], ports[f"{name}-webhook"], configs, timeout
         )
 
     def _start_kueue(self, state: dict[str, Any], timeout: float) -> None:
@@ -1266,35 +1278,19 @@ class Cluster:
                         ]
                     }
         self._install_webhooks(namespace, KUEUE_SECRET, configs)
-        config = self._operator_config(
+        self._run_manager(
+            state,
+            "kueue",
             "kueue",
             components / "manager/controller_manager_config.yaml",
-            {
+            configs,
+            timeout,
+            extra={
                 "namespace": namespace,
-                "leaderElection": {"leaderElect": False},
-                "webhook": {
-                    "port": ports["kueue-webhook"],
-                    "host": "127.0.0.1",
-                    "certDir": str(WEBHOOK_CERT_DIR),
-                },
-                "metrics": {"bindAddress": f"127.0.0.1:{ports['kueue-metrics']}"},
-                "health": {"healthProbeBindAddress": f"127.0.0.1:{ports['kueue-probe']}"},
                 "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
                 "featureGates": {"VisibilityOnDemand": False},
             },
-        )
-        proc = self._spawn(
-            state,
-            "kueue",
-            [
-                self.binary("kueue"),
-                f"--config={config}",
-                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
-                "--zap-log-level=2",
-            ],
-        )
-        self._wait_operator(
-            "kueue", proc, ports["kueue-probe"], ports["kueue-webhook"], configs, timeout
+            cert_dir=True,
         )
 
 

@@ -234,3 +234,40 @@ def ensure_free_gpus(kube: Cluster, gpus: int) -> None:
     if missing > 0:
         first = len(get_json(kube, "nodes")["items"])
         kube.add_nodes(first, -(-missing // 8))
+
+
+def resolve_env(pod: dict[str, Any]) -> dict[str, str]:
+    """The first container's env as the kubelet would set it: values, and the fieldRefs the
+    operators use (the pod's name, namespace and IP; an annotation or label, such as the Job's
+    completion index)."""
+    container = pod["spec"]["containers"][0]
+    meta = pod["metadata"]
+    fields = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "status.podIP": pod.get("status", {}).get("podIP", ""),
+    }
+    env = {}
+    for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        elif (ref := item.get("valueFrom", {}).get("fieldRef")) is not None:
+            path = ref["fieldPath"]
+            env[item["name"]] = fields.get(path, "")
+            for field in ("annotations", "labels"):
+                prefix = f"metadata.{field}['"
+                if path.startswith(prefix):
+                    env[item["name"]] = meta.get(field, {}).get(path[len(prefix) : -2], "")
+    return env
+
+
+def launch_dry_run(env: dict[str, str]) -> list[str]:
+    """`megdet launch --dry-run` with a pod's env (nothing of this machine's PET_/MASTER_):
+    the words of what it prints, torchrun's arguments among them."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "megdet", "launch", "--dry-run", "train", "--config", "x"],
+        env={**clean, **env}, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split()

@@ -5,12 +5,19 @@ in a namespace that enforces the `restricted` Pod Security profile."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from e2e_helpers import apply_objects, eventually, get_json, get_or_none, mdr, namespace, pods_of
+from e2e_helpers import (
+    apply_objects,
+    eventually,
+    get_json,
+    get_or_none,
+    launch_dry_run,
+    mdr,
+    namespace,
+    pods_of,
+    resolve_env,
+)
 
 NS = "vision-e2e"
 RUN = "coco-16"
@@ -44,23 +51,6 @@ def ns(kube, controller):
 def phase(kube, ns: str, name: str) -> str | None:
     run = get_or_none(kube, "mdr", name, "-n", ns)
     return ((run or {}).get("status") or {}).get("phase")
-
-
-def resolve_env(pod: dict) -> dict[str, str]:
-    """A container's env as the kubelet would set it (values and the fieldRefs it uses)."""
-    (container,) = pod["spec"]["containers"]
-    env = {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        elif (ref := item.get("valueFrom", {}).get("fieldRef")) is not None:
-            path = ref["fieldPath"]
-            env[item["name"]] = {
-                "metadata.name": pod["metadata"]["name"],
-                "metadata.namespace": pod["metadata"]["namespace"],
-                "status.podIP": pod["status"].get("podIP", ""),
-            }.get(path, "")
-    return env
 
 
 def test_a_16_gpu_run_becomes_a_running_pytorchjob(kube, ns, controller) -> None:
@@ -114,23 +104,12 @@ def test_the_operators_env_launches_a_world_of_16(kube, ns) -> None:
     }
     ranks = {}
     for name, pod in sorted(pods.items()):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_"))}
-        env.update(resolve_env(pod))
-        proc = subprocess.run(
-            [sys.executable, "-m", "megdet", "launch", "--dry-run", "train", "--config", "x"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "world size 16" in proc.stdout, proc.stdout
-        args = proc.stdout.split()
+        args = launch_dry_run(resolve_env(pod))
+        assert "world size 16:" in " ".join(args), args
         # c10d rendezvous on the Master's Service; torchrun numbers the nodes as they join and
         # the Master's node hosts the store.
-        assert f"--rdzv-endpoint={RUN}-master-0:23456" in args, proc.stdout
-        assert "--nnodes=2:2" in args and "--nproc-per-node=8" in args, proc.stdout
+        assert f"--rdzv-endpoint={RUN}-master-0:23456" in args, args
+        assert "--nnodes=2:2" in args and "--nproc-per-node=8" in args, args
         ranks[name] = next(a.split("=")[-1] for a in args if a.startswith("--rdzv-conf="))
     assert ranks == {f"{RUN}-master-0": "1", f"{RUN}-worker-0": "0"}  # is_host
 

@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -26,9 +23,11 @@ from e2e_helpers import (
     eventually,
     get_json,
     get_or_none,
+    launch_dry_run,
     mdr,
     namespace,
     pods_of,
+    resolve_env,
 )
 from test_pytorchjob import volumes
 
@@ -171,26 +170,6 @@ def test_a_16_gpu_run_goes_through_trainer_and_jobset(kube, ns, controller) -> N
     assert row[:5] == [RUN, "Succeeded", "16", "16", "32"]
 
 
-def resolve_env(pod: dict) -> dict[str, str]:
-    """The `node` container's env as the kubelet would set it (values, and the fieldRefs
-    Trainer and JobSet use: the Job's completion index from the pod's metadata)."""
-    (container,) = pod["spec"]["containers"]
-    meta = pod["metadata"]
-    env = {}
-    for item in container.get("env", []):
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        elif (ref := item.get("valueFrom", {}).get("fieldRef")) is not None:
-            path = ref["fieldPath"]
-            for field in ("annotations", "labels"):
-                prefix = f"metadata.{field}['"
-                if path.startswith(prefix):
-                    env[item["name"]] = meta.get(field, {}).get(path[len(prefix) : -2], "")
-            if path in ("metadata.name", "metadata.namespace"):
-                env[item["name"]] = meta[path.split(".")[1]]
-    return env
-
-
 def test_trainers_env_launches_a_world_of_16(kube, ns) -> None:
     """Trainer's torch plugin, not the chart, sets the rendezvous (PET_* in the `node`
     container, the node rank from the Job's completion index); `megdet launch` turns it into
@@ -201,20 +180,10 @@ def test_trainers_env_launches_a_world_of_16(kube, ns) -> None:
         assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "8", env
         # Pod 0 of the JobSet's Job, by its hostname in the JobSet's headless Service.
         assert env["PET_MASTER_ADDR"] == f"{RUN}-node-0-0.{RUN}", env
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_"))}
-        proc = subprocess.run(
-            [sys.executable, "-m", "megdet", "launch", "--dry-run", "train", "--config", "x"],
-            env={**clean, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        assert "world size 16" in proc.stdout, proc.stdout
-        args = proc.stdout.split()
-        assert f"--rdzv-endpoint={RUN}-node-0-0.{RUN}:29500" in args, proc.stdout
-        assert "--nnodes=2:2" in args and "--nproc-per-node=8" in args, proc.stdout
+        args = launch_dry_run(env)
+        assert "world size 16:" in " ".join(args), args
+        assert f"--rdzv-endpoint={RUN}-node-0-0.{RUN}:29500" in args, args
+        assert "--nnodes=2:2" in args and "--nproc-per-node=8" in args, args
         index = pod["metadata"]["annotations"]["batch.kubernetes.io/job-completion-index"]
         hosts[index] = next(a.split("=")[-1] for a in args if a.startswith("--rdzv-conf="))
     assert hosts == {"0": "1", "1": "0"}
