@@ -22,6 +22,7 @@ tests can inspect. kwok itself (the node and pod simulator) is used as is.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
@@ -268,29 +269,40 @@ class Cluster:
         )
         return env
 
-    def kubectl(
+    def tool(
         self,
+        binary: str,
         *args: str,
         input: str | None = None,
         check: bool = True,
         kubeconfig: Path | None = None,
         timeout: float = 60,
     ) -> subprocess.CompletedProcess[str]:
+        """Run a pinned client (kubectl, helm) against this cluster, from the repository root."""
         env = self.env()
         if kubeconfig:
             env["KUBECONFIG"] = str(kubeconfig)
         proc = subprocess.run(
-            [self.binary("kubectl"), *args],
+            [self.binary(binary), *args],
             input=input,
             env=env,
+            cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=timeout,
             check=False,
         )
         if check and proc.returncode != 0:
-            raise ClusterError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+            raise ClusterError(
+                f"{binary} {' '.join(args)} failed: {proc.stdout.strip()}\n{proc.stderr.strip()}"
+            )
         return proc
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.tool("kubectl", *args, **kwargs)
+
+    def helm(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.tool("helm", *args, **kwargs)
 
     def apply(self, objects: Iterable[Mapping[str, Any]] | str, server_side: bool = False) -> None:
         text = objects if isinstance(objects, str) else yaml.safe_dump_all(list(objects))
@@ -876,7 +888,6 @@ class Cluster:
     def webhook_secret(self, namespace: str, name: str) -> dict[str, Any]:
         """A cert-controller style Secret holding the project's webhook certificate and CA, so
         the operator's certificate rotator finds a valid one and serves it instead of its own."""
-        import base64
 
         def b64(path: Path) -> str:
             return base64.b64encode(path.read_bytes()).decode()
@@ -897,8 +908,6 @@ class Cluster:
 
     def webhook_configuration(self, name: str, port: int, source: Path) -> dict[str, Any]:
         """The upstream ValidatingWebhookConfiguration, pointed at the operator on this host."""
-        import base64
-
         upstream = yaml.safe_load(source.read_text())
         ca = base64.b64encode((self.webhook_pki() / "ca.crt").read_bytes()).decode()
         for hook in upstream["webhooks"]:
@@ -1033,8 +1042,6 @@ class Cluster:
         manifests.yaml), with the JSON patches its kustomization applies to each kind, named
         as its rotator expects (``names``: kind -> name) and pointed at the operator on this
         host with the project's CA; ``keep`` picks the hooks of what the cluster serves."""
-        import base64
-
         ca = base64.b64encode((self.webhook_pki() / "ca.crt").read_bytes()).decode()
         configs = []
         for doc in yaml.safe_load_all(source.read_text()):
@@ -1056,8 +1063,6 @@ class Cluster:
         ``patches`` add (pointed at ``port`` on this host with the project's CA; other patch
         content, cert-manager annotations, is left out); server-side applied, then waited for.
         Returns the CRD names."""
-        import base64
-
         folder = kustomization.parent
         spec = yaml.safe_load(kustomization.read_text())
         crds = [yaml.safe_load((folder / rel).read_text()) for rel in spec.get("resources", [])]

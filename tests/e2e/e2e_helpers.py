@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from megdet.cluster.control_plane import Cluster, free_port
+from megdet.cluster.control_plane import Cluster, ClusterError, free_port
 from megdet.cluster.pki import kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,18 +50,10 @@ def eventually(
 def helm(
     kube: Cluster, *args: str, check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(
-        [Cluster.binary("helm"), *args],
-        env=kube.env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    if check and proc.returncode != 0:
-        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
-    return proc
+    try:
+        return kube.helm(*args, check=check, timeout=timeout)
+    except ClusterError as err:
+        raise AssertionError(str(err)) from None
 
 
 def get_json(kube: Cluster, *args: str) -> dict[str, Any]:
