@@ -61,9 +61,16 @@ CRD_FILE = (
     Path(__file__).resolve().parents[1] / "charts/megdet-operator/crds/megdetruns.megdet.io.yaml"
 )
 
-#: Chart values that are not part of a run's spec: the controller names the job after the run,
-#: and whether unsafe MODEL.WEIGHTS may load is the operator's policy, not the run author's.
-DROPPED_VALUES = ("global", "nameOverride", "fullnameOverride", "allowUnsafeWeights")
+#: Chart values that are not part of a run's spec: the controller names the job after the run;
+#: whether unsafe MODEL.WEIGHTS may load, and the container's securityContext (privileged,
+#: runAsUser 0, added capabilities), are the platform's to decide, not the run author's.
+DROPPED_VALUES = (
+    "global",
+    "nameOverride",
+    "fullnameOverride",
+    "allowUnsafeWeights",
+    "containerSecurityContext",
+)
 
 _PLAN = (
     "the plan (world size, global batch, learning rate, schedule) and the checkpoints already "

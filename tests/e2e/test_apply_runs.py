@@ -69,6 +69,13 @@ REFUSED = [
     ({}, "1run", "metadata.name must start with a letter"),
     ({}, "x" * 51, "metadata.name must be at most 50 characters"),
     ({"bogus": 1}, "r", 'unknown field "spec.bogus"'),
+    # Chart values that are the platform's, not a run author's (controller/crd.py DROPPED_VALUES).
+    (
+        {"containerSecurityContext": {"privileged": True}},
+        "r",
+        'unknown field "spec.containerSecurityContext"',
+    ),
+    ({"allowUnsafeWeights": True}, "r", 'unknown field "spec.allowUnsafeWeights"'),
 ]
 
 
