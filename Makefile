@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
-.PHONY: setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
+.PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
 	image-check cluster cluster-down cluster-build
 
 help:
@@ -102,5 +102,12 @@ overrides: setup
 	$(BIN)/python -m megdet.overrides > $(OVERRIDES_FILE).tmp
 	mv $(OVERRIDES_FILE).tmp $(OVERRIDES_FILE)
 
+# The operator chart's admission policy validations, generated from megdet/policy.py's rules
+# (tests/controller/test_policy.py fails when the committed copy is stale).
+POLICY_FILE := charts/megdet-operator/files/policy-validations.yaml
+policy: setup
+	$(BIN)/python -m megdet.policy > $(POLICY_FILE).tmp
+	mv $(POLICY_FILE).tmp $(POLICY_FILE)
+
 # Every generated file, in dependency order: the CRD's CEL rules read the owned-overrides list.
-generate: overrides crd dashboards
+generate: overrides crd dashboards policy

@@ -15,6 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from megdet.controller.validation import validate_run
+from megdet.policy import Policy
+from megdet.policy import check as check_policy
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 VALUES = yaml.safe_load((ROOT / "charts/megdet/values.yaml").read_text())
@@ -191,7 +193,9 @@ names = st.sampled_from(["r", "run-a", "9lives", "a.b", "x" * 40, "x" * 50, "x" 
 def test_megdet_validate_agrees_with_the_server(kube, ns, spec, name) -> None:
     obj = mdr(name, ns, copy.deepcopy(spec))
     accepted, detail = server_verdict(kube, obj)
-    problems = validate_run(spec, name=name)
+    # The server applies the CRD's schema and CEL, then the cluster's policy (the operator
+    # chart's defaults: its admission policy); `megdet validate` and the controller, the same.
+    problems = [*validate_run(spec, name=name), *check_policy(spec, Policy())]
     VERDICTS.append(accepted)
     assert accepted == (not problems), (spec, name, detail, problems)
 

@@ -1,0 +1,261 @@
+# ruff: noqa: E501 - the rule table reads best one case per line
+"""The cluster's MegDet policy (megdet/policy.py): its values, its rules, the generated admission
+validations, and the controller refusing a run outside it before creating anything.
+
+The admission side (the same rules as CEL in a ValidatingAdmissionPolicy, and the RBAC grant for
+privileged knobs) runs on the real API server in tests/e2e/test_policy.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kmock_helpers import (
+    PYTORCHJOBS,
+    RUNS,
+    apply,
+    events_for,
+    eventually,
+    get,
+    patch,
+    requests_to,
+    run_body,
+    start_operator,
+    stop_operator,
+)
+
+from megdet import policy as policy_module
+from megdet.cli import UsageError
+from megdet.controller import metrics
+from megdet.controller.main import load_policy
+from megdet.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check, privileged_knobs
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "megdet-operator"
+
+
+def problems(spec: dict[str, Any], policy: Policy | None = None) -> dict[str, str]:
+    return dict(check(spec, policy or Policy()))
+
+
+# ------------------------------------------------------------------------------------------
+# The values.
+
+
+def test_the_charts_defaults_are_the_modules_defaults() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["policy"]
+    assert {k: v for k, v in values.items() if k != "admission"} == Policy().values()
+    assert Policy.from_values(values) == Policy()
+
+
+def test_the_generated_admission_validations_are_current() -> None:
+    committed = yaml.safe_load((CHART / "files" / "policy-validations.yaml").read_text())
+    assert committed == policy_module.validations(), "run `make generate`"
+    # Every rule and every knob's grant, each naming its field in its message.
+    assert len(committed) == len(policy_module.RULES) + len(PRIVILEGED_KNOBS)
+    for validation, rule in zip(committed, policy_module.RULES, strict=False):
+        assert validation["messageExpression"].startswith(f"'{rule.path}: ' + ")
+
+
+@pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        ({"registries": ["x/"]}, "policy.registries: unknown key; allowed: "),
+        ({"imageRepositories": "ghcr.io/"}, "policy.imageRepositories: must be a list of strings"),
+        ({"secretRefs": "yes"}, "policy.secretRefs: must be true or false, got 'yes'"),
+        (
+            {"privileged": {"hostNetwork": 1}},
+            "policy.privileged.hostNetwork: must be true or false",
+        ),
+        (
+            {"privileged": {"root": True}},
+            "policy.privileged.root: unknown key; allowed: hostNetwork",
+        ),
+        ({"privileged": []}, "policy.privileged: must be a mapping"),
+        ([1], "policy: must be a mapping"),
+    ],
+)
+def test_a_bad_policy_value_names_the_key_and_what_it_takes(values: Any, error: str) -> None:
+    with pytest.raises(PolicyError, match="^" + error.replace("(", r"\(").replace(")", r"\)")):
+        Policy.from_values(values)
+
+
+def test_the_controller_flag_reads_json_or_yaml_and_names_what_is_wrong(tmp_path: Path) -> None:
+    assert load_policy(None) == Policy()
+    good = tmp_path / "policy.json"
+    good.write_text(json.dumps({"imageRepositories": ["*"], "privileged": {"hostNetwork": True}}))
+    loaded = load_policy(good)
+    assert loaded.imageRepositories == ("*",) and loaded.privileged.hostNetwork
+    assert loaded.serviceAccounts == ("",)  # a key left out keeps its default
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("queues: q1\n")
+    with pytest.raises(
+        UsageError, match=r"--policy-file .*bad.yaml: policy.queues: must be a list"
+    ):
+        load_policy(bad)
+    with pytest.raises(UsageError, match=r"--policy-file .*missing.json: No such file"):
+        load_policy(tmp_path / "missing.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{imageRepositories: [")
+    with pytest.raises(UsageError, match="not JSON or YAML"):
+        load_policy(broken)
+
+
+# ------------------------------------------------------------------------------------------
+# The rules.
+
+SECURE = {
+    "gpus": 16,
+    "image": {"repository": "ghcr.io/megdet/megdet", "tag": "1.0"},
+    "serviceAccountName": "",
+    "extraVolumes": [{"name": "cache", "emptyDir": {}}],
+    "extraEnv": [{"name": "A", "value": "1"}, {"name": "P", "valueFrom": {"fieldRef": {}}}],
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+    "podSecurityContext": {"runAsUser": 10001, "runAsNonRoot": True},
+    "gang": {"enabled": False, "schedulerName": "anything", "queue": "any"},
+    "kueue": {"queueName": "team-a"},
+}
+
+
+def test_the_chart_defaults_and_a_restricted_run_pass_the_default_policy() -> None:
+    assert problems({}) == {}
+    assert problems(SECURE) == {}
+    assert privileged_knobs(SECURE) == []
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"image": {"repository": "docker.io/evil/miner"}}, "spec.image.repository", "policy.imageRepositories"),
+        ({"image": {"repository": "ghcr.io/megdetx/y"}}, "spec.image.repository", '"ghcr.io/megdet/"'),
+        ({"serviceAccountName": "admin"}, "spec.serviceAccountName", 'ServiceAccount "admin"'),
+        ({"extraVolumes": [{"name": "s", "secret": {"secretName": "x"}}]}, "spec.extraVolumes", 'volumes "s"'),
+        ({"extraVolumes": [{"name": "p", "projected": {}}]}, "spec.extraVolumes", "policy.volumeTypes"),
+        ({"extraEnv": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "o"}}}]}, "spec.extraEnv", 'env "T" read Secrets'),
+        ({"priorityClassName": "system-node-critical"}, "spec.priorityClassName", "policy.priorityClasses: none"),
+        ({"tolerations": [{"operator": "Exists"}]}, "spec.tolerations", 'taint keys ""'),
+        ({"tolerations": [{"key": "node-role.kubernetes.io/control-plane"}]}, "spec.tolerations", "control-plane"),
+        ({"gang": {"enabled": True, "schedulerName": "mine"}}, "spec.gang.schedulerName", 'scheduler "mine"'),
+        ({"gang": {"enabled": True, "queue": "other-team"}}, "spec.gang.queue", 'Volcano queue "other-team"'),
+        ({"network": {"hostNetwork": True}}, "spec.network.hostNetwork", "policy.privileged.hostNetwork: false"),
+        ({"nccl": {"ib": {"enabled": True, "memlock": "root"}}}, "spec.nccl.ib.memlock", "policy.privileged.ibRootMode"),
+        ({"podSecurityContext": {"runAsUser": 0}}, "spec.podSecurityContext", "policy.privileged.podSecurity"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "spec.podSecurityContext", "restricted profile"),
+        ({"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}, "spec.podSecurityContext", "Unconfined"),
+        ({"podSecurityContext": {"sysctls": [{"name": "net.core.somaxconn"}]}}, "spec.podSecurityContext", "sysctls"),
+        ({"extraVolumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "spec.extraVolumes", "policy.privileged.hostPath"),
+    ],
+)  # fmt: skip
+def test_each_rule_names_its_field_and_the_allowed_values(
+    change: dict[str, Any], field: str, words: str
+) -> None:
+    found = problems({**SECURE, **change})
+    assert list(found) == [field]
+    assert words in found[field] and "the cluster's MegDet policy" in found[field]
+
+
+def test_queues_when_the_policy_names_them_or_requires_one() -> None:
+    listed = Policy(queues=("team-a", "team-b"))
+    assert problems(SECURE, listed) == {}
+    assert (
+        "policy.queues"
+        in problems({**SECURE, "kueue": {"queueName": "x"}}, listed)["spec.kueue.queueName"]
+    )
+    required = Policy(requireQueue=True)
+    assert problems(SECURE, required) == {}
+    assert problems({**SECURE, "kueue": {"queueName": ""}}, required) == {
+        "spec.kueue.queueName": "the cluster's MegDet policy requires a Kueue LocalQueue "
+        "(policy.requireQueue)"
+    }
+
+
+def test_wildcards_and_a_policy_that_allows_the_privileged_knobs() -> None:
+    spec = {
+        **SECURE,
+        "image": {"repository": "docker.io/x"},
+        "serviceAccountName": "trainer",
+        "tolerations": [{"operator": "Exists"}],
+        "network": {"hostNetwork": True},
+        "extraVolumes": [{"name": "h", "hostPath": {"path": "/dev/infiniband"}}],
+    }
+    assert set(problems(spec)) == {
+        "spec.image.repository",
+        "spec.serviceAccountName",
+        "spec.tolerations",
+        "spec.network.hostNetwork",
+        "spec.extraVolumes",
+    }
+    open_policy = Policy.from_values(
+        {
+            "imageRepositories": ["*"],
+            "serviceAccounts": ["*"],
+            "tolerationKeys": ["*"],
+            "privileged": {"hostNetwork": True, "hostPath": True},
+        }
+    )
+    assert problems(spec, open_policy) == {}
+    assert privileged_knobs(spec) == ["hostNetwork", "hostPath"]
+
+
+def test_any_spec_gives_problems_not_exceptions() -> None:
+    for spec in (None, [], "x", {"image": "x", "extraVolumes": "y", "tolerations": [1, None]}):
+        check(spec, Policy())  # must not raise
+    assert check({"podSecurityContext": None, "extraEnv": None}, Policy()) == []
+
+
+# ------------------------------------------------------------------------------------------
+# The controller: outside the policy, nothing is created.
+
+
+async def test_the_controller_refuses_a_run_outside_the_policy_before_creating_its_job(
+    cluster,
+) -> None:
+    denied_before = metrics.sample("megdet_controller_reconciles_total", {"result": "denied"})
+    op = await start_operator(str(cluster.url))
+    try:
+        await apply(cluster, run_body("r", {"gpus": 8, "network": {"hostNetwork": True}}))
+
+        def valid_condition() -> dict[str, Any] | None:
+            status = (get(cluster, RUNS, "r") or {}).get("status") or {}
+            return next((c for c in status.get("conditions") or [] if c["type"] == "Valid"), None)
+
+        cond = await eventually(valid_condition, message="Valid condition")
+        assert cond["status"] == "False" and cond["reason"] == "PolicyDenied"
+        assert "spec.network.hostNetwork: host networking" in cond["message"]
+        assert get(cluster, RUNS, "r")["status"]["phase"] == "Invalid"
+        await eventually(
+            lambda: [e for e in events_for(cluster, "r") if e.get("reason") == "PolicyDenied"],
+            message="a PolicyDenied Warning event",
+        )
+        assert not requests_to(cluster, "POST", "/pytorchjobs")
+        assert get(cluster, PYTORCHJOBS, "r") is None
+        assert (
+            metrics.sample("megdet_controller_reconciles_total", {"result": "denied"})
+            >= denied_before + 1
+        )
+        # The spec brought inside the policy: the job is created.
+        await patch(
+            cluster,
+            RUNS,
+            "r",
+            {"metadata": {"generation": 2}, "spec": {"network": {"hostNetwork": False}}},
+        )
+        await eventually(lambda: get(cluster, PYTORCHJOBS, "r"), message="the job")
+    finally:
+        await stop_operator(op)
+
+
+async def test_a_controller_whose_policy_allows_a_knob_creates_the_job(cluster) -> None:
+    allowing = Policy.from_values({"privileged": {"hostNetwork": True}})
+    op = await start_operator(str(cluster.url), policy=allowing)
+    try:
+        await apply(cluster, run_body("h", {"gpus": 8, "network": {"hostNetwork": True}}))
+        job = await eventually(lambda: get(cluster, PYTORCHJOBS, "h"), message="the job")
+        pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        assert pod["hostNetwork"] is True
+    finally:
+        await stop_operator(op)
