@@ -107,8 +107,31 @@ def _controller_test_helpers() -> Any:
     return module
 
 
+#: Prometheus's identity towards the controller: the token it sends, the user it stands for.
+SCRAPER_TOKEN = "prometheus-token-for-the-live-test"
+SCRAPER_USER = "system:serviceaccount:monitoring:prometheus"
+
+
+class GrantScraper:
+    """Stands in for the API server's TokenReview and SubjectAccessReview (kmock answers
+    neither): SCRAPER_TOKEN is SCRAPER_USER, who may get /metrics; any other token is invalid.
+    tests/e2e/test_metrics_auth.py asks a real API server."""
+
+    def authenticate(self, token: str):
+        from megdet.controller.metrics_auth import User
+
+        if token != SCRAPER_TOKEN:
+            return None
+        return User(SCRAPER_USER, groups=("system:serviceaccounts",))
+
+    def authorize(self, user, verb: str, path: str) -> tuple[bool, str]:
+        return (user.username == SCRAPER_USER and (verb, path) == ("get", "/metrics"), "")
+
+
 class ControllerUnderTest:
-    """kmock + the real operator in threads; the controller REGISTRY served on ``port``."""
+    """kmock + the real operator in threads; the controller REGISTRY served on ``port`` as
+    the pod serves it by default: HTTPS with a self-signed certificate, bearer token checked
+    (by :class:`GrantScraper` here)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
@@ -120,11 +143,15 @@ class ControllerUnderTest:
         self._thread = threading.Thread(target=self._run, name="kmock", daemon=True)
 
     def start(self, timeout: float = 60.0) -> ControllerUnderTest:
-        from prometheus_client import start_http_server
+        from megdet.controller import metrics
+        from megdet.controller.metrics_auth import TokenAuthorizer, server_ssl_context
 
-        from megdet.controller.metrics import REGISTRY
-
-        self._server, _ = start_http_server(self.port, addr="127.0.0.1", registry=REGISTRY)
+        self._server = metrics.serve(
+            self.port,
+            "127.0.0.1",
+            authorizer=TokenAuthorizer(GrantScraper()),
+            ssl_context=server_ssl_context(),
+        )
         self._thread.start()
         if not self.ready.wait(timeout):
             raise TimeoutError(f"controller scenario not done after {timeout}s: {self.error!r}")
@@ -139,8 +166,7 @@ class ControllerUnderTest:
             self._loop.call_soon_threadsafe(self._stop.set)
         self._thread.join(30)
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
 
     def _run(self) -> None:
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import pytest
 import yaml
 from live_harness import (
     NAMESPACE,
+    SCRAPER_TOKEN,
     TRAINING_RUN,
     ControllerUnderTest,
     TrainingRun,
@@ -78,13 +80,22 @@ class Live:
     controller_metrics: str
     training_exit: int
     workers_left: list[int]
+    controller_url: str
 
     def query(self, expr: str) -> list[dict]:
         return self.prometheus.api("query", {"query": expr, "time": f"{self.at:.3f}"})["result"]
 
 
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def _get(url: str, token: str | None = None) -> str:
+    import ssl
+
+    context = None
+    if url.startswith("https:"):  # the controller's self-signed certificate, as Prometheus
+        context = ssl.create_default_context()  # scrapes it: insecure_skip_verify
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
         return response.read().decode()
 
 
@@ -111,6 +122,8 @@ def live(tmp_path_factory) -> Live:
     trainer_port, controller_port = free_port(), free_port()
     rules = work / "rules.yaml"
     rules.write_text(yaml.safe_dump({"groups": rule_groups()}, sort_keys=False))
+    token_file = work / "prometheus-token"  # the ServiceAccount token file of a real pod
+    token_file.write_text(SCRAPER_TOKEN)
 
     controller = ControllerUnderTest(controller_port)
     prom = PrometheusServer(
@@ -136,8 +149,13 @@ def live(tmp_path_factory) -> Live:
             {
                 # The controller's ServiceMonitor keeps the exposed `namespace` (the run's)
                 # with honorLabels; the pod's namespace labels the controller-wide series.
+                # metrics.secure (the default): HTTPS, Prometheus's token (bearerTokenFile),
+                # the self-signed certificate not verified (insecureSkipVerify).
                 "job_name": "megdet-operator",
                 "honor_labels": True,
+                "scheme": "https",
+                "authorization": {"credentials_file": str(token_file)},
+                "tls_config": {"insecure_skip_verify": True},
                 "static_configs": [
                     {
                         "targets": [f"127.0.0.1:{controller_port}"],
@@ -157,10 +175,13 @@ def live(tmp_path_factory) -> Live:
         _wait_until_ready(prom, run, timeout=240)
         at = time.time()
         trainer_text = _get(f"http://127.0.0.1:{trainer_port}/metrics")
-        controller_text = _get(f"http://127.0.0.1:{controller_port}/metrics")
+        controller_text = _get(f"https://127.0.0.1:{controller_port}/metrics", SCRAPER_TOKEN)
         exit_status = run.stop()
         time.sleep(1)  # let the workers' exit be reaped before looking for leftovers
-        yield Live(prom, at, trainer_text, controller_text, exit_status, run.group_alive())
+        yield Live(
+            prom, at, trainer_text, controller_text, exit_status, run.group_alive(),
+            f"https://127.0.0.1:{controller_port}/metrics",
+        )  # fmt: skip
     finally:
         if run is not None:
             run.stop()
@@ -282,6 +303,21 @@ def test_promtool_check_metrics_is_clean_on_both_exporters(live, which, tmp_path
     assert result.returncode == 0 and not result.stdout.strip() and not result.stderr.strip(), (
         result.stdout + result.stderr
     )
+
+
+def test_prometheus_scrapes_the_secure_controller_with_its_token(live):
+    # The fleet panels' data came this way; here the target itself: HTTPS, up, and the same
+    # URL refusing a scrape without the token or with another one.
+    (target,) = [
+        t
+        for t in live.prometheus.api("targets")["activeTargets"]
+        if t["labels"]["job"] == "megdet-operator"
+    ]
+    assert target["scrapeUrl"] == live.controller_url and target["health"] == "up", target
+    for token in (None, "not-prometheus"):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(live.controller_url, token)
+        assert refused.value.code == 401
 
 
 def test_scraped_names_are_the_exporters_registries(live):

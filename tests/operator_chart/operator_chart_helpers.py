@@ -34,6 +34,12 @@ class Rendered:
         assert len(found) == 1, f"expected one {kind}, got {len(found)}"
         return found[0]
 
+    def named(self, kind: str, name: str) -> dict[str, Any]:
+        """The one ``kind`` object called ``name`` (several ClusterRoles render by default)."""
+        found = [o for o in self.of_kind(kind) if o["metadata"]["name"] == name]
+        assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
+        return found[0]
+
 
 def values_file(path: Path) -> dict[str, Any]:
     return helm_python.values_from_yaml(path.read_text())
