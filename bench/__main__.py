@@ -21,6 +21,7 @@ from bench import (
     controller_validation,
     data_throughput,
     exporter_overhead,
+    progress_overhead,
     step_overhead,
     sync_bn_scope,
 )
@@ -69,12 +70,17 @@ def _exporter_overhead(quick: bool) -> None:
     exporter_overhead.print_report(exporter_overhead.run(quick=quick))
 
 
+def _progress_overhead(quick: bool) -> None:
+    progress_overhead.print_report(progress_overhead.run(quick=quick))
+
+
 BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "chart_render": _chart_render,
     "step_overhead": _step_overhead,
     "sync_bn_scope": _sync_bn_scope,
     "data_throughput": _data_throughput,
     "exporter_overhead": _exporter_overhead,
+    "progress_overhead": _progress_overhead,
     "controller_validation": _controller_validation,
     "controller_reconcile": _controller_reconcile,
 }

@@ -67,8 +67,40 @@ are passed: the trainer plans LR and schedule itself from the world size it find
        and local rank 0 serves them all on the metrics port (trainer/metrics.py). */ -}}
 {{- $env = append $env (dict "name" "PROMETHEUS_MULTIPROC_DIR" "value" "/tmp/megdet-metrics") -}}
 {{- end -}}
+{{- $env = concat $env (include "megdet.progressEnv" . | fromYamlArray) -}}
 {{- $env = concat $env .Values.extraEnv -}}
 {{- include "megdet.yaml" $env -}}
+{{- end -}}
+
+{{/*
+Progress reporting (target pytorchjob, progress.url set by the controller): the trainer POSTs
+Kubeflow Trainer's status protocol to the controller (docs/architecture.md, "Progress
+reporting"). The env names are Trainer v2's (kubeflow/trainer v2.3.0
+pkg/runtime/framework/plugins/trainjobstatus/trainjobstatus.go), so the trainer has one
+reporting path for both targets. The token is a projected ServiceAccount token whose audience
+is this run's (the API server refuses it for its own API; automountServiceAccountToken stays
+false), rotated by the kubelet; the CA comes from the controller's ConfigMap.
+*/}}
+{{- define "megdet.progressEnabled" -}}
+{{- if and .Values.progress.url (eq .Values.target "pytorchjob") -}}true{{- end -}}
+{{- end -}}
+{{- define "megdet.progressMountPath" -}}/var/run/secrets/megdet.io/progress{{- end -}}
+{{- define "megdet.progressAudience" -}}
+{{- printf "megdet.io/v1alpha1/namespaces/%s/megdetruns/%s/status" .Release.Namespace .Release.Name -}}
+{{- end -}}
+{{- define "megdet.progressEnv" -}}
+{{- if include "megdet.progressEnabled" . -}}
+{{- if not .Values.progress.caConfigMap -}}
+{{- fail "progress.url is set but progress.caConfigMap is empty: the pods need the endpoint's CA (a ConfigMap with key ca.crt)" -}}
+{{- end -}}
+{{- $dir := include "megdet.progressMountPath" . -}}
+{{- include "megdet.yaml" (list
+  (dict "name" "KUBEFLOW_TRAINER_SERVER_URL" "value" (printf "%s/apis/megdet.io/v1alpha1/namespaces/%s/megdetruns/%s/status" (trimSuffix "/" .Values.progress.url) .Release.Namespace .Release.Name))
+  (dict "name" "KUBEFLOW_TRAINER_SERVER_CA_CERT" "value" (printf "%s/ca.crt" $dir))
+  (dict "name" "KUBEFLOW_TRAINER_SERVER_TOKEN" "value" (printf "%s/token" $dir))) -}}
+{{- else -}}
+[]
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -223,6 +255,11 @@ spec:
           mountPath: /output
         - name: dshm
           mountPath: /dev/shm
+        {{- if include "megdet.progressEnabled" $root }}
+        - name: megdet-progress
+          mountPath: {{ include "megdet.progressMountPath" $root | quote }}
+          readOnly: true
+        {{- end }}
         {{- with $v.extraVolumeMounts }}
         {{- include "megdet.yaml" . | nindent 8 }}
         {{- end }}
@@ -238,6 +275,20 @@ spec:
       emptyDir:
         medium: Memory
         sizeLimit: {{ $v.shm.sizeLimit | quote }}
+    {{- if include "megdet.progressEnabled" $root }}
+    - name: megdet-progress
+      projected:
+        sources:
+          - serviceAccountToken:
+              audience: {{ include "megdet.progressAudience" $root | quote }}
+              expirationSeconds: 3600
+              path: token
+          - configMap:
+              name: {{ $v.progress.caConfigMap | quote }}
+              items:
+                - key: ca.crt
+                  path: ca.crt
+    {{- end }}
     {{- with $v.extraVolumes }}
     {{- include "megdet.yaml" . | nindent 4 }}
     {{- end }}
