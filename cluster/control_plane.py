@@ -70,6 +70,7 @@ PORT_OFFSETS = {
     "kueue-webhook": 15,
     "kueue-metrics": 16,
     "kueue-probe": 17,
+    "trainer-status": 18,
 }
 DEFAULT_PORT_BASE = 26440
 
@@ -163,6 +164,19 @@ KUEUE_WEBHOOK_CONFIGS = {
 KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob",)
 #: A pod's ServiceAccount namespace file: JobSet and Trainer use it over their defaults.
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+#: Trainer v2.3.0's alpha feature gate for its status server and the TrainJobStatus plugin
+#: (pkg/features/features.go; off by default), and the ServiceAccount whose token its manager
+#: reads its issuer from (pkg/statusserver/auth.go, getClusterOIDCIssuerURL).
+TRAINER_STATUS_GATE = "TrainJobStatus"
+TRAINER_SERVICE_ACCOUNT = "kubeflow-trainer-controller-manager"
+#: Run in its own mount namespace, Trainer's manager sees the folder given as $1 where a pod
+#: has its ServiceAccount files (a tmpfs over /run, which /var/run points to, holds the mount
+#: point); nothing on the host changes.
+POD_FILES_SCRIPT = (
+    'run=$(readlink -f /var/run) && mount -t tmpfs -o mode=0755,size=1m megdet-pod-run "$run"'
+    ' && mkdir -p "$run/secrets/kubernetes.io/serviceaccount"'
+    ' && mount --bind "$1" "$run/secrets/kubernetes.io/serviceaccount" && shift && exec "$@"'
+)
 
 
 class ClusterError(RuntimeError):
@@ -604,7 +618,12 @@ class Cluster:
                 # policies, ...) plus what kubeadm adds.
                 "--enable-admission-plugins=NodeRestriction",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                # The issuer is this API server's own URL, so its OIDC discovery document
+                # (/.well-known/openid-configuration, /openid/v1/jwks) is reachable from the
+                # host: Trainer v2's status server discovers the issuer from a token's `iss`
+                # and fetches both to verify the pods' tokens (see _start_trainer).
+                f"--service-account-issuer={self.issuer(ports)}",
+                f"--service-account-jwks-uri={self.issuer(ports)}/openid/v1/jwks",
                 f"--service-account-key-file={pki / 'sa.pub'}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 "--allow-privileged=true",
@@ -625,6 +644,11 @@ class Cluster:
             ],
         )
         self._wait("kube-apiserver", lambda: self._ready("/readyz"), timeout, proc)
+
+    @staticmethod
+    def issuer(ports: Mapping[str, int]) -> str:
+        """The ServiceAccount token issuer (the `iss` of every token this cluster signs)."""
+        return f"https://127.0.0.1:{ports['kube-apiserver']}"
 
     def _audit_policy(self) -> Path:
         """Metadata-level audit of every request except the components' own chatter."""
@@ -1196,15 +1220,72 @@ class Cluster:
                 "ValidatingWebhookConfiguration": [webhook / "patch_validating.yaml"],
             },
         )
-        self._install_webhooks(self._pod_namespace(TRAINER_NAMESPACE), TRAINER_SECRET, configs)
-        self._run_manager(
+        namespace = self._pod_namespace(TRAINER_NAMESPACE)
+        self._install_webhooks(namespace, TRAINER_SECRET, configs)
+        # The TrainJobStatus gate: the status server on its own port (it binds ":<port>", all
+        # interfaces: StatusServer has no host field) and the plugin that gives the trainer's
+        # pods its URL, CA and a token (docs/trainer-v2.md, Progress).
+        proc = self._run_manager(
             state,
             "trainer",
             "trainer-controller-manager",
             base / "manager/controller_manager_config.yaml",
             configs,
             timeout,
+            extra={
+                "featureGates": {TRAINER_STATUS_GATE: True},
+                "statusServer": {"port": ports["trainer-status"]},
+            },
+            wrapper=self._pod_files_wrapper(namespace),
         )
+        # It listens once its token authorizer found the issuer (OIDC discovery through the
+        # manager's own client: no anonymous access to the discovery endpoints is needed).
+        port = ports["trainer-status"]
+        self._wait(
+            "trainer status server",
+            lambda: self._status_server_up(port),
+            timeout,
+            proc,
+            log="trainer",
+        )
+
+    def _pod_files_wrapper(self, namespace: str) -> list[str]:
+        """The command prefix that runs Trainer's manager as if in a pod of its own
+        ServiceAccount: Trainer v2.3.0 reads the token issuer from
+        /var/run/secrets/kubernetes.io/serviceaccount/token (getClusterOIDCIssuerURL in
+        pkg/statusserver/auth.go, a fixed path) and fails its status server without it. The
+        token is a real one (TokenRequest), in the state folder; the namespace file holds what
+        the pod's would (the namespace Trainer's certificate code uses, see _pod_namespace)."""
+        self.apply(
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "ServiceAccount",
+                    "metadata": {"name": TRAINER_SERVICE_ACCOUNT, "namespace": namespace},
+                }
+            ]
+        )
+        token = self.kubectl(
+            "create", "token", TRAINER_SERVICE_ACCOUNT, "-n", namespace, "--duration=24h"
+        ).stdout.strip()
+        folder = self.root / "trainer-serviceaccount"
+        folder.mkdir(exist_ok=True)
+        for name, text in (("token", token), ("namespace", namespace)):
+            (folder / name).write_text(text)
+            (folder / name).chmod(0o600)
+        # Root may make a mount namespace; anyone else needs a user namespace for it.
+        user = [] if os.geteuid() == 0 else ["--map-root-user"]
+        return ["unshare", "--mount", *user, "--", "sh", "-c", POD_FILES_SCRIPT, "sh", str(folder)]
+
+    def _status_server_up(self, port: int) -> bool:
+        """Trainer's status server answers (404 for a path it does not serve), over TLS with
+        the webhook serving certificate it shares (pkg/util/cert SetupTLSConfig)."""
+        ctx = ssl.create_default_context(cafile=str(self.webhook_pki() / "ca.crt"))
+        try:
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/", timeout=2, context=ctx).close()
+        except urllib.error.HTTPError as err:
+            return err.code == 404
+        return False
 
     def _run_manager(
         self,
@@ -1216,9 +1297,11 @@ class Cluster:
         timeout: float,
         extra: Mapping[str, Any] | None = None,
         cert_dir: bool = False,
-    ) -> None:
+        wrapper: Sequence[str] = (),
+    ) -> subprocess.Popen:
         """A controller-runtime manager from upstream's config file, bound to 127.0.0.1 with
-        this cluster's ports and no leader election, then its readiness (and its webhooks')."""
+        this cluster's ports and no leader election, then its readiness (and its webhooks');
+        ``wrapper``: a command prefix it runs under."""
         ports = state["ports"]
         webhook: dict[str, Any] = {"port": ports[f"{name}-webhook"], "host": "127.0.0.1"}
         if cert_dir:
@@ -1238,6 +1321,7 @@ class Cluster:
             state,
             name,
             [
+                *wrapper,
                 self.binary(binary),
                 f"--config={config}",
                 f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
@@ -1247,6 +1331,7 @@ class Cluster:
         self._wait_operator(
             name, proc, ports[f"{name}-probe"], ports[f"{name}-webhook"], configs, timeout
         )
+        return proc
 
     def _start_kueue(self, state: dict[str, Any], timeout: float) -> None:
         """Kueue v0.19.0 with only its TrainJob integration: its CRDs with their conversion

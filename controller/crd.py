@@ -70,6 +70,8 @@ DROPPED_VALUES = (
     "fullnameOverride",
     "allowUnsafeWeights",
     "containerSecurityContext",
+    # The controller's progress endpoint and CA (controller/progress.py): set per run by it.
+    "progress",
 )
 
 _PLAN = (
@@ -587,6 +589,38 @@ def status_schema() -> dict[str, Any]:
             "startTime": _field("string", "When the job started running.", **time),
             "completionTime": _field("string", "When the job succeeded or failed.", **time),
             "restarts": _field("integer", "Times the job restarted its pods."),
+            "progress": progress_schema(),
+        },
+    )
+
+
+def progress_schema() -> dict[str, Any]:
+    """``status.progress``: what the trainer last reported (``megdet.progress.to_status``)."""
+    time = {"format": "date-time"}
+    return _field(
+        "object",
+        "Training progress the trainer reported: to the controller's endpoint (target "
+        "pytorchjob) or to Kubeflow Trainer (target trainjob, mirrored from the TrainJob's "
+        "status.trainerStatus). Written at most once per run every --progress-interval "
+        "seconds (pytorchjob), or when Trainer stores a report, which the trainer sends at most "
+        "every MEGDET_PROGRESS_INTERVAL seconds besides evaluations and checkpoints (trainjob).",
+        properties={
+            "iteration": _field("integer", "Iterations done.", format="int64"),
+            "maxIter": _field("integer", "Iterations planned (SOLVER.MAX_ITER).", format="int64"),
+            "percent": _field("integer", "Percent of maxIter done, 0-100.", minimum=0, maximum=100),
+            "imagesSeen": _field("integer", "Training images seen so far.", format="int64"),
+            "plannedImages": _field("integer", "Training images planned.", format="int64"),
+            "imagesPerSecond": _field("number", "Training throughput, images per second."),
+            "etaSeconds": _field("integer", "Estimated seconds until maxIter.", format="int64"),
+            "etaTime": _field("string", "Estimated end: updatedTime + etaSeconds.", **time),
+            "ap": _field("number", "COCO box AP of the last evaluation, in percent."),
+            "ap50": _field("number", "COCO box AP50 of the last evaluation, in percent."),
+            "evalIteration": _field("integer", "Iteration of the last evaluation.", format="int64"),
+            "checkpointIteration": _field(
+                "integer", "Iteration of the last complete checkpoint.", format="int64"
+            ),
+            "checkpointTime": _field("string", "When the last checkpoint was written.", **time),
+            "updatedTime": _field("string", "When the trainer measured this progress.", **time),
         },
     )
 
@@ -598,7 +632,38 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "World", "type": "integer", "jsonPath": ".status.worldSize"},
         {"name": "Batch", "type": "integer", "jsonPath": ".status.globalBatch"},
         {"name": "LR", "type": "number", "jsonPath": ".status.lr"},
+        # Progress: percent, the estimated end as a time (a `date` column prints a future time
+        # as "<invalid>": kubectl shows the age of a past one only), the last evaluation's AP.
+        {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent"},
+        {"name": "ETA", "type": "string", "jsonPath": ".status.progress.etaTime"},
+        {"name": "AP", "type": "number", "jsonPath": ".status.progress.ap"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+        # kubectl get -o wide.
+        {
+            "name": "Iteration",
+            "type": "integer",
+            "jsonPath": ".status.progress.iteration",
+            "priority": 1,
+        },
+        {
+            "name": "Images/s",
+            "type": "number",
+            "jsonPath": ".status.progress.imagesPerSecond",
+            "priority": 1,
+        },
+        {"name": "AP50", "type": "number", "jsonPath": ".status.progress.ap50", "priority": 1},
+        {
+            "name": "Checkpoint",
+            "type": "integer",
+            "jsonPath": ".status.progress.checkpointIteration",
+            "priority": 1,
+        },
+        {
+            "name": "Reported",
+            "type": "date",
+            "jsonPath": ".status.progress.updatedTime",
+            "priority": 1,
+        },
     ]
 
 

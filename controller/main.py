@@ -1,8 +1,9 @@
 """``megdet controller``: run the MegDetRun operator (the controller image's command).
 
 In a pod it logs in with its service account; elsewhere with the current kubeconfig context.
-It serves Prometheus metrics on ``--metrics-port`` (``/metrics``) and kopf's health endpoint
-on ``--health-port`` (``/healthz``, for the liveness and readiness probes).
+It serves Prometheus metrics on ``--metrics-port`` (``/metrics``; HTTPS behind Kubernetes
+authentication and authorization unless ``--no-metrics-secure``, see metrics_auth.py) and
+kopf's health endpoint on ``--health-port`` (``/healthz``, plain HTTP, for the probes).
 
 High availability: every replica joins the kopf peering object ``--peering`` with a priority
 (``random`` by default, so replicas differ); kopf pauses a replica while a live peer with a
@@ -15,9 +16,13 @@ import argparse
 import logging
 import os
 import random
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from megdet.cli import UsageError, whole_number
+from megdet.policy import Policy, PolicyError
 
 __all__ = ["build_parser_args", "positive_seconds", "priority_value", "register", "run"]
 
@@ -93,6 +98,20 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         help="port for Prometheus /metrics (default: 8080)",
     )
     parser.add_argument(
+        "--metrics-secure",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="serve /metrics over HTTPS to callers the API server authenticates (TokenReview) "
+        "and authorizes for get on /metrics (SubjectAccessReview); --no-metrics-secure: plain "
+        "HTTP for anyone who reaches the port (default: secure)",
+    )
+    parser.add_argument(
+        "--metrics-cert-dir",
+        metavar="DIR",
+        help="folder with the metrics server's tls.crt and tls.key (default: a self-signed "
+        "certificate generated at start)",
+    )
+    parser.add_argument(
         "--health-port",
         type=whole_number(minimum=1),
         default=8081,
@@ -105,11 +124,75 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         help="seconds before an API call of the controller's client gives up (default: 10)",
     )
     parser.add_argument(
+        "--policy-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="the cluster's MegDet policy (the operator chart's `policy` values as JSON or YAML; "
+        "default: the chart's secure defaults); see docs/operations.md",
+    )
+    progress = parser.add_argument_group(
+        'progress reporting (target pytorchjob; docs/architecture.md, "Progress reporting")'
+    )
+    progress.add_argument(
+        "--progress-url",
+        default="",
+        metavar="URL",
+        help="base URL the runs' pods reach the progress endpoint at, e.g. "
+        "https://megdet-operator-metrics.megdet-system.svc:8443 (default: '' = no progress "
+        "endpoint, nothing injected into runs)",
+    )
+    progress.add_argument(
+        "--progress-port",
+        type=whole_number(minimum=1),
+        default=8443,
+        help="HTTPS port of the progress endpoint (default: 8443)",
+    )
+    progress.add_argument(
+        "--progress-cert-dir",
+        metavar="DIR",
+        help="folder with the endpoint's tls.crt, tls.key and ca.crt (default: a self-signed "
+        "CA and certificate generated at start)",
+    )
+    progress.add_argument(
+        "--progress-interval",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds between two status.progress writes of one run, at most one write per "
+        "interval (default: 30)",
+    )
+    progress.add_argument(
+        "--progress-checkpoint-events",
+        type=whole_number(minimum=1),
+        default=5,
+        metavar="K",
+        help="post a Checkpointed event every K-th checkpoint (default: 5)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         default="INFO",
         help="log level (default: INFO)",
     )
+
+
+def load_policy(path: Path | None) -> Policy:
+    """The policy in ``path`` (JSON or YAML), or the chart's defaults; a UsageError names the
+    flag or the policy key that is wrong."""
+    if path is None:
+        return Policy()
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise UsageError(f"--policy-file {path}: {err.strerror or err}") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise UsageError(f"--policy-file {path}: not JSON or YAML: {err}") from None
+    try:
+        return Policy.from_values(values)
+    except PolicyError as err:
+        raise UsageError(f"--policy-file {path}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,6 +210,30 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"{name} {port} must be <= 65535")
     if args.metrics_port == args.health_port:
         raise UsageError("--metrics-port and --health-port must differ")
+    if args.progress_url:
+        url = args.progress_url
+        if not url.startswith("https://") or any(c.isspace() for c in url):
+            raise UsageError(
+                f"--progress-url {args.progress_url!r} must be an https:// URL (the pods verify "
+                "the endpoint's certificate)"
+            )
+        if args.progress_port > 65535:
+            raise UsageError(f"--progress-port {args.progress_port} must be <= 65535")
+        if args.progress_port in (args.metrics_port, args.health_port):
+            raise UsageError("--progress-port must differ from --metrics-port and --health-port")
+    if args.metrics_cert_dir is not None and not args.metrics_secure:
+        raise UsageError("--metrics-cert-dir needs --metrics-secure (it is plain HTTP now)")
+    if args.metrics_secure:
+        from megdet.controller.metrics_auth import (
+            KubernetesReviewer,
+            TokenAuthorizer,
+            server_ssl_context,
+        )
+
+        try:  # before logging in: a bad flag is reported first
+            ssl_context = server_ssl_context(args.metrics_cert_dir)
+        except ValueError as err:
+            raise UsageError(f"--metrics-cert-dir: {err}") from None
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
@@ -140,7 +247,9 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"no in-cluster service account and no kubeconfig: {err}") from None
     api = k8s.ApiClient()
     api.user_agent = "megdet-controller"
-    registry = build_registry(Cluster(api, timeout=args.api_timeout))
+    registry = build_registry(
+        Cluster(api, timeout=args.api_timeout), policy=load_policy(args.policy_file)
+    )
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -152,7 +261,34 @@ def run(args: argparse.Namespace) -> int:
     settings.posting.reporting_component = "megdet-controller"
     settings.posting.reporting_instance = os.environ.get("POD_ID", "megdet-controller")
 
-    metrics.serve(args.metrics_port)
+    metrics_options: dict[str, Any] = {}
+    if args.metrics_secure:
+        metrics_options["ssl_context"] = ssl_context
+        metrics_options["authorizer"] = TokenAuthorizer(
+            KubernetesReviewer(api, timeout=args.api_timeout)
+        )
+    metrics.serve(args.metrics_port, **metrics_options)
+    if args.progress_url:
+        from megdet.controller import operator, progress
+
+        try:
+            progress.start(
+                api,
+                registry,
+                url=args.progress_url,
+                port=args.progress_port,
+                cert_dir=args.progress_cert_dir,
+                interval=args.progress_interval,
+                checkpoint_every=args.progress_checkpoint_events,
+                timeout=args.api_timeout,
+                instance=settings.posting.reporting_instance,
+            )
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+        except OSError as err:
+            raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
+        operator.PROGRESS_URL = args.progress_url
+        operator.CHECKPOINT_EVENTS = args.progress_checkpoint_events
     kopf.run(
         registry=registry,
         settings=settings,

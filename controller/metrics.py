@@ -9,16 +9,28 @@ controller owns PyTorchJobs or TrainJobs.
 The controller serves :data:`REGISTRY` on its ``metrics`` port (8080, ``/metrics``); see
 :func:`serve`. A private registry (not the process-wide default) keeps the exposition to
 these series, and lets tests read values without cross-talk from other libraries.
+
+The series name every tenant's runs, so the pod serves them over HTTPS to callers the API
+server vouches for (a TokenReview, then a SubjectAccessReview for ``get /metrics``; see
+metrics_auth.py) unless ``--no-metrics-secure`` asks for plain HTTP.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+import ssl
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 # Values of the ``phase`` label of RUNS: the MegDetRun status phases, owned by status.py.
 from megdet.controller.status import PHASES
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "JOBS_CREATED",
@@ -27,12 +39,14 @@ __all__ = [
     "JOBS_RESTARTED",
     "JOBS_SUCCESSFUL",
     "PHASES",
+    "PROGRESS_REPORTS",
     "RECONCILES",
     "RECONCILE_DURATION",
     "REGISTRY",
     "RESULTS",
     "RUNS",
     "RUN_INFO",
+    "MetricsServer",
     "forget_run",
     "record_run_info",
     "sample",
@@ -44,11 +58,12 @@ __all__ = [
 REGISTRY = CollectorRegistry()
 
 #: Values of the ``result`` label of :data:`RECONCILES`.
-RESULTS = ("success", "invalid", "error", "conflict", "refused")
+RESULTS = ("success", "invalid", "denied", "error", "conflict", "refused")
 
 RECONCILES = Counter(
     "megdet_controller_reconciles",
-    "MegDetRun reconciles by result: success, invalid (spec refused), error (retried), "
+    "MegDetRun reconciles by result: success, invalid (spec refused), denied (outside the "
+    "cluster's MegDet policy), error (retried), "
     "conflict (the job's name, or the run's output folder, is taken; retried), refused (the "
     "API server refused the job: schema, admission webhook or quota; not retried until the "
     "spec changes).",
@@ -105,6 +120,15 @@ RUN_INFO = Gauge(
     ["namespace", "run", "target", "world_size", "global_batch", "lr"],
     registry=REGISTRY,
 )
+#: Training progress reports to the controller's endpoint (target pytorchjob; progress.py), by
+#: result: accepted, unauthenticated (no token), forbidden (a token not of the run's pods),
+#: invalid (422/411/413), not_found (no such run, or target trainjob), error (API failure).
+PROGRESS_REPORTS = Counter(
+    "megdet_controller_progress_reports",
+    "Progress reports POSTed to the controller's status endpoint, by result.",
+    ["result"],
+    registry=REGISTRY,
+)
 
 # (namespace, run) -> the label values of its run_info series, so a re-plan or a delete can
 # remove the old series instead of leaving a stale one behind.
@@ -153,9 +177,95 @@ def sample(name: str, labels: Mapping[str, str] | None = None) -> float:
     return 0.0 if value is None else value
 
 
-def serve(port: int, addr: str = "0.0.0.0") -> None:  # a pod listens on its own IP
-    """Serve :data:`REGISTRY` on ``http://addr:port/metrics`` from a background thread."""
-    start_http_server(port, addr=addr, registry=REGISTRY)
+class MetricsServer:
+    """The running /metrics server: its bound port, and :meth:`close` (tests, shutdown)."""
+
+    def __init__(self, httpd: WSGIServer, thread: threading.Thread) -> None:
+        self._httpd = httpd
+        self._thread = thread
+        self.port: int = httpd.server_address[1]
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(10)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True  # a stuck scrape must not keep the process alive
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that speaks plain HTTP to the HTTPS port, or hangs up mid-handshake: one
+        # debug line, not a traceback on stderr per probe.
+        import sys
+
+        _log.debug("metrics: connection from %s failed: %s", client_address, sys.exc_info()[1])
+
+
+class _QuietHandler(WSGIRequestHandler):
+    # Bounds a client that connects and never sends (or never finishes the TLS handshake,
+    # which happens here, in the request's own thread, not in the accept loop).
+    timeout = 30
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def _guarded(app: Callable[..., Any], authorizer: Any) -> Callable[..., Any]:
+    """``app`` behind ``authorizer`` (a TokenAuthorizer): 401/403/500 as plain text."""
+    reasons = {401: "401 Unauthorized", 403: "403 Forbidden", 500: "500 Internal Server Error"}
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
+        method = environ.get("REQUEST_METHOD", "GET")
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", [("Content-Type", "text/plain")])
+            return iter([b"not found: only /metrics is served\n"])
+        if method not in ("GET", "HEAD"):
+            start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
+            return iter([b""])
+        verdict = authorizer.check(environ.get("HTTP_AUTHORIZATION"), "get", "/metrics")
+        if not verdict.allowed:
+            headers = [("Content-Type", "text/plain; charset=utf-8")]
+            if verdict.status == 401:
+                headers.append(("WWW-Authenticate", 'Bearer realm="megdet-controller"'))
+            start_response(reasons[verdict.status], headers)
+            return iter([f"{verdict.reason}\n".encode()])
+        return app(environ, start_response)
+
+    return guarded
+
+
+def serve(
+    port: int,
+    addr: str = "0.0.0.0",  # a pod listens on its own IP
+    *,
+    authorizer: Any = None,
+    ssl_context: ssl.SSLContext | None = None,
+) -> MetricsServer:
+    """Serve :data:`REGISTRY` on ``addr:port/metrics`` from a background thread.
+
+    With ``ssl_context`` it speaks HTTPS; with ``authorizer`` (a
+    :class:`megdet.controller.metrics_auth.TokenAuthorizer`) every request needs a bearer
+    token the authorizer accepts. Neither: plain HTTP for anyone who reaches the port.
+    ``port`` 0 picks a free port (see :attr:`MetricsServer.port`).
+    """
+    app = make_wsgi_app(REGISTRY)
+    if authorizer is not None:
+        app = _guarded(app, authorizer)
+    server_class = type("_MetricsServer", (_Server,), {})
+    if ":" in addr:
+        import socket
+
+        server_class.address_family = socket.AF_INET6
+    httpd = make_server(addr, port, app, server_class=server_class, handler_class=_QuietHandler)
+    if ssl_context is not None:
+        httpd.socket = ssl_context.wrap_socket(
+            httpd.socket, server_side=True, do_handshake_on_connect=False
+        )
+    thread = threading.Thread(target=httpd.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return MetricsServer(httpd, thread)
 
 
 def _format_lr(lr: float) -> str:

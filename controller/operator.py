@@ -36,6 +36,7 @@ from kubernetes import client as k8s
 
 from megdet.controller import metrics
 from megdet.controller.problems import InvalidRunError, Problem
+from megdet.controller.progress import CA_CONFIG_MAP, Milestones
 from megdet.controller.render import RenderedRun, default_renderer, render_run
 from megdet.controller.status import (
     ACTIVE_PHASES,
@@ -49,11 +50,15 @@ from megdet.controller.status import (
     job_deleted_status,
     job_state,
     next_status,
+    progress_patch,
     refused_at,
     refused_status,
     set_condition,
+    trainjob_progress,
 )
 from megdet.controller.validation import validate_run, validate_update
+from megdet.policy import Policy
+from megdet.policy import check as check_policy
 
 __all__ = [
     "GROUP",
@@ -92,6 +97,8 @@ OWNED_KINDS: dict[tuple[str, str], str] = {
     ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainjobs",
     ("trainer.kubeflow.org/v1alpha1", "TrainingRuntime"): "trainingruntimes",
+    # spec.networkPolicy.enabled: the run's pods reachable only from each other and monitoring.
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
 }
 #: The owned kinds that are the run's job (the rest are helpers such as the TrainingRuntime).
 JOB_KINDS = {"PyTorchJob": "pytorchjob", "TrainJob": "trainjob"}
@@ -102,11 +109,19 @@ SUSPEND_PATH = {"PyTorchJob": ("spec", "runPolicy", "suspend"), "TrainJob": ("sp
 #: Env the controller gives every container of a run, through the chart's ``extraEnv`` (after
 #: the user's entries, so these win: the kubelet keeps the last of equal names).
 RUN_ENV = ("MEGDET_RUN_UID", "MEGDET_RUN_NAME")
+#: The base URL of the controller's progress endpoint (``--progress-url``; controller/progress.py),
+#: given to every run as the chart value ``progress`` (owned by the controller, not a spec
+#: field); "" = progress reporting off. Set once at start by ``megdet controller``.
+PROGRESS_URL = ""
+#: A ``Checkpointed`` event every this many checkpoints (``--progress-checkpoint-events``).
+CHECKPOINT_EVENTS = 5
 #: HTTP statuses of a refused create that are not the job's fault, so are retried (401: the
 #: controller's credentials; 404: the kind is not served; 408: a timeout; 409: the name is
 #: taken; 429: throttling). Any other 4xx is the server refusing this job (schema, admission
 #: webhook, ResourceQuota): see :class:`JobRefused`.
 NOT_REFUSALS = frozenset({401, 404, 408, 409, 429})
+#: The Valid condition's reason (and the event's) for a run outside the cluster's policy.
+POLICY_DENIED = "PolicyDenied"
 
 
 # ------------------------------------------------------------------------------------------
@@ -165,7 +180,7 @@ def plan_children(run: Mapping[str, Any], old_spec: Any = None) -> Invalid | Pla
             problems = validate_run(spec, name=name, namespace=namespace)
         if problems:
             return Invalid(tuple(problems))
-        rendered = render_run(name, namespace, spec)
+        rendered = render_run(name, namespace, with_progress(spec, name))
     except InvalidRunError as err:
         return Invalid(tuple(err.problems))
     job = rendered.job
@@ -182,6 +197,18 @@ def plan_children(run: Mapping[str, Any], old_spec: Any = None) -> Invalid | Pla
         )
     kopf.adopt(objects, owner=dict(run))
     return Planned(rendered=rendered, objects=tuple(objects))
+
+
+def with_progress(spec: Any, name: str) -> Any:
+    """``spec`` with the chart value ``progress`` when progress reporting is on (PROGRESS_URL).
+
+    Added after validation (``progress`` is not a MegDetRun field: strict validation refuses
+    it, as the API server does), so only the job's render sees it. The chart adds the run's
+    path to the URL; the controller publishes the CA ConfigMap (controller/progress.py).
+    """
+    if not PROGRESS_URL or not isinstance(spec, Mapping):
+        return spec
+    return {**spec, "progress": {"url": PROGRESS_URL, "caConfigMap": CA_CONFIG_MAP}}
 
 
 def with_run_env(spec: Any, name: str, uid: Any) -> Any:
@@ -716,15 +743,20 @@ def build_registry(
     backoff: Backoff | None = None,
     now: Callable[[], str] = _now,
     observe: Callable[[float], None] | None = None,
+    policy: Policy | None = None,
 ) -> kopf.OperatorRegistry:
     """A kopf registry with the MegDetRun handlers bound to ``cluster``.
 
     ``observe`` (optional) receives each reconcile's duration in seconds, as the histogram
-    does; the benchmark uses it for exact percentiles.
+    does; the benchmark uses it for exact percentiles. ``policy``: the cluster's MegDet policy
+    (default: the operator chart's secure defaults), checked before a run's job is created.
     """
     backoff = backoff or Backoff()
+    policy = policy if policy is not None else Policy()
     registry = kopf.OperatorRegistry()
     phases = _Phases()
+    #: (namespace, run) -> the TrainJob mirror's milestone events state.
+    milestones: dict[tuple[str, str], Milestones] = {}
 
     def api_call(what: str, call: Callable[[], Any], retry: int) -> Any:
         try:
@@ -848,6 +880,16 @@ def build_registry(
                     delay=backoff.conflict_delay,
                 )
 
+        if job is None and not finished(seen):
+            # The cluster's policy, before anything is created for the run (a job that exists
+            # was allowed when it was made: a stricter policy later does not stop it).
+            denied = [
+                f"{path}: {message}" for path, message in check_policy(run.get("spec"), policy)
+            ]
+            if denied:
+                policy_denied(run, denied, generation, retry)
+                return
+
         # Helpers (the TrainingRuntime) first, the job last: the job refers to them. A finished
         # run creates nothing.
         creates = [] if finished(seen) else list(decision.objects[1:])
@@ -912,6 +954,22 @@ def build_registry(
             namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
         )
         metrics.RECONCILES.labels("success").inc()
+
+    def policy_denied(
+        run: Mapping[str, Any], problems: list[str], generation: Any, retry: int
+    ) -> None:
+        """Outside the cluster's policy: phase Invalid, ``Valid=False`` (reason
+        ``PolicyDenied``), one Warning event; retried when the spec or the policy changes."""
+
+        def denied(old: Mapping[str, Any], _run: Any, _fresh: bool) -> dict[str, Any]:
+            return invalid_status(old, problems, now(), generation, reason=POLICY_DENIED)
+
+        before = write_status(run, denied, "", retry, phase_event=False)
+        metrics.RECONCILES.labels("denied").inc()
+        if before is not None and _condition_reason(before, "Valid") != POLICY_DENIED:
+            message = "; ".join(problems)
+            kopf.warn(run, reason=POLICY_DENIED, message=message[:1000])
+            logger.warning("run %s/%s: %s", *_meta(run)[:2], message)
 
     def conflict(run: Mapping[str, Any], kind: str, name: str, generation: Any, retry: int) -> None:
         """An object of the name the run needs is not the run's: never overwritten, retried."""
@@ -1081,6 +1139,7 @@ def build_registry(
                 if kind in JOB_KINDS:
                     metrics.JOBS_DELETED.labels(namespace, JOB_KINDS[kind]).inc()
         metrics.forget_run(namespace, name)
+        milestones.pop((namespace, name), None)
         phases.set(namespace, name, None)
 
     def job_event(body: kopf.Body, type: str | None, retry: int, **_: Any) -> None:
@@ -1102,6 +1161,9 @@ def build_registry(
             job_gone(run, job["kind"], job["metadata"]["name"], retry, final)
             return
         state = job_state(job)
+        # target: trainjob: what the trainer reported to Trainer's status server, mirrored
+        # into status.progress (only when it changed; None: nothing reported yet).
+        progress, problems = trainjob_progress(job) if job["kind"] == "TrainJob" else (None, [])
 
         def mirrored(old: Mapping[str, Any], current: Mapping[str, Any], _: bool) -> dict | None:
             meta = current.get("metadata") or {}
@@ -1111,12 +1173,32 @@ def build_registry(
                 return None  # the run's own reconcile writes its first status
             patch = next_status(old, state, now(), meta.get("generation"))
             if all(old.get(k) == v for k, v in patch.items()):
-                return None
-            return patch
+                patch = {}
+            changed = None if progress is None else progress_patch(old.get("progress"), progress)
+            if changed is not None:
+                patch["progress"] = changed
+                if problems:
+                    logger.warning(
+                        "run %s/%s: TrainJob trainerStatus: %s",
+                        namespace,
+                        ref["name"],
+                        "; ".join(problems),
+                    )
+            return patch or None
 
         before = write_status(run, mirrored, state.message, retry)
         if before is None:
             return
+        if progress is not None:
+            # Milestone events, as the pytorchjob endpoint posts them (controller/progress.py).
+            key = (namespace, ref["name"])
+            if key not in milestones:
+                written = (
+                    before.get("progress") if isinstance(before.get("progress"), Mapping) else {}
+                )
+                milestones[key] = Milestones.from_written(written, CHECKPOINT_EVENTS)
+            for reason, message in milestones[key].note(progress, time.monotonic()):
+                kopf.event(dict(run), type="Normal", reason=reason, message=message[:1000])
         _count_transition(namespace, JOB_KINDS[job["kind"]], before.get("phase"), state.phase)
         if state.phase in TERMINAL_PHASES:
             logger.info("run %s/%s %s", namespace, ref["name"], state.phase)
@@ -1143,6 +1225,8 @@ def _index_outputs(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], Outp
 
 def _may_own(target: Any, kind: str) -> bool:
     """Whether a run of ``target`` (status.target; unknown: any) can own objects of ``kind``."""
+    if kind == "NetworkPolicy":
+        return True
     if target == "pytorchjob":
         return kind == "PyTorchJob"
     if target == "trainjob":

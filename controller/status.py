@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megdet.progress import to_status as progress_from_trainer_status
+
 __all__ = [
     "ACTIVE_PHASES",
     "CONDITION_TYPES",
@@ -47,10 +49,12 @@ __all__ = [
     "job_deleted_status",
     "job_state",
     "next_status",
+    "progress_patch",
     "pytorchjob_state",
     "refused_at",
     "refused_status",
     "set_condition",
+    "trainjob_progress",
     "trainjob_state",
 ]
 
@@ -250,15 +254,20 @@ def next_status(
 
 
 def invalid_status(
-    old: Mapping[str, Any], problems: Sequence[str], now: str, generation: int | None
+    old: Mapping[str, Any],
+    problems: Sequence[str],
+    now: str,
+    generation: int | None,
+    reason: str = "InvalidSpec",
 ) -> dict[str, Any]:
-    """Status for a spec that failed validation: phase Invalid, condition Valid=False."""
+    """Status for a spec that failed validation (or the cluster's policy: ``reason``
+    ``PolicyDenied``): phase Invalid, condition Valid=False."""
     message = "; ".join(problems)
     conditions = set_condition(
         [c for c in old.get("conditions") or [] if isinstance(c, Mapping)],
         "Valid",
         False,
-        "InvalidSpec",
+        reason,
         message,
         now,
         generation,
@@ -367,6 +376,26 @@ def refused_status(
                 conditions, kind, False, f"Not{kind}", "phase is Failed", now, generation
             )
     return {"phase": "Failed", "conditions": conditions, "observedGeneration": generation}
+
+
+def trainjob_progress(job: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
+    """``status.progress`` mirrored from a TrainJob's ``status.trainerStatus`` (what Trainer
+    v2.3.0's status server stores from the trainer's reports) and the problems found in it;
+    None when the TrainJob has no trainerStatus (nothing reported yet: leave the run's as is)."""
+    status = job.get("status")
+    trainer = status.get("trainerStatus") if isinstance(status, Mapping) else None
+    if trainer is None:
+        return None, []
+    return progress_from_trainer_status(trainer)
+
+
+def progress_patch(old: Any, new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch of ``status.progress`` that turns ``old`` into ``new`` (a field ``new``
+    lacks is set to null, which removes it); None when they are equal: nothing to write."""
+    before = old if isinstance(old, Mapping) else {}
+    if dict(before) == dict(new) and (isinstance(old, Mapping) or not new):
+        return None
+    return {**{key: None for key in before if key not in new}, **new}
 
 
 def _count(mapping: Mapping[str, Any], key: str) -> int:

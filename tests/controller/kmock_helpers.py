@@ -27,12 +27,14 @@ import pytest_asyncio
 from kubernetes import client as k8s
 
 from megdet.controller.operator import Backoff, Cluster, build_registry, configure
+from megdet.policy import Policy
 
 NAMESPACE = "vision"
 RUNS = "megdet.io/v1alpha1/megdetruns"
 PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 RUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
+NETWORKPOLICIES = "networking.k8s.io/v1/networkpolicies"
 PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 NS_PEERINGS = "kopf.dev/v1/kopfpeerings"  # an operator serving some namespaces peers in each
 PEERING_NAME = "megdet-test"
@@ -53,6 +55,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     PYTORCHJOBS: {"kind": "PyTorchJob", "namespaced": True, "subresources": ["status"]},
     TRAINJOBS: {"kind": "TrainJob", "namespaced": True, "subresources": ["status"]},
     RUNTIMES: {"kind": "TrainingRuntime", "namespaced": True},
+    NETWORKPOLICIES: {"kind": "NetworkPolicy", "namespaced": True},
     # As the chart's CRD declares it: no status subresource (kopf patches the object itself).
     PEERINGS: {"kind": "ClusterKopfPeering", "namespaced": False},
     NS_PEERINGS: {"kind": "KopfPeering", "namespaced": True},
@@ -320,6 +323,7 @@ class OperatorThread:
         priority: int = 0,
         timeout: float = 2.0,
         backoff: Backoff = FAST_BACKOFF,
+        policy: Policy | None = None,
         namespaces: list[str] | None = None,
     ) -> None:
         self.url = url
@@ -330,6 +334,7 @@ class OperatorThread:
         self.user_agent = f"megdet-controller/{self.identity}"
         self.timeout = timeout
         self.backoff = backoff
+        self.policy = policy
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.error: BaseException | None = None
@@ -349,7 +354,9 @@ class OperatorThread:
             self.error = err
 
     async def _main(self) -> None:
-        registry = build_registry(Cluster(self._client(), timeout=self.timeout), self.backoff)
+        registry = build_registry(
+            Cluster(self._client(), timeout=self.timeout), self.backoff, policy=self.policy
+        )
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:

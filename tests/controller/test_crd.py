@@ -93,8 +93,18 @@ def test_crd_names_and_version(crd, version):
         "World": ".status.worldSize",
         "Batch": ".status.globalBatch",
         "LR": ".status.lr",
+        "Progress": ".status.progress.percent",
+        "ETA": ".status.progress.etaTime",
+        "AP": ".status.progress.ap",
         "Age": ".metadata.creationTimestamp",
+        "Iteration": ".status.progress.iteration",
+        "Images/s": ".status.progress.imagesPerSecond",
+        "AP50": ".status.progress.ap50",
+        "Checkpoint": ".status.progress.checkpointIteration",
+        "Reported": ".status.progress.updatedTime",
     }
+    wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
+    assert wide == {"Iteration", "Images/s", "AP50", "Checkpoint", "Reported"}
 
 
 @pytest.mark.parametrize("k8s_version", ["1.30.0", "1.34.0"])
@@ -286,7 +296,13 @@ def test_status_declares_the_controller_fields(root):
     assert set(status) == {
         "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
         "lr", "maxIter", "steps", "warmupIters", "jobName", "target", "startTime",
-        "completionTime", "restarts",
+        "completionTime", "restarts", "progress",
+    }  # fmt: skip
+    progress = status["progress"]["properties"]
+    assert set(progress) == {
+        "iteration", "maxIter", "percent", "imagesSeen", "plannedImages", "imagesPerSecond",
+        "etaSeconds", "etaTime", "ap", "ap50", "evalIteration", "checkpointIteration",
+        "checkpointTime", "updatedTime",
     }  # fmt: skip
     assert status["phase"]["enum"] == [
         "Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid",

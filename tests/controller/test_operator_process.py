@@ -51,6 +51,9 @@ async def test_controller_command_serves_runs_metrics_and_health(cluster, tmp_pa
     env.pop("KUBERNETES_SERVICE_HOST", None)
     command = [
         sys.executable, "-m", "megdet", "controller", "--standalone",
+        # kmock answers no TokenReviews: plain HTTP here (tests/e2e/test_metrics_auth.py
+        # scrapes the secure default against a real API server).
+        "--no-metrics-secure",
         f"--metrics-port={metrics_port}", f"--health-port={health_port}",
     ]  # fmt: skip
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

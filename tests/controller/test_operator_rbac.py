@@ -13,6 +13,7 @@ import pytest
 import yaml
 from kmock_helpers import (
     NAMESPACE,
+    NETWORKPOLICIES,
     NS_PEERINGS,
     PEERING_NAME,
     PEERINGS,
@@ -35,6 +36,10 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "megdet-operator"
 #: update on the owner's finalizers under the OwnerReferencesPermissionEnforcement admission
 #: plugin, which kmock does not run.
 NOT_CALLED = {("megdet.io", "megdetruns/finalizers", "update")}
+#: The progress endpoint's CA ConfigMap: published by controller/progress.py, which these
+#: kmock operators do not start; tests/e2e/test_progress.py runs it under the chart's
+#: ServiceAccount on the real API server, which enforces these rules.
+NOT_CALLED |= {("", "configmaps", verb) for verb in ("create", "get", "patch")}
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
@@ -56,7 +61,13 @@ def granted(values: dict[str, Any]) -> set[Permission]:
         for path, text in files.items()
         if not path.endswith("NOTES.txt")
         for doc in yaml.safe_load_all(text)
-        if doc and doc.get("kind") in ("ClusterRole", "Role")
+        if doc
+        and doc.get("kind") in ("ClusterRole", "Role")
+        # The run rules: the ClusterRole or Roles named after the release. The metrics
+        # server's TokenReview/SubjectAccessReview role, the user-facing megdet-edit/-view
+        # and the scrapers' reader role are checked in tests/operator_chart/test_rbac_roles.py
+        # and against a real API server in tests/e2e/test_metrics_auth.py.
+        and doc["metadata"]["name"] == "megdet-operator"
     ]
     return {
         (role["metadata"].get("namespace") if role["kind"] == "Role" else None, group, res, verb)
@@ -124,7 +135,9 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         await apply(cluster, run_body("pj"))
         await apply(cluster, run_body("tj", {"gpus": 8, "target": "trainjob"}))
         await apply(cluster, run_body("bad", {"gpus": 12, "gpusPerNode": 8}))
+        await apply(cluster, run_body("np", {"gpus": 8, "networkPolicy": {"enabled": True}}))
         await eventually(lambda: get(cluster, PYTORCHJOBS, "pj") and get(cluster, TRAINJOBS, "tj"))
+        await eventually(lambda: get(cluster, NETWORKPOLICIES, "np"), message="NetworkPolicy")
         running = [{"type": "Running", "status": "True", "reason": "Running", "message": ""}]
         await patch(cluster, PYTORCHJOBS, "pj", {"status": {"conditions": running}}, status=True)
         await eventually(
@@ -136,9 +149,13 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         await eventually(lambda: get(cluster, TRAINJOBS, "tj")["spec"]["suspend"])
         await delete(cluster, RUNS, "pj")
         await delete(cluster, RUNS, "tj")
+        await delete(cluster, RUNS, "np")
         await eventually(
-            lambda: get(cluster, RUNS, "pj") is None and get(cluster, RUNS, "tj") is None
+            lambda: get(cluster, RUNS, "pj") is None
+            and get(cluster, RUNS, "tj") is None
+            and get(cluster, RUNS, "np") is None
         )
+        assert get(cluster, NETWORKPOLICIES, "np") is None  # deleted by name with its run
         await settle()
     finally:
         await stop_operator(op)

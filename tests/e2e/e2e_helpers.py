@@ -20,7 +20,8 @@ from megdet.cluster.control_plane import Cluster, ClusterError, free_port
 from megdet.cluster.pki import kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
-E2E_ROOT = ROOT / "output" / "e2e"
+#: One control plane per folder (MEGDET_E2E_ROOT: several sessions side by side on one machine).
+E2E_ROOT = Path(os.environ.get("MEGDET_E2E_ROOT") or ROOT / "output" / "e2e").resolve()
 #: Where the component logs stay after the suite (printed with every failure).
 LOGS = E2E_ROOT / "logs"
 OPERATOR_RELEASE = "megdet-operator"
@@ -88,6 +89,8 @@ class ControllerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.health_port = 0
+        #: "https" unless the Deployment says --no-metrics-secure (the chart's metrics.secure).
+        self.metrics_scheme = "https"
         #: time.monotonic() of the last start: the controller serves the job kinds it finds
         #: then (kopf's cluster scanning is off), so a kind installed later needs a restart.
         self.started_at = 0.0
@@ -97,14 +100,30 @@ class ControllerProcess:
         (container,) = deploy["spec"]["template"]["spec"]["containers"]
         return list(container.get("args") or [])
 
+    def host_policy_file(self, arg: str) -> str:
+        """``--policy-file`` names the Deployment's mount of the policy ConfigMap: on the host,
+        the same ConfigMap's content, read now (as a pod reads it when it starts)."""
+        config = get_json(
+            self.kube, "configmap", "-n", OPERATOR_NAMESPACE, f"{OPERATOR_RELEASE}-policy"
+        )
+        name = Path(arg.split("=", 1)[1]).name
+        local = self.workdir / name
+        local.write_text(config["data"][name])
+        return f"--policy-file={local}"
+
     def start(self) -> None:
         self.started_at = time.monotonic()
         self.metrics_port, self.health_port = free_port(), free_port()
         args = [
             a
             for a in self.deployment_args()
-            if not a.startswith(("--metrics-port=", "--health-port="))
+            if not a.startswith(("--metrics-port=", "--health-port=", "--progress-port="))
         ]
+        # The progress endpoint (tests/e2e/test_progress.py) on a free port of this host too.
+        self.progress_port = free_port()
+        args.append(f"--progress-port={self.progress_port}")
+        self.metrics_scheme = "http" if "--no-metrics-secure" in args else "https"
+        args = [self.host_policy_file(a) if a.startswith("--policy-file=") else a for a in args]
         config = token_kubeconfig(
             self.kube, OPERATOR_NAMESPACE, OPERATOR_RELEASE, self.workdir / "controller.kubeconfig"
         )
@@ -151,11 +170,21 @@ class ControllerProcess:
         self.stop()
         self.start()
 
-    def metrics(self) -> str:
+    def metrics(self, token: str | None = None) -> str:
+        """/metrics as a scraper gets it: over HTTPS with ``token`` (a bearer token with get on
+        /metrics) when secure; the self-signed certificate is not verified (insecureSkipVerify).
+        Raises urllib.error.HTTPError for a refusal (401, 403)."""
+        import ssl
         import urllib.request
 
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
-        with urllib.request.urlopen(url, timeout=5) as resp:
+        url = f"{self.metrics_scheme}://127.0.0.1:{self.metrics_port}/metrics"
+        context = None
+        if self.metrics_scheme == "https":
+            context = ssl.create_default_context()
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=10, context=context) as resp:
             return resp.read().decode()
 
 

@@ -6,7 +6,7 @@ controller makes against kmock (each call allowed, each rule used).
 
 from __future__ import annotations
 
-from operator_chart_helpers import render
+from operator_chart_helpers import RELEASE, render
 
 #: (apiGroup, resource) -> verbs. The one place a reviewer reads what the controller may do.
 EXPECTED_RULES = {
@@ -16,7 +16,11 @@ EXPECTED_RULES = {
     ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "delete"},
     ("", "events"): {"create"},
+    # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace.
+    ("", "configmaps"): {"create"},
+    ("", "configmaps[megdet-progress-ca]"): {"get", "patch"},
     ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
 }
 
@@ -31,11 +35,16 @@ EXPECTED_NAMESPACED_RULES = {
 
 def rules_of(rendered, role: dict | None = None) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
-    for rule in (role or rendered.one("ClusterRole"))["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}  # no nonResourceURLs, names
+    # The controller's own ClusterRole: the user-facing, metrics and other roles the chart
+    # ships are checked in test_rbac_roles.py and where they are defined.
+    for rule in (role or rendered.named("ClusterRole", RELEASE))["rules"]:
+        # No nonResourceURLs; resourceNames only where the key says so ("resource[name]").
+        assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}
+        names = rule.get("resourceNames")
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                out.setdefault((group, resource), set()).update(rule["verbs"])
+                key = f"{resource}[{','.join(names)}]" if names else resource
+                out.setdefault((group, key), set()).update(rule["verbs"])
     return out
 
 
@@ -47,7 +56,10 @@ def test_no_wildcards_no_secrets_no_escalation() -> None:
     rules = rules_of(render())
     for (group, resource), verbs in rules.items():
         assert "*" not in group and "*" not in resource and "*" not in verbs
-        assert resource not in ("secrets", "configmaps", "pods/exec", "serviceaccounts/token")
+        assert resource not in ("secrets", "pods/exec", "serviceaccounts/token")
+        # ConfigMaps: create, and read or change only the one the controller publishes.
+        if resource == "configmaps":
+            assert verbs == {"create"}
         assert not verbs & {"escalate", "bind", "impersonate"}
 
 
@@ -58,9 +70,9 @@ def test_without_peering_the_peering_rule_is_gone() -> None:
 
 def test_binding_grants_the_role_to_the_controller_service_account() -> None:
     rendered = render()
-    binding = rendered.one("ClusterRoleBinding")
+    binding = rendered.named("ClusterRoleBinding", RELEASE)
     account = rendered.one("ServiceAccount")
-    assert binding["roleRef"]["name"] == rendered.one("ClusterRole")["metadata"]["name"]
+    assert binding["roleRef"]["name"] == rendered.named("ClusterRole", RELEASE)["metadata"]["name"]
     assert binding["subjects"] == [
         {
             "kind": "ServiceAccount",
@@ -74,7 +86,10 @@ def test_binding_grants_the_role_to_the_controller_service_account() -> None:
 
 def test_watch_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
     rendered = render({"controller": {"watchNamespaces": ["vision", "research"]}})
-    assert rendered.of_kind("ClusterRole") == rendered.of_kind("ClusterRoleBinding") == []
+    # No cluster-wide grant of the run rules: the ClusterRoles left are the metrics server's
+    # review rights (cluster-scoped by nature) and roles for others (test_rbac_roles.py).
+    assert not [r for r in rendered.of_kind("ClusterRole") if r["metadata"]["name"] == RELEASE]
+    assert RELEASE not in {b["roleRef"]["name"] for b in rendered.of_kind("ClusterRoleBinding")}
     account = rendered.one("ServiceAccount")["metadata"]
     roles = {r["metadata"]["namespace"]: r for r in rendered.of_kind("Role")}
     bindings = {b["metadata"]["namespace"]: b for b in rendered.of_kind("RoleBinding")}
@@ -109,4 +124,5 @@ def test_watch_namespaces_without_peering_drop_the_peering_rule() -> None:
     )
     expected = {k: v for k, v in EXPECTED_NAMESPACED_RULES.items() if k[0] != "kopf.dev"}
     assert rules_of(rendered, rendered.one("Role")) == expected
-    assert rendered.of_kind("KopfPeering") == [] == rendered.of_kind("ClusterRole")
+    assert rendered.of_kind("KopfPeering") == []
+    assert RELEASE not in {r["metadata"]["name"] for r in rendered.of_kind("ClusterRole")}

@@ -22,6 +22,17 @@ def test_defaults_render_the_controller_objects_and_nothing_optional() -> None:
             "ClusterKopfPeering",
             "ClusterRole",
             "ClusterRoleBinding",
+            # metrics.secure: the metrics server's review rights (role and binding) and the
+            # scrapers' metrics-reader role.
+            *("ClusterRole", "ClusterRoleBinding", "ClusterRole"),
+            # rbac.aggregateToDefaultRoles: megdet-edit and megdet-view.
+            *("ClusterRole", "ClusterRole"),
+            # policy: the controller's policy file, the grant for privileged knobs, and the
+            # admission policy with its binding.
+            *("ConfigMap", "ClusterRole", "ValidatingAdmissionPolicy"),
+            "ValidatingAdmissionPolicyBinding",
+            # controller.progressEnabled: the progress endpoint's TokenReview right.
+            *("ClusterRole", "ClusterRoleBinding"),
             "Deployment",
             "Service",
             "ServiceAccount",
@@ -49,20 +60,23 @@ def test_controller_pod_is_restricted() -> None:
         container["resources"]["requests"]["cpu"] and container["resources"]["requests"]["memory"]
     )
     assert container["resources"]["limits"]["memory"]
-    # The one writable place: /tmp (HOME points there).
-    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/tmp"]
+    # The one writable place: /tmp (HOME points there); the policy is mounted read-only.
+    writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert writable == ["/tmp"]
     assert {"name": "HOME", "value": "/tmp"} in container["env"]
 
 
 def test_probes_and_metrics_port() -> None:
     _, container = controller(render())
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 8080, "health": 8081}
+    assert ports == {"metrics": 8080, "health": 8081, "progress": 8443}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
     service = render().one("Service")
     assert service["spec"]["ports"] == [
-        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"},
+        # The training pods' progress reports (controller/progress.py).
+        {"name": "progress", "port": 8443, "targetPort": "progress", "protocol": "TCP"},
     ]
 
 
@@ -92,7 +106,8 @@ def test_single_replica_without_peering_is_standalone_and_namespaced() -> None:
     assert "--standalone" in container["args"]
     assert "--namespace=vision" in container["args"] and "--namespace=research" in container["args"]
     assert rendered.of_kind("ClusterKopfPeering") == rendered.of_kind("KopfPeering") == []
-    assert rendered.of_kind("ClusterRole") == []
+    # The run rules are in Roles only (the ClusterRoles left: metrics reviews, user roles).
+    assert "megdet-operator" not in {r["metadata"]["name"] for r in rendered.of_kind("ClusterRole")}
     assert sorted(r["metadata"]["namespace"] for r in rendered.of_kind("Role")) == [
         "research",
         "vision",

@@ -12,6 +12,8 @@ from operator_chart_helpers import CHART_DIR, CI_VALUES, NAMESPACE, render, valu
 
 K8S_VERSIONS = ("1.28.0", "1.34.0")  # Chart.yaml: kubeVersion >=1.28
 CUSTOM_GROUPS = ("kopf.dev/", "monitoring.coreos.com/", "megdet.io/")
+#: ValidatingAdmissionPolicy is GA (admissionregistration.k8s.io/v1) from Kubernetes 1.30.
+ADMISSION_POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 CASES = {
     "defaults": {},
     "serviceMonitor": {"serviceMonitor": {"enabled": True}},
@@ -42,7 +44,20 @@ def test_builtin_objects_pass_kubernetes_validate_strict(case) -> None:
     assert kinds & {"ClusterRole", "Role"}  # one or the other: watchNamespaces decides
     for obj in objects:
         for version in K8S_VERSIONS:
+            if obj["kind"] in ADMISSION_POLICY_KINDS and version < "1.30":
+                continue  # GA in 1.30; older clusters install with policy.admission.enabled=false
             kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_without_admission_policies_the_objects_pass_on_the_oldest_version() -> None:
+    objects = [
+        o
+        for o in render({"policy": {"admission": {"enabled": False}}}).objects
+        if not o["apiVersion"].startswith(CUSTOM_GROUPS)
+    ]
+    assert not {o["kind"] for o in objects} & ADMISSION_POLICY_KINDS
+    for obj in objects:
+        kubernetes_validate.validate(obj, K8S_VERSIONS[0], strict=True)
 
 
 def test_kubernetes_validate_strict_catches_a_typo_in_the_deployment() -> None:

@@ -96,10 +96,27 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
   verbs: ["get", "create", "delete"]
+# A run's NetworkPolicy (spec.networkPolicy.enabled): created next to its job, never changed,
+# deleted by name with the run.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "create", "delete"]
 # kopf posts an Event on every phase transition and for refused specs.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+{{- if .Values.controller.progressEnabled }}
+# Progress reporting (controller/progress.py): the endpoint's CA published in each namespace
+# with runs as the ConfigMap megdet-progress-ca. Reading and updating are limited to that name;
+# create cannot be (Kubernetes checks no name on create), and creates no access to others.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  resourceNames: ["megdet-progress-ca"]
+  verbs: ["get", "patch"]
+{{- end }}
 {{- end -}}
 
 {{/*
