@@ -2,7 +2,7 @@
 
 The verdicts and their cache (TokenAuthorizer with a fake reviewer and a fake clock), the
 TokenReview / SubjectAccessReview bodies the Kubernetes client sends (against a stub API
-server on 127.0.0.1), the HTTPS server, and the flags. tests/e2e/test_metrics_auth.py does the
+server on 127.0.0.1), the HTTPS server, and the flags. tests/e2e/test_e2e_metrics_auth.py does the
 same against a real API server with real ServiceAccount tokens and the chart's RBAC.
 """
 

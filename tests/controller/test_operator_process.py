@@ -51,7 +51,7 @@ async def test_controller_command_serves_runs_metrics_and_health(cluster, tmp_pa
     env.pop("KUBERNETES_SERVICE_HOST", None)
     command = [
         sys.executable, "-m", "megdet", "controller", "--standalone",
-        # kmock answers no TokenReviews: plain HTTP here (tests/e2e/test_metrics_auth.py
+        # kmock answers no TokenReviews: plain HTTP here (tests/e2e/test_e2e_metrics_auth.py
         # scrapes the secure default against a real API server).
         "--no-metrics-secure",
         f"--metrics-port={metrics_port}", f"--health-port={health_port}",

@@ -3,7 +3,7 @@
 validations, and the controller refusing a run outside it before creating anything.
 
 The admission side (the same rules as CEL in a ValidatingAdmissionPolicy, and the RBAC grant for
-privileged knobs) runs on the real API server in tests/e2e/test_policy.py.
+privileged knobs) runs on the real API server in tests/e2e/test_e2e_policy.py.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ SCRAPER_USER = "system:serviceaccount:monitoring:prometheus"
 class GrantScraper:
     """Stands in for the API server's TokenReview and SubjectAccessReview (kmock answers
     neither): SCRAPER_TOKEN is SCRAPER_USER, who may get /metrics; any other token is invalid.
-    tests/e2e/test_metrics_auth.py asks a real API server."""
+    tests/e2e/test_e2e_metrics_auth.py asks a real API server."""
 
     def authenticate(self, token: str):
         from megdet.controller.metrics_auth import User

@@ -1,6 +1,6 @@
 """The operator chart's `policy` values: the controller's policy file, the admission policy and
 the grant for privileged knobs (rendered with the real Helm engine). The API server's verdicts
-on them are in tests/e2e/test_policy.py."""
+on them are in tests/e2e/test_e2e_policy.py."""
 
 from __future__ import annotations
 

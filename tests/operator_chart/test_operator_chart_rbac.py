@@ -36,7 +36,7 @@ EXPECTED_NAMESPACED_RULES = {
 def rules_of(rendered, role: dict | None = None) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     # The controller's own ClusterRole: the user-facing, metrics and other roles the chart
-    # ships are checked in test_rbac_roles.py and where they are defined.
+    # ships are checked in test_operator_chart_roles.py and where they are defined.
     for rule in (role or rendered.named("ClusterRole", RELEASE))["rules"]:
         # No nonResourceURLs; resourceNames only where the key says so ("resource[name]").
         assert set(rule) <= {"apiGroups", "resources", "verbs", "resourceNames"}
@@ -87,7 +87,7 @@ def test_binding_grants_the_role_to_the_controller_service_account() -> None:
 def test_watch_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
     rendered = render({"controller": {"watchNamespaces": ["vision", "research"]}})
     # No cluster-wide grant of the run rules: the ClusterRoles left are the metrics server's
-    # review rights (cluster-scoped by nature) and roles for others (test_rbac_roles.py).
+    # review rights (cluster-scoped by nature) and roles for others (test_operator_chart_roles.py).
     assert not [r for r in rendered.of_kind("ClusterRole") if r["metadata"]["name"] == RELEASE]
     assert RELEASE not in {b["roleRef"]["name"] for b in rendered.of_kind("ClusterRoleBinding")}
     account = rendered.one("ServiceAccount")["metadata"]

@@ -6,7 +6,7 @@
   SubjectAccessReview rights, the scrapers' metrics-reader role, the Deployment's flags and
   certificate volume, and the ServiceMonitor's HTTPS scrape with Prometheus's token.
 
-tests/e2e/test_rbac_roles.py and tests/e2e/test_metrics_auth.py check the same on a real API
+tests/e2e/test_e2e_user_roles.py and tests/e2e/test_e2e_metrics_auth.py check the same on a real API
 server.
 """
 
