@@ -155,10 +155,14 @@ class Planned:
         return JOB_KINDS[self.job["kind"]]
 
 
-def plan_children(run: Mapping[str, Any], old_spec: Any = None) -> Invalid | Planned:
+def plan_children(
+    run: Mapping[str, Any], old_spec: Any = None, unsafe_weights: bool = False
+) -> Invalid | Planned:
     """Validate a MegDetRun and render what it owns. Never raises for any run body.
 
     ``old_spec`` (on an update) adds the transition rules: fields fixed at creation.
+    ``unsafe_weights``: the cluster policy's ``unsafeWeights``, the chart's
+    ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides).
     """
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
@@ -180,7 +184,10 @@ def plan_children(run: Mapping[str, Any], old_spec: Any = None) -> Invalid | Pla
             problems = validate_run(spec, name=name, namespace=namespace)
         if problems:
             return Invalid(tuple(problems))
-        rendered = render_run(name, namespace, with_progress(spec, name))
+        values = with_progress(spec, name)
+        if unsafe_weights and isinstance(values, Mapping):
+            values = {**values, "allowUnsafeWeights": True}
+        rendered = render_run(name, namespace, values)
     except InvalidRunError as err:
         return Invalid(tuple(err.problems))
     job = rendered.job
@@ -837,7 +844,7 @@ def build_registry(
         if generation is not None and refused_at(seen) == generation:
             # The API server refused this spec's job; retried when the spec changes.
             return
-        decision = plan_children(run, old_spec)
+        decision = plan_children(run, old_spec, unsafe_weights=policy.unsafeWeights)
         if isinstance(decision, Invalid):
             problems = decision.messages
 

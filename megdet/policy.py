@@ -101,6 +101,9 @@ class Policy:
     gangQueues: tuple[str, ...] = ("",)
     #: Taint keys a run may tolerate; a toleration without a key (tolerate all) needs "*".
     tolerationKeys: tuple[str, ...] = ("nvidia.com/gpu",)
+    #: Whether the trainer may load MODEL.WEIGHTS from a URL or a pickle (.pkl), which can run
+    #: code: the run chart's allowUnsafeWeights for every run (not a MegDetRun field).
+    unsafeWeights: bool = False
     privileged: Privileged = field(default_factory=Privileged)
 
     @classmethod

@@ -65,8 +65,9 @@ def granted(values: dict[str, Any]) -> set[Permission]:
         and doc.get("kind") in ("ClusterRole", "Role")
         # The run rules: the ClusterRole or Roles named after the release. The metrics
         # server's TokenReview/SubjectAccessReview role, the user-facing megdet-edit/-view
-        # and the scrapers' reader role are checked in tests/operator_chart/test_operator_chart_roles.py
-        # and against a real API server in tests/e2e/test_e2e_metrics_auth.py.
+        # and the scrapers' reader role are checked in
+        # tests/operator_chart/test_operator_chart_roles.py and against a real API server in
+        # tests/e2e/test_e2e_metrics_auth.py.
         and doc["metadata"]["name"] == "megdet-operator"
     ]
     return {

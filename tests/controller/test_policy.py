@@ -259,3 +259,23 @@ async def test_a_controller_whose_policy_allows_a_knob_creates_the_job(cluster) 
         assert pod["hostNetwork"] is True
     finally:
         await stop_operator(op)
+
+
+def test_unsafe_weights_are_the_operators_decision_for_every_run() -> None:
+    from megdet.controller.operator import Planned, plan_children
+
+    run = run_body("w", {"gpus": 8, "extraOverrides": {"MODEL.WEIGHTS": "/data/init.pkl"}})
+
+    def trainer_args(unsafe: bool) -> list[str]:
+        decision = plan_children(run, unsafe_weights=unsafe)
+        assert isinstance(decision, Planned), decision
+        pod = decision.job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+        return pod["containers"][0]["args"]
+
+    assert "MEGDET.ALLOW_UNSAFE_WEIGHTS" not in trainer_args(False)
+    args = trainer_args(True)
+    assert args[args.index("MEGDET.ALLOW_UNSAFE_WEIGHTS") + 1] == "True"
+    # A run cannot ask for it itself: not a MegDetRun field.
+    own = plan_children(run_body("w", {"gpus": 8, "allowUnsafeWeights": True}))
+    assert not isinstance(own, Planned)
+    assert Policy.from_values({"unsafeWeights": True}).unsafeWeights is True
