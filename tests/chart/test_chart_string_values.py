@@ -198,6 +198,29 @@ def _metrics_from(o: Objects, v: str, k: str) -> Found:
     return [(peers[0]["namespaceSelector"]["matchLabels"][k], v)]
 
 
+def _progress_url(o: Objects, v: str, k: str) -> Found:
+    """The env the trainer posts to (target pytorchjob); a TrainJob's pods get none (Trainer
+    injects its own)."""
+    if o.trainjob:
+        return [(str(any("KUBEFLOW_TRAINER_SERVER_URL" in env for env in o.envs())), "False")]
+    base = v.removesuffix("/")
+    return [(env["KUBEFLOW_TRAINER_SERVER_URL"][: len(base)], base) for env in o.envs()]
+
+
+def _progress_ca(o: Objects, v: str, k: str) -> Found:
+    if o.trainjob:
+        volumes = [vol.get("name") for spec in o.specs for vol in spec.get("volumes") or []]
+        return [(str("megdet-progress" in volumes), "False")]
+    return [
+        (source["configMap"]["name"], v)
+        for spec in o.specs
+        for vol in spec["volumes"]
+        if "projected" in vol
+        for source in vol["projected"]["sources"]
+        if "configMap" in source
+    ]
+
+
 PLACES: dict[tuple[str, ...], Place] = {
     ("nameOverride",): lambda o, v, k: [
         (labels["app.kubernetes.io/name"], _helm_name(v))
@@ -270,6 +293,8 @@ PLACES: dict[tuple[str, ...], Place] = {
     ("extraEnv", "[]", "name"): lambda o, v, k: [(c["env"][-1]["name"], v) for c in o.containers],
     ("extraEnv", "[]", "value"): lambda o, v, k: [(c["env"][-1]["value"], v) for c in o.containers],
     ("networkPolicy", "metricsFrom", "[]", "*"): _metrics_from,
+    ("progress", "url"): _progress_url,
+    ("progress", "caConfigMap"): _progress_ca,
 }
 
 # Map keys the values above are set under (keys are checked too: "yes" as a key is true in
@@ -292,6 +317,8 @@ CONTEXT: dict[str, Any] = {
         "appArmorProfile": {"type": "Localhost"},
     },
     "gang": {"enabled": True},
+    # Progress reporting on (the controller sets both; a drawn value replaces one of them).
+    "progress": {"url": "https://megdet-operator.megdet-system.svc:8443", "caConfigMap": "ca"},
 }
 # Chart rules beyond the schema: the job name is an RFC 1035 label that fits both targets'
 # name budgets; the gang queue is Volcano's only (drawn with the scheduler name below).
@@ -454,7 +481,7 @@ def test_the_check_notices_an_unquoted_value(tmp_path):
     shutil.copytree(CHART_DIR, chart)
     pod = chart / "templates" / "_pod.tpl"
     quoted = "priorityClassName: {{ . | quote }}"
-    assert pod.read_text().count(quoted) == 1, "_pod.tpl no longer writes priorityClassName so"
+    assert pod.read_text().count(quoted) == 1, "_pod.tpl does not write priorityClassName so"
     pod.write_text(pod.read_text().replace(quoted, "priorityClassName: {{ . }}"))
     with helm_python.Chart.load(str(chart)) as loaded:
         files = loaded.render(
