@@ -487,8 +487,9 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
         _timeseries(
             ids,
             "Reconcile rate by result",
-            "Reconciles per second: success, invalid (spec refused), error (retried), "
-            "conflict (a job of that name the run does not own).",
+            "Reconciles per second: success, invalid (spec refused), denied (outside the "
+            "cluster's MegDet policy), error (retried), conflict (a job name or output folder "
+            "taken), refused (the API server refused the job).",
             [
                 (
                     f"sum by (result) (rate(megdet_controller_reconciles_total[{RATE}]))",
@@ -496,7 +497,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
                 )
             ],
             unit="reqps",
-            width=8,
+            width=6,
         ),
         _timeseries(
             ids,
@@ -509,7 +510,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
                 )
             ],
             unit="reqps",
-            width=8,
+            width=6,
         ),
         _timeseries(
             ids,
@@ -526,7 +527,22 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
                 ),
             ],
             unit="s",
-            width=8,
+            width=6,
+        ),
+        _timeseries(
+            ids,
+            "Progress reports by result",
+            "Training pods' progress reports to the controller's endpoint (target pytorchjob): "
+            "accepted, or refused (unauthenticated, forbidden: a token not of that run; "
+            "invalid payload, not_found, error).",
+            [
+                (
+                    f"sum by (result) (rate(megdet_controller_progress_reports_total[{RATE}]))",
+                    "{{result}}",
+                )
+            ],
+            unit="reqps",
+            width=6,
         ),
     ]
 

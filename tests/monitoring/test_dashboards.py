@@ -111,9 +111,14 @@ def test_no_hard_coded_namespace_and_run_panels_select_the_run(name):
             if selector.name == "ALERTS":
                 continue  # Prometheus' alert state: not a namespace-scoped series
             if selector.name.startswith("megdet_controller_") and "namespace" not in labels:
-                # reconcile counters/histogram: one controller, no run namespace
+                # reconcile and progress-report counters/histogram: one controller, no run
+                # namespace
                 assert selector.name.startswith(
-                    ("megdet_controller_reconcile", "megdet_controller_reconciles")
+                    (
+                        "megdet_controller_reconcile",
+                        "megdet_controller_reconciles",
+                        "megdet_controller_progress_reports",
+                    )
                 ), query
                 continue
             assert labels.get("namespace") == "$namespace", f"{query}: {query.expr}"
