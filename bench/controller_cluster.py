@@ -36,13 +36,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from megdet.controller.api import GROUP, PLURAL, VERSION
+
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = "megdet-operator"
 CONTROLLER_NAMESPACE = "megdet-system"
 #: The user the controller's requests carry: the operator chart's ServiceAccount.
 CONTROLLER_USER = f"system:serviceaccount:{CONTROLLER_NAMESPACE}:{RELEASE}"
 RUN_CRD = ROOT / "charts/megdet-operator/crds/megdetruns.megdet.io.yaml"
-GROUP, VERSION, PLURAL = "megdet.io", "v1alpha1", "megdetruns"
 #: Nodes the cluster starts with; the rest are added with Cluster.add_nodes in batches.
 FIRST_NODES = 4
 NODE_BATCH = 50
@@ -254,7 +255,8 @@ def write_costs(bench: BenchCluster, client: RunClient, count: int) -> dict[str,
     ``count`` of each, one after another, with no controller running: which requests make
     the server's share of a run. In a namespace of its own (``write-costs``)."""
     from bench.controller_reconcile import cluster_body
-    from megdet.controller.operator import OWNED_KINDS, plan_children
+    from megdet.controller.api import OWNED_KINDS
+    from megdet.controller.planning import plan_children
 
     ns = "write-costs"
     bench.create_namespaces([ns])

@@ -28,7 +28,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 # Values of the ``phase`` label of RUNS: the MegDetRun status phases, owned by status.py.
-from megdet.controller.status import PHASES
+from megdet.controller.job_state import PHASES
 
 _log = logging.getLogger(__name__)
 

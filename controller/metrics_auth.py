@@ -13,45 +13,35 @@ not two a scrape. Denials are cached for less time than grants, so a freshly bou
 gets in within seconds.
 
 Also the serving certificate: a mounted ``tls.crt``/``tls.key`` pair, or a self-signed one
-generated at start (as controller-runtime's secure metrics serving does).
+generated at start, as controller-runtime's secure metrics serving does
+(:mod:`megdet.controller.tls`).
 """
 
 from __future__ import annotations
 
-import datetime
-import hashlib
-import ipaddress
 import logging
-import os
 import socket
 import ssl
-import tempfile
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from megdet.controller.tls import context_from_dir, context_from_pem, self_signed
+from megdet.controller.tokenauth import VerdictCache, bearer_token
+
 __all__ = [
-    "CERT_NAME",
-    "KEY_NAME",
     "AuthError",
     "KubernetesReviewer",
     "Reviewer",
     "TokenAuthorizer",
     "User",
     "Verdict",
-    "bearer_token",
     "server_ssl_context",
 ]
 
 log = logging.getLogger(__name__)
-
-#: The file names in ``--metrics-cert-dir`` (a kubernetes.io/tls Secret's keys).
-CERT_NAME = "tls.crt"
-KEY_NAME = "tls.key"
 
 
 class AuthError(Exception):
@@ -91,17 +81,6 @@ class Reviewer(Protocol):
         """Whether ``user`` may ``verb`` the non-resource URL ``path``, and the reason given."""
 
 
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an ``Authorization: Bearer <token>`` header (scheme case-insensitive)."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or " " in token:
-        return None
-    return token
-
-
 @dataclass
 class TokenAuthorizer:
     """Token -> verdict for ``verb path``, with a small time- and size-bounded cache."""
@@ -114,14 +93,10 @@ class TokenAuthorizer:
     #: Tokens remembered at most; the least recently used goes first.
     max_entries: int = 1024
     clock: Callable[[], float] = time.monotonic
-    _cache: OrderedDict[tuple[str, str, str], tuple[float, Verdict]] = field(
-        default_factory=OrderedDict, init=False, repr=False
-    )
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _cache: VerdictCache = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.max_entries < 1:
-            raise ValueError(f"max_entries must be >= 1, got {self.max_entries}")
+        self._cache = VerdictCache(self.max_entries, self.clock)
         if self.allow_ttl < 0 or self.deny_ttl < 0:
             raise ValueError("allow_ttl and deny_ttl must be >= 0")
 
@@ -132,29 +107,20 @@ class TokenAuthorizer:
         token = bearer_token(authorization)
         if token is None:
             return Verdict(401, "no bearer token")
-        key = (hashlib.sha256(token.encode()).hexdigest(), verb, path)
+        key = VerdictCache.key(token, verb, path)
         now = self.clock()
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                if hit[0] > now:
-                    self._cache.move_to_end(key)
-                    return hit[1]
-                del self._cache[key]
+        hit = self._cache.get(key, now)
+        if hit is not None:
+            return hit
         verdict = self._review(token, verb, path)
         if verdict.status in (200, 401, 403):  # an API failure is asked again next time
             ttl = self.allow_ttl if verdict.allowed else self.deny_ttl
-            with self._lock:
-                self._cache[key] = (now + ttl, verdict)
-                self._cache.move_to_end(key)
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
+            self._cache.put(key, verdict, now + ttl)
         return verdict
 
     def cached(self) -> int:
         """Tokens in the cache now (expired ones included until looked up or evicted)."""
-        with self._lock:
-            return len(self._cache)
+        return len(self._cache)
 
     def _review(self, token: str, verb: str, path: str) -> Verdict:
         try:
@@ -230,71 +196,11 @@ class KubernetesReviewer:
             raise AuthError(f"{type(err).__name__}: {err}") from None
 
 
-def _self_signed(hostname: str) -> tuple[bytes, bytes]:
-    """A fresh EC P-256 key and a one-year self-signed certificate for ``hostname`` (PEM)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    server_key_usage = x509.KeyUsage(
-        digital_signature=True, key_encipherment=False, content_commitment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=False, crl_sign=False,
-        encipher_only=False, decipher_only=False,
-    )  # fmt: skip
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{hostname}@{int(time.time())}")])
-    now = datetime.datetime.now(datetime.UTC)
-    sans: list[x509.GeneralName] = [x509.DNSName("localhost"),
-                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]  # fmt: skip
-    if hostname and hostname != "localhost":
-        sans.insert(0, x509.DNSName(hostname))
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(server_key_usage, critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), key_pem
-
-
 def server_ssl_context(cert_dir: str | Path | None = None) -> ssl.SSLContext:
     """A TLS 1.2+ server context: ``cert_dir``'s ``tls.crt``/``tls.key``, or a self-signed pair.
 
     Raises ValueError naming the missing or unreadable file when ``cert_dir`` is given.
     """
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
     if cert_dir is not None:
-        cert, key = Path(cert_dir) / CERT_NAME, Path(cert_dir) / KEY_NAME
-        for path in (cert, key):
-            if not path.is_file():
-                raise ValueError(f"{path} does not exist (needs {CERT_NAME} and {KEY_NAME})")
-        try:
-            context.load_cert_chain(cert, key)
-        except (ssl.SSLError, OSError) as err:
-            raise ValueError(f"cannot load {cert} / {key}: {err}") from None
-        return context
-    cert_pem, key_pem = _self_signed(socket.gethostname())
-    # ssl loads key pairs from files only: write them where the pod may write (/tmp), load,
-    # and remove them at once.
-    with tempfile.TemporaryDirectory(prefix="megdet-metrics-") as tmp:
-        cert_file, key_file = os.path.join(tmp, CERT_NAME), os.path.join(tmp, KEY_NAME)
-        with open(os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
-            out.write(key_pem)
-        Path(cert_file).write_bytes(cert_pem)
-        context.load_cert_chain(cert_file, key_file)
-    return context
+        return context_from_dir(cert_dir)
+    return context_from_pem(*self_signed(socket.gethostname()))

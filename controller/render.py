@@ -29,12 +29,12 @@ import helm_python
 import yaml
 from pydantic.alias_generators import to_camel
 
+from megdet.controller.api import JOB_KINDS
 from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.plan import Plan, RunSpec, SpecError, plan_run
 
 __all__ = [
     "CHART_DIR_ENV",
-    "JOB_KINDS",
     "MANAGED_BY",
     "RUN_SPEC_VALUES",
     "ChartRenderer",
@@ -50,8 +50,6 @@ __all__ = [
 
 #: Environment variable naming the run chart's folder (the controller image sets it).
 CHART_DIR_ENV = "MEGDET_CHART_DIR"
-#: Kinds the chart may render as the run's job (issue 11 adds the Trainer v2 TrainJob).
-JOB_KINDS = ("PyTorchJob", "TrainJob")
 #: The app.kubernetes.io/managed-by label on what the controller creates. The chart's helpers
 #: write Helm's `.Release.Service` ("Helm"), which would send users to `helm` for objects no
 #: Helm release owns.

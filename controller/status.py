@@ -1,69 +1,50 @@
-"""Job status -> MegDetRun status: pure functions, no I/O.
+"""MegDetRun status: conditions and the status each reconcile outcome writes. Pure, no I/O.
 
-A MegDetRun's ``status.phase`` is one of :data:`PHASES`. The controller reads the job it owns
-(a Kubeflow ``PyTorchJob`` or a Trainer v2 ``TrainJob``), turns the job's status into a
-:class:`JobState` here, and :func:`next_status` folds that into the run's status (phase,
-conditions, restarts, start and completion times). Everything here is deterministic given
-``now``, so it is tested without an API server.
-
-Upstream semantics this follows (read from the source, not guessed):
-
-- PyTorchJob, kubeflow/trainer branch ``release-1.9`` (commit 3a3a1da8):
-  ``pkg/apis/kubeflow.org/v1/common_types.go`` defines the condition types Created, Running,
-  Restarting, Succeeded, Suspended, Failed and ``JobStatus`` (conditions, replicaStatuses,
-  startTime, completionTime). ``pkg/util/status.go`` keeps Running and Restarting mutually
-  exclusive (setting one filters out the other), sets Running to False when the job Succeeded or
-  Failed, and freezes the conditions once Failed is True; ``IsSucceeded``/``IsFailed``/
-  ``IsSuspended`` test ``status == "True"`` of one type. ``pkg/controller.v1/common/job.go``
-  sets Suspended True (reason ``<Kind>Suspended``) and Running False on suspend, and Suspended
-  False (reason ``<Kind>Resumed``) on resume.
-- TrainJob, kubeflow/trainer tag ``v2.3.0`` (commit 658725bd):
-  ``pkg/apis/trainer/v1alpha1/trainjob_types.go`` defines the condition types Suspended,
-  Complete, Failed (``metav1.Condition``; reasons Suspended, Resumed, DeadlineExceeded, ...),
-  ``status.jobsStatus[]`` with per-child-Job counts (ready, succeeded, failed, active,
-  suspended) and ``spec.suspend``. TrainJob has no Running or Restarting condition and no
-  start time, so those are read from ``jobsStatus`` (see :func:`trainjob_state`).
+:func:`next_status` folds a job's :class:`~megdet.controller.job_state.JobState` into the
+run's status (phase, conditions, restarts, start and completion times); the other builders
+give the status of a run that is invalid, planned, not created, refused or whose job is gone.
+Everything here is deterministic given ``now``, so it is tested without an API server.
+Conditions follow the Kubernetes conventions, as the Kubeflow operators set theirs (see
+:mod:`megdet.controller.job_state` for the upstream semantics read).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from megdet.progress import to_status as progress_from_trainer_status
+from megdet.controller.job_state import (
+    ACTIVE_PHASES,
+    TERMINAL_PHASES,
+    JobState,
+    count_of,
+    job_state,
+)
+
+if TYPE_CHECKING:
+    from megdet.controller.planning import Planned
 
 __all__ = [
-    "ACTIVE_PHASES",
     "CONDITION_TYPES",
     "JOB_DELETED",
     "JOB_PRESENT",
     "JOB_REFUSED",
-    "PHASES",
-    "TERMINAL_PHASES",
-    "JobState",
     "condition_of",
+    "conflict_message",
+    "conflict_status",
     "finished",
     "had_job",
     "invalid_status",
     "job_deleted_status",
-    "job_state",
     "next_status",
+    "not_created_status",
+    "planned_status",
     "progress_patch",
-    "pytorchjob_state",
     "refused_at",
     "refused_status",
     "set_condition",
-    "trainjob_progress",
-    "trainjob_state",
 ]
 
-#: MegDetRun ``status.phase`` values (the CRD's enum).
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid")
-#: Phases after which the job does nothing more.
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-#: Phases mirrored from the job, each with a run condition of the same name.
-ACTIVE_PHASES = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
 #: Condition type added (status False, reason :data:`JOB_DELETED`) when the run's job vanished
 #: after it had been created: the operator's TTL after finishing, or a delete by hand.
 JOB_PRESENT = "JobPresent"
@@ -75,99 +56,6 @@ JOB_REFUSED = "JobRefused"
 #: (the controller created, or found, its job), one per mirrored phase, and JobPresent (only
 #: once the job has gone).
 CONDITION_TYPES = ("Valid", "Created", *ACTIVE_PHASES, JOB_PRESENT)
-
-
-@dataclass(frozen=True)
-class JobState:
-    """What a job's status says, in MegDetRun terms."""
-
-    phase: str
-    reason: str
-    message: str
-    start_time: str | None = None
-    completion_time: str | None = None
-
-
-def _true_condition(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping | None:
-    for cond in conditions:
-        if isinstance(cond, Mapping) and cond.get("type") == kind and cond.get("status") == "True":
-            return cond
-    return None
-
-
-def _conditions(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    status = job.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    return [c for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
-
-
-def _from_condition(phase: str, cond: Mapping[str, Any], **times: str | None) -> JobState:
-    return JobState(
-        phase=phase,
-        reason=str(cond.get("reason") or phase),
-        message=str(cond.get("message") or ""),
-        **times,
-    )
-
-
-def pytorchjob_state(job: Mapping[str, Any]) -> JobState:
-    """The state of a ``kubeflow.org/v1`` PyTorchJob from its ``status.conditions``.
-
-    Precedence follows the operator's own: Failed and Succeeded are final (the operator stops
-    changing conditions after Failed), then Suspended, then Restarting/Running (exclusive
-    upstream), else the job exists but no pod runs yet: Pending.
-    """
-    status = job.get("status") if isinstance(job.get("status"), Mapping) else {}
-    times = {
-        "start_time": _str_or_none(status.get("startTime")),
-        "completion_time": _str_or_none(status.get("completionTime")),
-    }
-    conditions = _conditions(job)
-    for kind in ("Failed", "Succeeded", "Suspended", "Restarting", "Running"):
-        cond = _true_condition(conditions, kind)
-        if cond is not None:
-            return _from_condition(kind, cond, **times)
-    created = _true_condition(conditions, "Created")
-    if created is not None:
-        return _from_condition("Pending", created, **times)
-    return JobState("Pending", "JobPending", "the job has no status yet", **times)
-
-
-def trainjob_state(job: Mapping[str, Any]) -> JobState:
-    """The state of a ``trainer.kubeflow.org/v1alpha1`` TrainJob.
-
-    Conditions Failed, Complete and Suspended decide first (``Complete`` is this project's
-    ``Succeeded``). Without one of them the child-Job counts in ``status.jobsStatus`` decide:
-    a failed child Job while the TrainJob has not failed means JobSet is recreating its Jobs
-    under its failure policy (Restarting); every child Job ready means Running; else Pending.
-    """
-    conditions = _conditions(job)
-    for kind, phase in (
-        ("Failed", "Failed"),
-        ("Complete", "Succeeded"),
-        ("Suspended", "Suspended"),
-    ):
-        cond = _true_condition(conditions, kind)
-        if cond is not None:
-            time = _str_or_none(cond.get("lastTransitionTime"))
-            return _from_condition(
-                phase, cond, completion_time=time if phase in TERMINAL_PHASES else None
-            )
-    status = job.get("status") if isinstance(job.get("status"), Mapping) else {}
-    children = [c for c in status.get("jobsStatus") or [] if isinstance(c, Mapping)]
-    if any(_count(c, "failed") > 0 for c in children):
-        failed = sorted(str(c.get("name")) for c in children if _count(c, "failed") > 0)
-        return JobState("Restarting", "JobsFailed", f"child jobs failed: {', '.join(failed)}")
-    if children and all(_count(c, "ready") + _count(c, "succeeded") > 0 for c in children):
-        return JobState("Running", "JobsReady", "every child job is ready")
-    return JobState("Pending", "JobsNotReady", "waiting for the child jobs' pods")
-
-
-def job_state(job: Mapping[str, Any]) -> JobState:
-    """:func:`pytorchjob_state` or :func:`trainjob_state`, by the job's ``kind``."""
-    if job.get("kind") == "TrainJob":
-        return trainjob_state(job)
-    return pytorchjob_state(job)
 
 
 def set_condition(
@@ -239,7 +127,7 @@ def next_status(
                 conditions, kind, False, f"Not{kind}", f"phase is {state.phase}", now, generation
             )
     patch: dict[str, Any] = {"phase": state.phase, "conditions": conditions}
-    restarts = _count(old, "restarts")
+    restarts = count_of(old, "restarts")
     if state.phase == "Restarting" and old.get("phase") != "Restarting":
         restarts += 1
     patch["restarts"] = restarts
@@ -378,15 +266,75 @@ def refused_status(
     return {"phase": "Failed", "conditions": conditions, "observedGeneration": generation}
 
 
-def trainjob_progress(job: Mapping[str, Any]) -> tuple[dict[str, Any] | None, list[str]]:
-    """``status.progress`` mirrored from a TrainJob's ``status.trainerStatus`` (what Trainer
-    v2.3.0's status server stores from the trainer's reports) and the problems found in it;
-    None when the TrainJob has no trainerStatus (nothing reported yet: leave the run's as is)."""
-    status = job.get("status")
-    trainer = status.get("trainerStatus") if isinstance(status, Mapping) else None
-    if trainer is None:
-        return None, []
-    return progress_from_trainer_status(trainer)
+def planned_status(
+    old: Mapping[str, Any],
+    planned: Planned,
+    job: Mapping[str, Any] | None,
+    now: str,
+    generation: Any,
+) -> dict[str, Any]:
+    """Status for a run whose job exists (``job``) or was just created (``job=None``)."""
+    status: dict[str, Any] = dict(planned.rendered.status_plan())
+    status["jobName"] = planned.job["metadata"]["name"]
+    status["target"] = planned.target
+    status["observedGeneration"] = generation
+    conditions = set_condition(
+        old.get("conditions") or [],
+        "Valid",
+        True,
+        "SpecValid",
+        "the spec passed validation",
+        now,
+        generation,
+    )
+    conditions = set_condition(
+        conditions,
+        "Created",
+        True,
+        "JobCreated",
+        f"{planned.job['kind']} {status['jobName']}",
+        now,
+        generation,
+    )
+    state = job_state(job) if job is not None else JobState("Pending", "JobCreated", "job created")
+    status.update(next_status({**old, "conditions": conditions}, state, now, generation))
+    return status
+
+
+def not_created_status(
+    old: Mapping[str, Any], reason: str, message: str, now: str, generation: Any
+) -> dict[str, Any]:
+    """Status for a valid run whose objects could not be created: ``Created=False``.
+
+    A run with no job is Pending; one that was Failed because its job was refused (the only
+    way a run without a job gets a terminal phase) is Pending again while it waits.
+    """
+    conditions = set_condition(
+        old.get("conditions") or [], "Created", False, reason, message, now, generation
+    )
+    phase = old.get("phase") or "Pending"
+    if phase in TERMINAL_PHASES:
+        phase = "Pending"
+        for kind in ACTIVE_PHASES:
+            if any(c.get("type") == kind and c.get("status") == "True" for c in conditions):
+                conditions = set_condition(
+                    conditions, kind, False, f"Not{kind}", "phase is Pending", now, generation
+                )
+    return {"phase": phase, "conditions": conditions, "observedGeneration": generation}
+
+
+def conflict_status(
+    old: Mapping[str, Any], kind: str, name: str, now: str, generation: Any
+) -> dict[str, Any]:
+    """Status for a run whose job name is taken by an object it does not own."""
+    return not_created_status(old, "JobNameConflict", conflict_message(kind, name), now, generation)
+
+
+def conflict_message(kind: str, name: str) -> str:
+    return (
+        f"{kind} {name} already exists and is not owned by this MegDetRun; "
+        "the controller never overwrites it: delete or rename that object"
+    )
 
 
 def progress_patch(old: Any, new: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -396,12 +344,3 @@ def progress_patch(old: Any, new: Mapping[str, Any]) -> dict[str, Any] | None:
     if dict(before) == dict(new) and (isinstance(old, Mapping) or not new):
         return None
     return {**{key: None for key in before if key not in new}, **new}
-
-
-def _count(mapping: Mapping[str, Any], key: str) -> int:
-    value = mapping.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _str_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None

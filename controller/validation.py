@@ -22,7 +22,8 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from megdet.controller.crd import build_crd, owned_override_message, spec_schema
+from megdet.controller.cel_rules import owned_override_message
+from megdet.controller.crd import build_crd, spec_schema
 from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.controller.render import (
     RUN_SPEC_VALUES,

@@ -22,8 +22,8 @@ COMMAND_MODULES = (
     "megdet.plan_cli",
     "megdet.trainer.cli",
     "megdet.image.cli",
-    "megdet.controller.cli",
-    "megdet.controller.main",
+    "megdet.controller.offline",
+    "megdet.controller.daemon",
 )
 
 

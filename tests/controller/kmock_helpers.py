@@ -26,7 +26,8 @@ import kopf
 import pytest_asyncio
 from kubernetes import client as k8s
 
-from megdet.controller.operator import Backoff, Cluster, build_registry, configure
+from megdet.controller.kubeapi import Backoff, Cluster
+from megdet.controller.operator import build_registry, configure
 from megdet.policy import Policy
 
 NAMESPACE = "vision"

@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from megdet.controller import crd as crd_module
+from megdet.controller.api import DROPPED_VALUES
+from megdet.controller.cel_rules import IMMUTABLE_FIELDS
 from megdet.controller.crd import (
     CRD_FILE,
-    DROPPED_VALUES,
-    IMMUTABLE_FIELDS,
     MissingDescriptionsError,
     build_crd,
     crd_yaml,
@@ -385,7 +385,7 @@ def test_cel_python_and_the_rust_interpreter_agree_on_every_rule(root, spec, old
 
 
 def test_json_schema_constructs_map_to_structural_ones():
-    from megdet.controller.crd import _convert
+    from megdet.controller.openapi import convert as _convert
 
     level = _convert(
         {

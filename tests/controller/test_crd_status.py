@@ -13,9 +13,10 @@ import jsonschema
 import pytest
 
 from megdet.controller.crd import build_crd
-from megdet.controller.operator import Planned, conflict_status, plan_children, planned_status
+from megdet.controller.job_state import JobState
+from megdet.controller.planning import Planned, plan_children
 from megdet.controller.schema import to_json_schema
-from megdet.controller.status import JobState, invalid_status, next_status
+from megdet.controller.status import conflict_status, invalid_status, next_status, planned_status
 
 NOW = "2026-11-30T10:00:00Z"
 RUN = {

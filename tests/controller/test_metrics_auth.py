@@ -25,10 +25,10 @@ from megdet.controller.metrics_auth import (
     KubernetesReviewer,
     TokenAuthorizer,
     User,
-    _self_signed,
-    bearer_token,
     server_ssl_context,
 )
+from megdet.controller.tls import self_signed
+from megdet.controller.tokenauth import bearer_token
 
 READER = User("system:serviceaccount:monitoring:prometheus", "uid-1", ("system:serviceaccounts",))
 STRANGER = User("system:serviceaccount:vision:default", "uid-2", ("system:serviceaccounts",))
@@ -311,7 +311,7 @@ def test_secure_server_refuses_plain_http(secure_server) -> None:
 
 
 def test_mounted_certificate_is_served_and_verifies(tmp_path) -> None:
-    cert, key = _self_signed("megdet-operator-metrics.megdet-system.svc")
+    cert, key = self_signed("megdet-operator-metrics.megdet-system.svc")
     (tmp_path / "tls.crt").write_bytes(cert)
     (tmp_path / "tls.key").write_bytes(key)
     server = metrics.serve(
@@ -329,7 +329,7 @@ def test_mounted_certificate_is_served_and_verifies(tmp_path) -> None:
 def test_self_signed_certificates_are_fresh_and_serve_localhost() -> None:
     from cryptography import x509
 
-    first, second = _self_signed("pod-a")[0], _self_signed("pod-a")[0]
+    first, second = self_signed("pod-a")[0], self_signed("pod-a")[0]
     assert first != second
     cert = x509.load_pem_x509_certificate(first)
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value

@@ -24,7 +24,7 @@ from kmock_helpers import (
 )
 
 from megdet.controller import metrics
-from megdet.controller.operator import FINALIZER
+from megdet.controller.api import FINALIZER
 from megdet.controller.render import render_run
 
 

@@ -28,7 +28,8 @@ from kmock_helpers import (
 )
 
 from megdet.controller import metrics
-from megdet.controller.status import job_state, next_status
+from megdet.controller.job_state import job_state
+from megdet.controller.status import next_status
 
 
 def converged(api: Any, name: str) -> bool:

@@ -15,8 +15,9 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.operator import JOB_KINDS, Invalid, Planned, plan_children, planned_status
-from megdet.controller.status import invalid_status
+from megdet.controller.api import JOB_KINDS
+from megdet.controller.planning import Invalid, Planned, plan_children
+from megdet.controller.status import invalid_status, planned_status
 
 NOW = "2026-11-30T10:00:00Z"
 UID = "0b6c3c4e-5a8e-4d1e-9a55-2f1f5d4f0c11"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from megdet.cli import build_parser, main
-from megdet.controller.main import MAX_RANDOM_PRIORITY
+from megdet.controller.daemon import MAX_RANDOM_PRIORITY
 
 
 def test_controller_command_defaults_match_the_chart() -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from megdet.controller.operator import (
+from megdet.controller.kubeapi import refusal_message
+from megdet.controller.planning import (
     RUN_ENV,
     OutputClaim,
     Planned,
@@ -17,7 +18,6 @@ from megdet.controller.operator import (
     output_holder,
     output_location,
     plan_children,
-    refusal_message,
     with_run_env,
 )
 

@@ -31,7 +31,7 @@ from kmock_helpers import (
 from megdet import policy as policy_module
 from megdet.cli import UsageError
 from megdet.controller import metrics
-from megdet.controller.main import load_policy
+from megdet.controller.daemon import load_policy
 from megdet.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check, privileged_knobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,7 +262,7 @@ async def test_a_controller_whose_policy_allows_a_knob_creates_the_job(cluster) 
 
 
 def test_unsafe_weights_are_the_operators_decision_for_every_run() -> None:
-    from megdet.controller.operator import Planned, plan_children
+    from megdet.controller.planning import Planned, plan_children
 
     run = run_body("w", {"gpus": 8, "extraOverrides": {"MODEL.WEIGHTS": "/data/init.pkl"}})
 

@@ -13,21 +13,12 @@ from typing import Any
 import pytest
 
 from megdet import progress as protocol
-from megdet.controller import metrics
-from megdet.controller import operator as operator_module
-from megdet.controller.operator import plan_children
-from megdet.controller.progress import (
-    MAX_BODY,
-    POD_NAME_EXTRA,
-    RUN_LABEL,
-    ProgressHub,
-    ProgressServer,
-    RunAuthenticator,
-    ServingCert,
-    TokenBucket,
-    UnknownRun,
-    service_hosts,
-)
+from megdet.controller import metrics, planning
+from megdet.controller.planning import plan_children
+from megdet.controller.progress_auth import POD_NAME_EXTRA, RUN_LABEL, RunAuthenticator
+from megdet.controller.progress_ca import ServingCert, service_hosts
+from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
+from megdet.controller.progress_server import MAX_BODY, ProgressServer
 
 NS = "vision"
 
@@ -337,7 +328,7 @@ def test_the_controller_injects_progress_values_into_the_render(monkeypatch) -> 
     }
     plain = plan_children(body)
     assert "KUBEFLOW_TRAINER_SERVER_URL" not in json.dumps(plain.job)
-    monkeypatch.setattr(operator_module, "PROGRESS_URL", "https://op.ops.svc:8443")
+    monkeypatch.setattr(planning, "PROGRESS_URL", "https://op.ops.svc:8443")
     planned = plan_children(body)
     assert not hasattr(planned, "problems"), planned
     pod = planned.job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.crd import DROPPED_VALUES
+from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.problems import InvalidRunError, Problem
 from megdet.controller.render import (
     CHART_DIR_ENV,

@@ -12,19 +12,16 @@ from typing import Any
 
 import pytest
 
+from megdet.controller.job_state import JobState, job_state, pytorchjob_state, trainjob_state
 from megdet.controller.status import (
-    JobState,
     finished,
     had_job,
     invalid_status,
     job_deleted_status,
-    job_state,
     next_status,
-    pytorchjob_state,
     refused_at,
     refused_status,
     set_condition,
-    trainjob_state,
 )
 
 T0 = "2026-11-30T10:00:00Z"
@@ -266,7 +263,8 @@ def _pruned(value: Any, schema: dict[str, Any], path: str = "status") -> list[st
 def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None:
     import jsonschema
 
-    from megdet.controller.operator import conflict_status, plan_children, planned_status
+    from megdet.controller.planning import plan_children
+    from megdet.controller.status import conflict_status, planned_status
 
     schema = _crd_status_schema()
     run = {

@@ -21,7 +21,8 @@ from kmock_helpers import (
     settle,
 )
 
-from megdet.controller.status import progress_patch, trainjob_progress
+from megdet.controller.job_state import trainjob_progress
+from megdet.controller.status import progress_patch
 from megdet.progress import Progress, to_request, to_status
 
 T0 = "2026-12-01T10:00:00Z"

@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 import yaml
 
-from megdet.controller.crd import IMMUTABLE_FIELDS, build_crd
+from megdet.controller.cel_rules import IMMUTABLE_FIELDS
+from megdet.controller.crd import build_crd
 from megdet.controller.render import render_run
 from megdet.controller.schema import apply_defaults, to_json_schema
 from megdet.controller.validation import validate_run, validate_update

@@ -10,7 +10,8 @@ from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, g
 
 from megdet.cluster import build
 from megdet.cluster.control_plane import Cluster
-from megdet.controller.crd import CRD_FILE, PLURAL, build_crd
+from megdet.controller.api import PLURAL
+from megdet.controller.crd import CRD_FILE, build_crd
 
 
 def test_crd_is_established_and_matches_the_generated_one(kube, operator_chart) -> None:

@@ -203,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import config as k8s_config
 
     from megdet.controller import metrics
-    from megdet.controller.operator import Cluster, build_registry, configure
+    from megdet.controller.kubeapi import Cluster
+    from megdet.controller.operator import build_registry, configure
 
     for port, name in ((args.metrics_port, "--metrics-port"), (args.health_port, "--health-port")):
         if port > 65535:
@@ -248,7 +249,11 @@ def run(args: argparse.Namespace) -> int:
     api = k8s.ApiClient()
     api.user_agent = "megdet-controller"
     registry = build_registry(
-        Cluster(api, timeout=args.api_timeout), policy=load_policy(args.policy_file)
+        Cluster(api, timeout=args.api_timeout),
+        policy=load_policy(args.policy_file),
+        # --progress-checkpoint-events sets the TrainJob mirror's Checkpointed events too, but
+        # only with --progress-url (else the default, 5).
+        checkpoint_events=args.progress_checkpoint_events if args.progress_url else 5,
     )
 
     @kopf.on.login(registry=registry)
@@ -269,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         )
     metrics.serve(args.metrics_port, **metrics_options)
     if args.progress_url:
-        from megdet.controller import operator, progress
+        from megdet.controller import planning, progress
 
         try:
             progress.start(
@@ -287,8 +292,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(err)) from None
         except OSError as err:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
-        operator.PROGRESS_URL = args.progress_url
-        operator.CHECKPOINT_EVENTS = args.progress_checkpoint_events
+        planning.PROGRESS_URL = args.progress_url
     kopf.run(
         registry=registry,
         settings=settings,

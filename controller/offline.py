@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from megdet.controller.api import KIND, RUN_API_VERSION
+
 __all__ = ["Document", "read_documents", "register"]
 
-API_VERSION = "megdet.io/v1alpha1"
-KIND = "MegDetRun"
 _TOP_LEVEL = {"apiVersion", "kind", "metadata", "spec", "status"}
 
 
@@ -89,10 +89,10 @@ def read_documents(paths: Iterable[str]) -> tuple[list[Document], list[str]]:
             if body is None:
                 continue  # an empty document, e.g. after a trailing '---'
             what = (body.get("apiVersion"), body.get("kind")) if isinstance(body, dict) else None
-            if what != (API_VERSION, KIND):
+            if what != (RUN_API_VERSION, KIND):
                 shown = f"apiVersion {what[0]!r}, kind {what[1]!r}" if what else "not a mapping"
                 errors.append(
-                    f"{source}#{index}: not a {KIND} ({shown}; want apiVersion {API_VERSION})"
+                    f"{source}#{index}: not a {KIND} ({shown}; want apiVersion {RUN_API_VERSION})"
                 )
                 continue
             documents.append(Document(source, index, body))
@@ -142,13 +142,13 @@ def _owned_objects(doc: Document, owner_uid: str | None) -> list[dict[str, Any]]
 
     if owner_uid is None:
         return list(render_run(doc.name, doc.namespace, doc.body["spec"]).objects)
-    from megdet.controller.operator import Planned, plan_children
+    from megdet.controller.planning import Planned, plan_children
 
     body = dict(doc.body)
     body["metadata"] = {**body["metadata"], "namespace": doc.namespace, "uid": owner_uid}
     planned = plan_children(body)
     if not isinstance(planned, Planned):  # validated above; kept for a clear message
-        raise SystemExit(f"megdet render: {doc.label()}: {planned.messages()}")
+        raise SystemExit(f"megdet render: {doc.label()}: {'; '.join(planned.messages)}")
     return list(planned.objects)
 
 

@@ -1,0 +1,229 @@
+"""The controller's API layer: the calls it makes, and how it sorts their failures.
+
+- :class:`Cluster` reads and writes objects with the official ``kubernetes`` client
+  (``CustomObjectsApi``), as kopf's own examples do from sync handlers; reads answer ``None``
+  for 404.
+- :func:`retryable` and :class:`Backoff`: which failures kopf retries, and after how long.
+- A refused create: :class:`KindNotServed` (404: the cluster lacks the kind) and
+  :class:`JobRefused` (a 4xx that retrying does not fix, outside :data:`NOT_REFUSALS`), with
+  the server's own words (:func:`refusal_message`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3.exceptions
+from kubernetes import client as k8s
+
+from megdet.controller.api import (
+    GROUP,
+    KIND,
+    KIND_BY_TARGET,
+    OWNED_KINDS,
+    PLURAL,
+    RUN_API_VERSION,
+    TARGET_BY_KIND,
+    VERSION,
+)
+
+__all__ = [
+    "KIND_PROVIDERS",
+    "NOT_REFUSALS",
+    "Backoff",
+    "Cluster",
+    "JobRefused",
+    "KindNotServed",
+    "refusal_message",
+    "retryable",
+]
+
+#: HTTP statuses of a refused create that are not the job's fault, so are retried (401: the
+#: controller's credentials; 404: the kind is not served; 408: a timeout; 409: the name is
+#: taken; 429: throttling). Any other 4xx is the server refusing this job (schema, admission
+#: webhook, ResourceQuota): see :class:`JobRefused`.
+NOT_REFUSALS = frozenset({401, 404, 408, 409, 429})
+
+#: Who serves each kind the controller creates (for the message when a cluster lacks it).
+KIND_PROVIDERS = {
+    "PyTorchJob": "the Kubeflow training operator (kubeflow.org/v1)",
+    "TrainJob": "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1)",
+    "TrainingRuntime": "Kubeflow Trainer v2 (trainer.kubeflow.org/v1alpha1)",
+}
+
+
+class KindNotServed(Exception):
+    """The API server answered 404 to creating an object: its kind is not installed."""
+
+    def __init__(self, obj: Mapping[str, Any]) -> None:
+        kind = obj["kind"]
+        target = TARGET_BY_KIND.get(kind, "trainjob")
+        (other,) = (t for t in KIND_BY_TARGET if t != target)
+        self.message = (
+            f"{obj['apiVersion']} {kind} is not served by this cluster (creating it answered "
+            f"404): install {KIND_PROVIDERS.get(kind, 'its operator')} or set "
+            f"spec.target: {other} (spec.target is {target}); the controller watches the job "
+            "kinds present when it starts, so restart it after installing"
+        )
+        super().__init__(self.message)
+
+
+#: Longest server message kept in a condition (the API server's own limit is 32 KiB).
+MAX_SERVER_MESSAGE = 2000
+
+
+class JobRefused(Exception):
+    """The API server refused to create an object for a reason that retrying does not fix."""
+
+    def __init__(self, obj: Mapping[str, Any], err: k8s.ApiException, generation: Any) -> None:
+        self.code = err.status
+        self.message = refusal_message(obj, err, generation)
+        super().__init__(self.message)
+
+
+def refusal_message(obj: Mapping[str, Any], err: k8s.ApiException, generation: Any) -> str:
+    """The server's own words (its Status ``message`` and ``details.causes``) and the fix."""
+    body: Any = None
+    try:
+        body = json.loads(err.body) if isinstance(err.body, str | bytes) else err.body
+    except ValueError:
+        body = None
+    if not isinstance(body, Mapping):
+        body = {"message": str(err.body or "")}
+    reason = body.get("reason") or err.reason or "Refused"
+    text = str(body.get("message") or err.reason or "no message")
+    details = body.get("details") if isinstance(body.get("details"), Mapping) else {}
+    causes = details.get("causes") if isinstance(details.get("causes"), list) else []
+    said = [
+        f"{c.get('field')}: {c.get('message') or c.get('reason') or ''}".strip()
+        if c.get("field")
+        else str(c.get("message") or c.get("reason") or "")
+        for c in causes
+        if isinstance(c, Mapping)
+    ]
+    said = [s for s in said if s and s not in text]
+    server = text + (f" (causes: {'; '.join(said)})" if said else "")
+    if len(server) > MAX_SERVER_MESSAGE:
+        server = server[: MAX_SERVER_MESSAGE - 3] + "..."
+    meta = obj.get("metadata") or {}
+    return (
+        f"the API server refused to create {obj.get('kind')} {meta.get('name')} "
+        f"(HTTP {err.status} {reason}): {server}. Not retried until the MegDetRun's spec "
+        f"changes (metadata.generation {generation}): fix what the server names (the run's "
+        "spec, or the namespace's ResourceQuota or admission policy) and edit the spec, or "
+        "delete and re-create the run"
+    )
+
+
+class Cluster:
+    """The API calls the controller makes, through the official ``kubernetes`` client.
+
+    Every method raises ``kubernetes.client.ApiException`` or a urllib3 error on failure,
+    except that reads return ``None``/``[]`` for 404. :func:`retryable` sorts the errors.
+    """
+
+    def __init__(self, api_client: k8s.ApiClient, timeout: float = 10.0) -> None:
+        self.api = k8s.CustomObjectsApi(api_client)
+        self.timeout = timeout
+
+    @staticmethod
+    def _ref(api_version: str, kind: str) -> tuple[str, str, str]:
+        group, version = api_version.split("/", 1)
+        return group, version, OWNED_KINDS[(api_version, kind)] if kind != KIND else PLURAL
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
+        """The object, or None when it does not exist."""
+        group, version, plural = self._ref(api_version, kind)
+        try:
+            return self.api.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=self.timeout
+            )
+        except k8s.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+
+    def create(self, obj: Mapping[str, Any]) -> dict:
+        group, version, plural = self._ref(obj["apiVersion"], obj["kind"])
+        namespace = obj["metadata"]["namespace"]
+        return self.api.create_namespaced_custom_object(
+            group, version, namespace, plural, dict(obj), _request_timeout=self.timeout
+        )
+
+    def patch(self, api_version: str, kind: str, namespace: str, name: str, body: Mapping) -> dict:
+        group, version, plural = self._ref(api_version, kind)
+        return self.api.patch_namespaced_custom_object(
+            group, version, namespace, plural, name, dict(body), _request_timeout=self.timeout
+        )
+
+    def delete(
+        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+    ) -> None:
+        """Delete (background propagation); with ``uid``, only that incarnation of the name
+        (the API server answers 409 if the name now holds another object)."""
+        group, version, plural = self._ref(api_version, kind)
+        options = k8s.V1DeleteOptions(
+            propagation_policy="Background",
+            preconditions=k8s.V1Preconditions(uid=uid) if uid else None,
+        )
+        try:
+            self.api.delete_namespaced_custom_object(
+                group,
+                version,
+                namespace,
+                plural,
+                name,
+                body=options,
+                _request_timeout=self.timeout,
+            )
+        except k8s.ApiException as err:
+            if err.status != 404:
+                raise
+
+    def get_run(self, namespace: str, name: str) -> dict | None:
+        return self.get(RUN_API_VERSION, KIND, namespace, name)
+
+    def patch_run_status(
+        self,
+        namespace: str,
+        name: str,
+        status: Mapping[str, Any],
+        resource_version: str | None = None,
+    ) -> dict:
+        """Merge-patch the run's status subresource.
+
+        With ``resource_version`` the patch is conditional: the API server applies it to the
+        stored object and refuses the result with 409 Conflict unless the stored object still
+        has that version (the patch's ``metadata.resourceVersion`` is a precondition, as with
+        controller-runtime's ``MergeFromWithOptimisticLock``). A merge patch replaces lists
+        whole, so an unconditional patch of ``conditions`` computed from a stale read would
+        drop what another writer set in between.
+        """
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return self.api.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, PLURAL, name, body, _request_timeout=self.timeout
+        )
+
+
+def retryable(err: BaseException) -> bool:
+    """API errors worth retrying: conflicts, throttling, server errors, timeouts, resets."""
+    if isinstance(err, k8s.ApiException):
+        return err.status in (0, 408, 409, 429) or (err.status or 0) >= 500
+    return isinstance(err, urllib3.exceptions.HTTPError | TimeoutError | ConnectionError)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Retry delays for kopf.TemporaryError: ``base * 2**retry`` seconds, at most ``cap``."""
+
+    base: float = 1.0
+    cap: float = 60.0
+    conflict_delay: float = 30.0
+
+    def delay(self, retry: int) -> float:
+        return min(self.cap, self.base * 2 ** min(retry, 30))

@@ -1,0 +1,377 @@
+"""What the controller owns for a run, decided without I/O: a MegDetRun body -> the objects
+to create, or the field-named problems that stop it.
+
+- :func:`plan_children`: a run -> :class:`Invalid` or :class:`Planned` (every object the run
+  chart renders, adopted: owner reference, namespace). It calls
+  :func:`~megdet.controller.validation.validate_run` and
+  :func:`~megdet.controller.render.render_run`; nothing here builds a job.
+- Ownership: which objects are the run's (:func:`controlled_by`, :func:`run_owner`).
+- Output folders: two live runs must not write one folder (:func:`output_claim`, the
+  ``megdet_outputs`` kopf index, and :func:`output_holder`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+
+from megdet.controller.api import (
+    KIND,
+    OWNED_KINDS,
+    RUN_API_VERSION,
+    SUSPEND_PATH,
+    TARGET_BY_KIND,
+)
+from megdet.controller.problems import InvalidRunError, Problem
+from megdet.controller.progress_ca import CA_CONFIG_MAP
+from megdet.controller.render import RenderedRun, default_renderer, render_run
+from megdet.controller.status import TERMINAL_PHASES, had_job
+from megdet.controller.validation import validate_run, validate_update
+
+__all__ = [
+    "PROGRESS_URL",
+    "RUN_ENV",
+    "Invalid",
+    "OutputClaim",
+    "Planned",
+    "controlled_by",
+    "expected_job_name",
+    "may_own",
+    "output_claim",
+    "output_holder",
+    "output_in_use_message",
+    "output_location",
+    "owned_by",
+    "plan_children",
+    "run_owner",
+    "suspend_of",
+    "suspend_patch",
+    "with_progress",
+    "with_run_env",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Env the controller gives every container of a run, through the chart's ``extraEnv`` (after
+#: the user's entries, so these win: the kubelet keeps the last of equal names).
+RUN_ENV = ("MEGDET_RUN_UID", "MEGDET_RUN_NAME")
+#: The base URL of the controller's progress endpoint (``--progress-url``; controller/progress.py),
+#: given to every run as the chart value ``progress`` (owned by the controller, not a spec
+#: field); "" = progress reporting off. Set once at start by ``megdet controller``.
+PROGRESS_URL = ""
+
+# ------------------------------------------------------------------------------------------
+# The pure part: a run -> the objects to own, or the problems that stop it.
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A run the controller refuses; every problem names a field (``spec.gpus``)."""
+
+    problems: tuple[Problem, ...]
+
+    @property
+    def messages(self) -> list[str]:
+        return [str(p) for p in self.problems]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the controller creates for a valid run: the adopted objects, job first."""
+
+    rendered: RenderedRun
+    objects: tuple[dict[str, Any], ...]
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return self.objects[0]
+
+    @property
+    def target(self) -> str:
+        return TARGET_BY_KIND[self.job["kind"]]
+
+
+def plan_children(
+    run: Mapping[str, Any], old_spec: Any = None, unsafe_weights: bool = False
+) -> Invalid | Planned:
+    """Validate a MegDetRun and render what it owns. Never raises for any run body.
+
+    ``old_spec`` (on an update) adds the transition rules: fields fixed at creation.
+    ``unsafe_weights``: the cluster policy's ``unsafeWeights``, the chart's
+    ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides).
+    """
+    meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    if not isinstance(name, str) or not name or not isinstance(namespace, str) or not namespace:
+        missing = "metadata.name" if not isinstance(name, str) or not name else "metadata.namespace"
+        return Invalid((Problem(missing, "a MegDetRun needs a name and a namespace"),))
+    spec = run.get("spec")
+    if spec is None:
+        spec = {}
+    # The run's own env goes in before validation, so that validation's render is the one
+    # render_run reuses (the renderer keeps recent renders by their values).
+    spec = with_run_env(spec, name, meta.get("uid"))
+    if old_spec is not None:
+        old_spec = with_run_env(old_spec, name, meta.get("uid"))
+    try:
+        if old_spec is not None:
+            problems = validate_update(old_spec, spec, name=name, namespace=namespace)
+        else:
+            problems = validate_run(spec, name=name, namespace=namespace)
+        if problems:
+            return Invalid(tuple(problems))
+        values = with_progress(spec, name)
+        if unsafe_weights and isinstance(values, Mapping):
+            values = {**values, "allowUnsafeWeights": True}
+        rendered = render_run(name, namespace, values)
+    except InvalidRunError as err:
+        return Invalid(tuple(err.problems))
+    job = rendered.job
+    if (job.get("apiVersion"), job.get("kind")) not in OWNED_KINDS or job[
+        "kind"
+    ] not in TARGET_BY_KIND:
+        return Invalid((Problem("spec.target", f"the chart rendered a {job.get('kind')}"),))
+    objects = [copy.deepcopy(o) for o in rendered.objects]
+    unknown = [
+        o.get("kind") for o in objects if (o.get("apiVersion"), o.get("kind")) not in OWNED_KINDS
+    ]
+    if unknown:
+        # A kind outside the ClusterRole: creating it would fail with 403 on every retry.
+        return Invalid(
+            (Problem("spec", f"the chart rendered kinds the controller cannot own: {unknown}"),)
+        )
+    kopf.adopt(objects, owner=dict(run))
+    return Planned(rendered=rendered, objects=tuple(objects))
+
+
+def with_progress(spec: Any, name: str) -> Any:
+    """``spec`` with the chart value ``progress`` when progress reporting is on (PROGRESS_URL).
+
+    Added after validation (``progress`` is not a MegDetRun field: strict validation refuses
+    it, as the API server does), so only the job's render sees it. The chart adds the run's
+    path to the URL; the controller publishes the CA ConfigMap (controller/progress_ca.py).
+    """
+    if not PROGRESS_URL or not isinstance(spec, Mapping):
+        return spec
+    return {**spec, "progress": {"url": PROGRESS_URL, "caConfigMap": CA_CONFIG_MAP}}
+
+
+def with_run_env(spec: Any, name: str, uid: Any) -> Any:
+    """``spec`` with ``MEGDET_RUN_UID`` and ``MEGDET_RUN_NAME`` appended to ``extraEnv``.
+
+    The chart appends ``extraEnv`` to every container's env. A spec that is not an object, or
+    whose ``extraEnv`` is not a list, is returned unchanged for validation to name.
+    """
+    if not isinstance(spec, Mapping):
+        return spec
+    extra = spec.get("extraEnv")
+    if extra is None:
+        extra = []
+    if not isinstance(extra, list | tuple):
+        return spec
+    env = [{"name": RUN_ENV[1], "value": name}]
+    if isinstance(uid, str) and uid:
+        env.insert(0, {"name": RUN_ENV[0], "value": uid})
+    return {**spec, "extraEnv": [*extra, *env]}
+
+
+def _refs(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    return [r for r in refs if isinstance(r, Mapping)] if isinstance(refs, list) else []
+
+
+def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether ``obj`` carries an owner reference (controller or not) to ``uid``."""
+    return uid is not None and any(ref.get("uid") == uid for ref in _refs(obj))
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether the MegDetRun with ``uid`` is ``obj``'s controller: the owner reference that
+    :func:`kopf.adopt` writes (``controller: true``). Another object may name the run as a
+    plain owner; that does not make it the run's."""
+    return uid is not None and any(
+        ref.get("uid") == uid and ref.get("controller") is True and ref.get("kind") == KIND
+        for ref in _refs(obj)
+    )
+
+
+def run_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The MegDetRun controller reference of ``obj``, if it has one."""
+    for ref in _refs(obj):
+        if (
+            ref.get("kind") == KIND
+            and ref.get("apiVersion") == RUN_API_VERSION
+            and ref.get("controller") is True
+        ):
+            return ref
+    return None
+
+
+def expected_job_name(run: Mapping[str, Any]) -> str | None:
+    """The name of the run's job: ``status.jobName``, else the run's name (the chart names the
+    job after the release, and the controller renders with the run's name as the release)."""
+    status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
+    name = status.get("jobName") or (run.get("metadata") or {}).get("name")
+    return name if isinstance(name, str) else None
+
+
+# ------------------------------------------------------------------------------------------
+# Output folders: two live runs must not write one folder.
+
+
+@functools.cache
+def _default_output_claim() -> str:
+    output = default_renderer().defaults.get("output")
+    claim = output.get("claimName") if isinstance(output, Mapping) else None
+    return claim if isinstance(claim, str) else ""
+
+
+def output_location(run: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, PVC, folder) the run's pods write: ``spec.output.claimName`` (the chart's
+    default when unset) mounted at /output, folder ``/output/<spec.runName or the run's name>``
+    (the chart's ``--output``). None when the spec is too malformed to say (validation names it).
+    """
+    meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
+    name, namespace = meta.get("name"), meta.get("namespace")
+    spec = run.get("spec")
+    if spec is None:
+        spec = {}
+    if not isinstance(name, str) or not isinstance(namespace, str) or not isinstance(spec, Mapping):
+        return None
+    output = spec.get("output")
+    if output is None:
+        output = {}
+    if not isinstance(output, Mapping):
+        return None
+    claim = output.get("claimName")
+    if claim is None:
+        claim = _default_output_claim()
+    folder = spec.get("runName") or name
+    if not isinstance(claim, str) or not claim or not isinstance(folder, str):
+        return None
+    return namespace, claim, folder
+
+
+@dataclass(frozen=True)
+class OutputClaim:
+    """One run's entry in the ``megdet_outputs`` index (key: :func:`output_location`)."""
+
+    name: str
+    uid: str | None
+    #: metadata.creationTimestamp ("" when unknown): the older of two waiting runs goes first.
+    created: str
+    #: The run has (had) its job: it goes first, whatever its age.
+    has_job: bool
+    #: The run may write the folder: not deleted, not finished, not Invalid without a job.
+    live: bool
+    phase: str | None
+
+
+def output_claim(body: Mapping[str, Any]) -> dict[tuple[str, str, str], OutputClaim]:
+    """The ``megdet_outputs`` index function: {output location: this run's claim}. Never raises
+    (a body it cannot read indexes as nothing)."""
+    try:
+        key = output_location(body)
+        if key is None:
+            return {}
+        meta = body.get("metadata") or {}
+        status = body.get("status") if isinstance(body.get("status"), Mapping) else {}
+        phase = status.get("phase")
+        has_job = had_job(status)
+        live = (
+            not meta.get("deletionTimestamp")
+            and phase not in TERMINAL_PHASES
+            and not (phase == "Invalid" and not has_job)
+        )
+        claim = OutputClaim(
+            name=str(meta.get("name")),
+            uid=meta.get("uid"),
+            created=str(meta.get("creationTimestamp") or ""),
+            has_job=has_job,
+            live=bool(live),
+            phase=phase if isinstance(phase, str) else None,
+        )
+    except Exception as err:  # an index function that raises is retried by kopf on every event
+        logger.warning(
+            "cannot index the output folder of a MegDetRun: %s: %s", type(err).__name__, err
+        )
+        return {}
+    return {key: claim}
+
+
+def output_holder(index: Mapping[Any, Any] | None, run: Mapping[str, Any]) -> OutputClaim | None:
+    """The other live run that goes before ``run`` at its output folder, if any.
+
+    A run with a job goes first; between runs without one, the older (creationTimestamp, then
+    name). So of two runs applied at once exactly one proceeds, and one that already trains is
+    never blocked by a newer one.
+    """
+    key = output_location(run)
+    if index is None or key is None:
+        return None
+    meta = run.get("metadata") or {}
+    me = (str(meta.get("creationTimestamp") or ""), str(meta.get("name")))
+    for _ in range(3):  # kopf updates the index on its loop while this thread reads it
+        try:
+            claims = list(index[key]) if key in index else []
+            break
+        except RuntimeError:
+            continue
+    else:
+        return None
+    before = [
+        c
+        for c in claims
+        if c.live and c.uid != meta.get("uid") and (c.has_job or (c.created, c.name) < me)
+    ]
+    return min(before, key=lambda c: (not c.has_job, c.created, c.name), default=None)
+
+
+def output_in_use_message(run: Mapping[str, Any], other: OutputClaim) -> str:
+    _namespace, claim, folder = output_location(run) or ("", "", "")
+    state = other.phase or "not started"
+    return (
+        f"the output folder /output/{folder} on PVC {claim} (spec.output.claimName, "
+        f"spec.runName) is in use by MegDetRun {other.name} (phase {state}"
+        f"{', job created' if other.has_job else ''}); two runs writing one folder overwrite "
+        f"each other's checkpoints. This run's job is created once {other.name} has ended or "
+        "is deleted (checked every 30 s); to run both, delete this run and re-create it with "
+        "another spec.runName or spec.output.claimName"
+    )
+
+
+def suspend_of(obj: Mapping[str, Any]) -> bool:
+    """The job's suspend flag (False when unset)."""
+    value: Any = obj
+    for key in SUSPEND_PATH[obj["kind"]]:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return bool(value)
+
+
+def suspend_patch(kind: str, suspend: bool) -> dict[str, Any]:
+    """A merge patch that sets the job's suspend flag."""
+    patch: dict[str, Any] = {}
+    node = patch
+    *parents, leaf = SUSPEND_PATH[kind]
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = suspend
+    return patch
+
+
+def may_own(target: Any, kind: str) -> bool:
+    """Whether a run of ``target`` (status.target; unknown: any) can own objects of ``kind``."""
+    if kind == "NetworkPolicy":
+        return True
+    if target == "pytorchjob":
+        return kind == "PyTorchJob"
+    if target == "trainjob":
+        return kind in ("TrainJob", "TrainingRuntime")
+    return True

@@ -1,0 +1,158 @@
+"""Who may report a run's progress: the run's own pods, by a token bound to the run.
+
+The bearer token is a projected ServiceAccount token whose audience is the run's
+(:func:`megdet.progress.run_audience`). A ``TokenReview`` with ``spec.audiences=[that
+audience]`` must say authenticated, list the audience, name a ServiceAccount of the run's
+namespace and carry the pod the token is bound to (``authentication.kubernetes.io/pod-name``),
+named as the training operator names the run's pods (``<run>-master-0``, ``<run>-worker-<i>``);
+optionally (``pod_labels``, off in the controller, which reads no pods) that pod must carry the
+run's label. Anything else is 403 (401: no token at all). Verdicts are cached per token (its
+SHA-256) for a short time, in a bounded cache (:class:`~megdet.controller.tokenauth.VerdictCache`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from megdet import progress as protocol
+from megdet.controller.tokenauth import VerdictCache, bearer_token
+
+__all__ = [
+    "POD_NAME_EXTRA",
+    "RUN_LABEL",
+    "RunAuthenticator",
+    "Verdict",
+    "kubernetes_pod_labels",
+    "kubernetes_review",
+]
+
+logger = logging.getLogger(__name__)
+
+#: TokenReview ``status.user.extra`` key naming the pod a bound token belongs to.
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+#: The run chart's label naming a pod's run (its release, which the controller names after the run).
+RUN_LABEL = "app.kubernetes.io/instance"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """200 (the run's own pod), 401 (no token), 403 (any other token), 500 (could not ask)."""
+
+    status: int
+    reason: str
+    pod: str = ""
+
+
+#: (token, audiences) -> the TokenReview's ``status`` as a plain dict; raises on API errors.
+TokenReviewFn = Callable[[str, list[str]], Mapping[str, Any]]
+#: (namespace, pod) -> the pod's labels, or None when there is no such pod.
+PodLabelsFn = Callable[[str, str], Mapping[str, str] | None]
+
+
+@dataclass
+class RunAuthenticator:
+    """Token -> :class:`Verdict` for one run, with a time- and size-bounded cache."""
+
+    review: TokenReviewFn
+    pod_labels: PodLabelsFn | None = None
+    allow_ttl: float = 300.0
+    deny_ttl: float = 10.0
+    max_entries: int = 4096
+    clock: Callable[[], float] = time.monotonic
+    _cache: VerdictCache = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._cache = VerdictCache(self.max_entries, self.clock)
+
+    def check(self, authorization: str | None, namespace: str, name: str) -> Verdict:
+        token = bearer_token(authorization)
+        if token is None:
+            return Verdict(401, "no bearer token")
+        key = VerdictCache.key(token, namespace, name)
+        now = self.clock()
+        hit = self._cache.get(key, now)
+        if hit is not None:
+            return hit
+        verdict = self._decide(token, namespace, name)
+        if verdict.status in (200, 403):  # 500 (the API could not be asked) is asked again
+            ttl = self.allow_ttl if verdict.status == 200 else self.deny_ttl
+            self._cache.put(key, verdict, now + ttl)
+        return verdict
+
+    def cached(self) -> int:
+        return len(self._cache)
+
+    def _decide(self, token: str, namespace: str, name: str) -> Verdict:
+        audience = protocol.run_audience(namespace, name)
+        try:
+            status = self.review(token, [audience]) or {}
+        except Exception as err:
+            logger.error("progress: TokenReview failed: %s: %s", type(err).__name__, err)
+            return Verdict(500, "the token could not be reviewed")
+        if not status.get("authenticated"):
+            return Verdict(403, f"token not valid for audience {audience}")
+        if audience not in (status.get("audiences") or []):
+            return Verdict(403, f"token audiences do not include {audience}")
+        user = status.get("user") or {}
+        username = str(user.get("username") or "")
+        if not username.startswith(f"system:serviceaccount:{namespace}:"):
+            return Verdict(403, f"{username or 'the user'} is not a ServiceAccount of {namespace}")
+        pods = (user.get("extra") or {}).get(POD_NAME_EXTRA) or []
+        if not pods:
+            return Verdict(403, "the token is not bound to a pod")
+        pod = str(pods[0])
+        # The training operator names a PyTorchJob's pods <job>-master-0 and <job>-worker-<i>,
+        # and the job is named after the run: another pod's token is refused without reading
+        # any pod (the controller holds no `get pods`).
+        if not re.fullmatch(rf"{re.escape(name)}-(master|worker)-\d+", pod):
+            return Verdict(403, f"pod {namespace}/{pod} is not a pod of MegDetRun {name}")
+        if self.pod_labels is not None:
+            try:
+                labels = self.pod_labels(namespace, pod)
+            except Exception as err:
+                logger.error("progress: get pod %s/%s failed: %s", namespace, pod, err)
+                return Verdict(500, "the token's pod could not be read")
+            if labels is None:
+                return Verdict(403, f"pod {namespace}/{pod} does not exist")
+            if labels.get(RUN_LABEL) != name:
+                return Verdict(403, f"pod {namespace}/{pod} is not a pod of MegDetRun {name}")
+        return Verdict(200, "the run's pod", pod)
+
+
+def kubernetes_review(api_client: Any, timeout: float) -> TokenReviewFn:
+    from kubernetes import client as k8s
+
+    authn = k8s.AuthenticationV1Api(api_client)
+
+    def review(token: str, audiences: list[str]) -> Mapping[str, Any]:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": audiences},
+        }
+        result = authn.create_token_review(body=body, _request_timeout=timeout)
+        return api_client.sanitize_for_serialization(result.status) or {}
+
+    return review
+
+
+def kubernetes_pod_labels(api_client: Any, timeout: float) -> PodLabelsFn:
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(api_client)
+
+    def labels(namespace: str, pod: str) -> Mapping[str, str] | None:
+        try:
+            found = core.read_namespaced_pod(pod, namespace, _request_timeout=timeout)
+        except k8s.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(found.metadata.labels or {})
+
+    return labels

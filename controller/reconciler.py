@@ -1,0 +1,447 @@
+"""The MegDetRun handlers: reconcile a run, clean up after it, mirror its job.
+
+:class:`Reconciler` holds what the handlers of one operator share (the API layer, the
+cluster's policy, the backoff, the status writer with its phase gauge, the TrainJob mirror's
+milestones); its methods are the kopf handlers, which
+:func:`megdet.controller.operator.build_registry` registers. What a run owns is decided by the
+pure :func:`~megdet.controller.planning.plan_children`; what its status says, by
+:mod:`megdet.controller.status`.
+
+Handlers are sync methods: kopf runs them in its thread pool, so the blocking client and the
+in-process Helm render never stall kopf's event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+from kubernetes import client as k8s
+
+from megdet.controller import metrics
+from megdet.controller.api import OWNED_KINDS, TARGET_BY_KIND
+from megdet.controller.job_state import TERMINAL_PHASES, job_state, trainjob_progress
+from megdet.controller.kubeapi import NOT_REFUSALS, Backoff, Cluster, JobRefused, KindNotServed
+from megdet.controller.planning import (
+    Invalid,
+    OutputClaim,
+    Planned,
+    controlled_by,
+    expected_job_name,
+    may_own,
+    output_claim,
+    output_holder,
+    output_in_use_message,
+    plan_children,
+    run_owner,
+    suspend_of,
+    suspend_patch,
+)
+from megdet.controller.progress_hub import Milestones
+from megdet.controller.status import (
+    finished,
+    had_job,
+    invalid_status,
+    next_status,
+    planned_status,
+    progress_patch,
+    refused_at,
+)
+from megdet.controller.status_writer import (
+    StatusWriter,
+    count_transition,
+    diff_touches,
+    now_text,
+    raiser,
+    run_meta,
+)
+from megdet.policy import Policy
+from megdet.policy import check as check_policy
+
+__all__ = ["OUTPUTS_INDEX", "Reconciler"]
+
+logger = logging.getLogger(__name__)
+
+#: The kopf index of MegDetRuns by output folder (also the handlers' keyword argument).
+OUTPUTS_INDEX = "megdet_outputs"
+
+
+class Reconciler:
+    """The handlers of one operator and the state they share.
+
+    ``observe`` (optional) receives each reconcile's duration in seconds, as the histogram
+    does; the benchmark uses it for exact percentiles. ``policy``: the cluster's MegDet policy
+    (default: the operator chart's secure defaults), checked before a run's job is created.
+    ``checkpoint_events``: the TrainJob mirror posts a ``Checkpointed`` event every this many
+    checkpoints (``--progress-checkpoint-events``).
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        backoff: Backoff | None = None,
+        now: Callable[[], str] = now_text,
+        observe: Callable[[float], None] | None = None,
+        policy: Policy | None = None,
+        checkpoint_events: int = 5,
+    ) -> None:
+        self.cluster = cluster
+        self.backoff = backoff or Backoff()
+        self.now = now
+        self.observe = observe
+        self.policy = policy if policy is not None else Policy()
+        self.checkpoint_events = checkpoint_events
+        self.writer = StatusWriter(cluster, self.backoff, now)
+        #: (namespace, run) -> the TrainJob mirror's milestone events state.
+        self.milestones: dict[tuple[str, str], Milestones] = {}
+
+    def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
+        return self.writer.api_call(what, call, retry)
+
+    # -- reconcile: create, resume, update ---------------------------------------------------
+
+    def reconcile(
+        self, body: kopf.Body, reason: Any, diff: Any, old: Any, retry: int, **kw: Any
+    ) -> None:
+        started = time.perf_counter()
+        old_spec = (old or {}).get("spec") if str(reason) == "update" else None
+        try:
+            self._reconcile(dict(body), str(reason), diff, old_spec, retry, kw.get(OUTPUTS_INDEX))
+        finally:
+            elapsed = time.perf_counter() - started
+            metrics.RECONCILE_DURATION.observe(elapsed)
+            if self.observe is not None:
+                self.observe(elapsed)
+
+    def _reconcile(
+        self, run: dict[str, Any], reason: str, diff: Any, old_spec: Any, retry: int, outputs: Any
+    ) -> None:
+        namespace, _name, uid, generation = run_meta(run)
+        seen = run.get("status") if isinstance(run.get("status"), Mapping) else {}
+        if generation is not None and refused_at(seen) == generation:
+            # The API server refused this spec's job; retried when the spec changes.
+            return
+        decision = plan_children(run, old_spec, unsafe_weights=self.policy.unsafeWeights)
+        if isinstance(decision, Invalid):
+            self._write_invalid(run, decision, generation, retry)
+            return
+
+        wanted = decision.job
+        kind, job_name = wanted["kind"], wanted["metadata"]["name"]
+        job = self.api_call(
+            f"get {kind} {job_name}",
+            lambda: self.cluster.get(wanted["apiVersion"], kind, namespace, job_name),
+            retry,
+        )
+        ours = job is not None and controlled_by(job, uid)
+        if not ours and (had_job(seen) or finished(seen)):
+            # The run had its job and it is gone (deleted while this controller was away, or
+            # its name now holds someone else's object): never a second job.
+            self.writer.job_gone(run, kind, job_name, retry)
+            metrics.RECONCILES.labels("success").inc()
+            return
+        if job is not None and not ours:
+            self.writer.conflict(run, kind, job_name, generation, retry)
+        if job is None:
+            self._wait_for_output_folder(run, outputs, generation, retry)
+            # The cluster's policy, before anything is created for the run (a job that exists
+            # was allowed when it was made: a stricter policy later does not stop it).
+            if not finished(seen) and not self._allowed(run, generation, retry):
+                return
+
+        job = self._create_missing(run, decision, job, finished(seen), retry)
+        if job is None:
+            return  # the API server refused the job
+        if reason == "update" and not finished(seen) and diff_touches(diff, SUSPEND_DIFF):
+            job = self._sync_suspend(decision, job, retry)
+        self._write_planned(run, decision, job, retry)
+
+    def _write_invalid(
+        self, run: Mapping[str, Any], decision: Invalid, generation: Any, retry: int
+    ) -> None:
+        problems = decision.messages
+
+        def invalid(old: Mapping[str, Any], _run: Any, _fresh: bool) -> dict[str, Any]:
+            status = invalid_status(old, problems, self.now(), generation)
+            if finished(old):
+                status["phase"] = old["phase"]  # a finished run's result stands
+            return status
+
+        # Becoming Invalid sends a Warning event (reason Invalid) that names the fields.
+        self.writer.write(run, invalid, "; ".join(problems), retry)
+        metrics.RECONCILES.labels("invalid").inc()
+
+    def _wait_for_output_folder(
+        self, run: Mapping[str, Any], outputs: Any, generation: Any, retry: int
+    ) -> None:
+        """Raise kopf.TemporaryError while another live run goes first at the output folder."""
+        holder = output_holder(outputs, run)
+        if holder is None:
+            return
+        message = output_in_use_message(run, holder)
+        self.writer.not_created(run, "OutputInUse", message, generation, retry)
+        metrics.RECONCILES.labels("conflict").inc()
+        raise kopf.TemporaryError(
+            f"output folder in use by MegDetRun {holder.name}", delay=self.backoff.conflict_delay
+        )
+
+    def _allowed(self, run: Mapping[str, Any], generation: Any, retry: int) -> bool:
+        """Whether the cluster's policy allows the run; if not, its status says why."""
+        denied = [
+            f"{path}: {message}" for path, message in check_policy(run.get("spec"), self.policy)
+        ]
+        if denied:
+            self.writer.policy_denied(run, denied, generation, retry)
+        return not denied
+
+    def _create_missing(
+        self,
+        run: Mapping[str, Any],
+        decision: Planned,
+        job: dict[str, Any] | None,
+        done: bool,
+        retry: int,
+    ) -> dict[str, Any] | None:
+        """Create what the run lacks: helpers (the TrainingRuntime) first, the job last (it
+        refers to them); a finished run (``done``) creates nothing. Returns the job, or None
+        when the API server refused it."""
+        _namespace, _name, uid, generation = run_meta(run)
+        wanted = decision.job
+        creates = [] if done else list(decision.objects[1:])
+        if job is None:
+            creates.append(wanted)
+        for obj in creates:
+            found = job if obj is wanted else self._get(obj, retry)
+            if found is None:
+                try:
+                    found = self._create(obj, generation, retry)
+                except KindNotServed as err:
+                    self.writer.not_created(
+                        run, "JobKindNotInstalled", err.message, generation, retry
+                    )
+                    metrics.RECONCILES.labels("error").inc()
+                    raise kopf.TemporaryError(
+                        err.message, delay=self.backoff.conflict_delay
+                    ) from err
+                except JobRefused as err:
+                    self.writer.refused(run, err.message, generation, retry)
+                    return None
+            if not controlled_by(found, uid):
+                self.writer.conflict(run, obj["kind"], obj["metadata"]["name"], generation, retry)
+            if obj is wanted:
+                job = found
+        assert job is not None
+        return job
+
+    def _get(self, obj: Mapping[str, Any], retry: int) -> dict[str, Any] | None:
+        meta = obj["metadata"]
+        return self.api_call(
+            f"get {obj['kind']} {meta['name']}",
+            lambda: self.cluster.get(
+                obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
+            ),
+            retry,
+        )
+
+    def _create(self, obj: Mapping[str, Any], generation: Any, retry: int) -> dict[str, Any]:
+        namespace, obj_name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        try:
+            created = self.cluster.create(obj)
+        except k8s.ApiException as err:
+            if err.status == 404:  # the run's namespace exists, so the kind is what is missing
+                raise KindNotServed(obj) from err
+            if 400 <= (err.status or 0) < 500 and err.status not in NOT_REFUSALS:
+                raise JobRefused(obj, err, generation) from err
+            if err.status != 409:
+                self.api_call(f"create {obj['kind']} {obj_name}", raiser(err), retry)
+            # Someone (an earlier try whose answer was lost, or another object) holds the name.
+            found = self._get(obj, retry)
+            if found is None:
+                raise kopf.TemporaryError(
+                    f"{obj['kind']} {obj_name}: conflict", delay=self.backoff.delay(retry)
+                ) from err
+            return found
+        except Exception as err:
+            self.api_call(f"create {obj['kind']} {obj_name}", raiser(err), retry)
+            raise
+        if obj["kind"] in TARGET_BY_KIND:
+            metrics.JOBS_CREATED.labels(namespace, TARGET_BY_KIND[obj["kind"]]).inc()
+        return created
+
+    def _sync_suspend(self, decision: Planned, job: dict[str, Any], retry: int) -> dict[str, Any]:
+        wanted = suspend_of(decision.job)
+        if suspend_of(job) == wanted:
+            return job
+        meta = job["metadata"]
+        return self.api_call(
+            f"suspend {job['kind']} {meta['name']}",
+            lambda: self.cluster.patch(
+                job["apiVersion"],
+                job["kind"],
+                meta["namespace"],
+                meta["name"],
+                suspend_patch(job["kind"], wanted),
+            ),
+            retry,
+        )
+
+    def _write_planned(
+        self, run: Mapping[str, Any], decision: Planned, job: dict[str, Any], retry: int
+    ) -> None:
+        namespace, name, uid, generation = run_meta(run)
+        wanted = decision.job
+        kind, job_name = wanted["kind"], wanted["metadata"]["name"]
+        current: dict[str, Any] | None = job
+
+        def status_with_job(
+            old: Mapping[str, Any], _run: Any, refreshed: bool
+        ) -> dict[str, Any] | None:
+            nonlocal current
+            if refreshed:
+                # Someone wrote the status since this reconcile read it; most likely the job
+                # mirror, after a change of the job that this reconcile's copy predates.
+                current = self.api_call(
+                    "get job",
+                    lambda: self.cluster.get(wanted["apiVersion"], kind, namespace, job_name),
+                    retry,
+                )
+                if current is None or not controlled_by(current, uid):
+                    return None  # deleted meanwhile: the job mirror records that
+            assert current is not None
+            return planned_status(
+                old, decision, current if current.get("status") else None, self.now(), generation
+            )
+
+        self.writer.write(run, status_with_job, f"{kind} {job_name}", retry)
+        plan = decision.rendered.plan
+        metrics.record_run_info(
+            namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
+        )
+        metrics.RECONCILES.labels("success").inc()
+
+    # -- cleanup: delete ---------------------------------------------------------------------
+
+    def cleanup(self, body: kopf.Body, retry: int, **_: Any) -> None:
+        """Delete what the run owns (the API server's GC would too; this also counts them).
+
+        By name, never by listing the namespace: the chart names the job and the
+        TrainingRuntime after the run (``status.jobName``); each is read and deleted only if
+        the run is its controller, and only that incarnation (a uid precondition).
+        """
+        namespace, name, uid, _gen = run_meta(body)
+        status = body.get("status") or {}
+        names = sorted({n for n in (name, status.get("jobName")) if isinstance(n, str) and n})
+        for (api_version, kind), _plural in OWNED_KINDS.items():
+            if not may_own(status.get("target"), kind):
+                continue
+            for item_name in names:
+                item = self.api_call(
+                    f"get {kind} {item_name}",
+                    lambda a=api_version, k=kind, n=item_name: self.cluster.get(a, k, namespace, n),
+                    retry,
+                )
+                if item is None or not controlled_by(item, uid):
+                    continue
+                item_uid = (item.get("metadata") or {}).get("uid")
+                self.api_call(
+                    f"delete {kind} {item_name}",
+                    lambda a=api_version, k=kind, n=item_name, u=item_uid: self.cluster.delete(
+                        a, k, namespace, n, u
+                    ),
+                    retry,
+                )
+                if kind in TARGET_BY_KIND:
+                    metrics.JOBS_DELETED.labels(namespace, TARGET_BY_KIND[kind]).inc()
+        metrics.forget_run(namespace, name)
+        self.milestones.pop((namespace, name), None)
+        self.writer.phases.set(namespace, name, None)
+
+    # -- the job mirror: events of the run's job ---------------------------------------------
+
+    def job_event(self, body: kopf.Body, type: str | None, retry: int, **_: Any) -> None:
+        """Mirror the run's job into the run's status; record a job that was deleted."""
+        job = dict(body)
+        ref = run_owner(job)
+        if ref is None:
+            return
+        namespace = job["metadata"].get("namespace")
+        if type != "DELETED" and not job.get("status"):
+            return  # just created: the run's reconcile wrote its first status
+        run = self.api_call("get run", lambda: self.cluster.get_run(namespace, ref["name"]), retry)
+        if run is None or (run.get("metadata") or {}).get("uid") != ref.get("uid"):
+            return
+        if job["metadata"].get("name") != expected_job_name(run):
+            return  # controlled by the run, but not the job it made (not ours to mirror)
+        if type == "DELETED":
+            final = job_state(job) if job.get("status") else None
+            self.writer.job_gone(run, job["kind"], job["metadata"]["name"], retry, final)
+            return
+        self._mirror(run, job, ref["name"], retry)
+
+    def _mirror(self, run: dict[str, Any], job: dict[str, Any], name: str, retry: int) -> None:
+        namespace = job["metadata"].get("namespace")
+        state = job_state(job)
+        # target: trainjob: what the trainer reported to Trainer's status server, mirrored
+        # into status.progress (only when it changed; None: nothing reported yet).
+        progress, problems = trainjob_progress(job) if job["kind"] == "TrainJob" else (None, [])
+
+        def mirrored(old: Mapping[str, Any], current: Mapping[str, Any], _: bool) -> dict | None:
+            meta = current.get("metadata") or {}
+            if meta.get("deletionTimestamp"):
+                return None
+            if old.get("phase") in (None, "Invalid"):
+                return None  # the run's own reconcile writes its first status
+            patch = next_status(old, state, self.now(), meta.get("generation"))
+            if all(old.get(k) == v for k, v in patch.items()):
+                patch = {}
+            changed = None if progress is None else progress_patch(old.get("progress"), progress)
+            if changed is not None:
+                patch["progress"] = changed
+                if problems:
+                    logger.warning(
+                        "run %s/%s: TrainJob trainerStatus: %s",
+                        namespace,
+                        name,
+                        "; ".join(problems),
+                    )
+            return patch or None
+
+        before = self.writer.write(run, mirrored, state.message, retry)
+        if before is None:
+            return
+        if progress is not None:
+            self._milestone_events(run, (namespace, name), before, progress)
+        count_transition(namespace, TARGET_BY_KIND[job["kind"]], before.get("phase"), state.phase)
+        if state.phase in TERMINAL_PHASES:
+            logger.info("run %s/%s %s", namespace, name, state.phase)
+
+    def _milestone_events(
+        self,
+        run: Mapping[str, Any],
+        key: tuple[str, str],
+        before: Mapping[str, Any],
+        progress: Mapping[str, Any],
+    ) -> None:
+        """Milestone events, as the pytorchjob endpoint posts them (controller/progress_hub.py)."""
+        if key not in self.milestones:
+            written = before.get("progress") if isinstance(before.get("progress"), Mapping) else {}
+            self.milestones[key] = Milestones.from_written(written, self.checkpoint_events)
+        for reason, message in self.milestones[key].note(progress, time.monotonic()):
+            kopf.event(dict(run), type="Normal", reason=reason, message=message[:1000])
+
+    @staticmethod
+    def owned_by_run(body: kopf.Body, **_: Any) -> bool:
+        """The job watch's filter: objects a MegDetRun controls."""
+        return run_owner(body) is not None
+
+    @staticmethod
+    def index_outputs(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], OutputClaim]:
+        """The ``megdet_outputs`` index: runs by output folder."""
+        return output_claim(body)
+
+
+#: The kopf diff path of a run's suspend flag.
+SUSPEND_DIFF = ("spec", "runPolicy", "suspend")
