@@ -1,6 +1,6 @@
 """The Prometheus exporter's and the SyncBN health check's cost on the training step.
 
-In 2 gloo processes (the trainer's ``launch``) one trainer is built as ``megdet train`` builds
+In 2 gloo processes (the trainer's ``run_workers``) one trainer is built as ``megdet train`` builds
 it (tiny CPU config, shapes dataset, backbone SyncBN, DDP) with ``MEGDET.METRICS.PORT`` set,
 plus the hooks ``build_monitoring_hooks`` adds (run history, exporter with its HTTP server on
 local rank 0; the SyncBN health check is off here and timed on its own). Then, side by side:

@@ -2,7 +2,7 @@
 
 The benchmarks build exactly what ``megdet train`` builds (``load_config``, ``plan_config``,
 ``register_datasets``, ``build_trainer``) and start their processes with the trainer's own
-``launch`` (gloo on CPU, one thread per worker on this 2-core machine). They drive a trainer's
+``run_workers`` (gloo on CPU, one thread per worker on this 2-core machine). They drive a trainer's
 ``before_step``/``run_step``/``after_step`` in blocks (what ``TrainerBase.train`` does in one
 go), so that several trainers can take turns in the same processes.
 """
@@ -232,7 +232,7 @@ def _rank_entry(job: tuple[Callable[..., Any], tuple, str]) -> int:
 def run_world(world: int, fn: Callable[..., Any], *args: Any, use_cuda: bool = False) -> Any:
     """Run ``fn(*args)`` in every rank of a ``world``-process world; rank 0's result.
 
-    Processes come from the trainer's ``launch``, as ``megdet train --num-workers`` starts them
+    Processes come from the trainer's ``run_workers``, as ``megdet train --num-workers`` starts them
     (spawned; gloo with ``cpu_count // world`` threads each, or NCCL with one GPU each); under
     torchrun this process is one rank of torchrun's world. ``world`` 1 runs in this process.
     ``fn`` must be importable (module level) and its result JSON-serializable. Returns None in
@@ -240,7 +240,7 @@ def run_world(world: int, fn: Callable[..., Any], *args: Any, use_cuda: bool = F
     """
     import torch
 
-    from megdet.trainer.launch import launch
+    from megdet.trainer.workers import run_workers
 
     fd, result_path = tempfile.mkstemp(prefix="megdet-bench-", suffix=".json")
     os.close(fd)
@@ -251,7 +251,9 @@ def run_world(world: int, fn: Callable[..., Any], *args: Any, use_cuda: bool = F
         # instead of 0.3 s (threads spin waiting for a core).
         torch.set_num_threads(1)
     try:
-        code = launch(_rank_entry, (fn, args, result_path), num_workers=world, use_cuda=use_cuda)
+        code = run_workers(
+            _rank_entry, (fn, args, result_path), num_workers=world, use_cuda=use_cuda
+        )
         if code:
             raise RuntimeError(f"benchmark workers failed (exit code {code}); see above")
         text = Path(result_path).read_text()

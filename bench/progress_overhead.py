@@ -1,6 +1,6 @@
 """The progress reporter's cost on the training step, side by side with a bare SimpleTrainer.
 
-In 2 gloo processes (the trainer's ``launch``) one trainer is built as ``megdet train`` builds
+In 2 gloo processes (the trainer's ``run_workers``) one trainer is built as ``megdet train`` builds
 it (tiny CPU config, shapes dataset, backbone SyncBN, DDP), as in ``bench.step_overhead``.
 This process serves Trainer's status protocol over HTTPS (stdlib ``http.server``, a
 certificate from ``megdet.cluster.pki``) and accepts every report. Loops sharing the model,
@@ -101,7 +101,7 @@ def progress_worker(
     from detectron2.engine import SimpleTrainer
     from detectron2.utils import comm
 
-    from megdet.trainer.progress import ProgressPoster, ProgressReporter
+    from megdet.trainer.progress_reporter import ProgressPoster, ProgressReporter
 
     cfg, bundle, plan = harness.build_tiny_trainer(data, out, overrides)
     ours = bundle.trainer

@@ -1,6 +1,6 @@
 """Our training step vs a bare detectron2 ``SimpleTrainer`` loop: same model, data, world.
 
-In 2 gloo processes (the trainer's ``launch``) one trainer is built as ``megdet train`` builds
+In 2 gloo processes (the trainer's ``run_workers``) one trainer is built as ``megdet train`` builds
 it (tiny CPU config, shapes dataset, backbone SyncBN, DDP). Three loops then share its model,
 optimizer and data loader and take turns in blocks of steps, several rounds, order rotated:
 

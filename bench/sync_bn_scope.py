@@ -1,6 +1,6 @@
 """SyncBN scope none / backbone / all: collectives per iteration and step time, side by side.
 
-In 2 gloo processes (the trainer's ``launch``), for each scope the benchmark builds the trainer
+In 2 gloo processes (the trainer's ``run_workers``), for each scope the benchmark builds the trainer
 ``megdet train`` builds and
 
 * counts the collectives of a few iterations exactly (calls and payload bytes, split into BN

@@ -1,8 +1,8 @@
 """Training progress in Kubeflow Trainer's runtime-status protocol, for both sides.
 
-The trainer (``trainer/progress.py``) turns what it knows into a :class:`Progress` and POSTs
-:func:`to_request` of it; the controller turns the ``trainerStatus`` it receives (its own status
-endpoint for ``target: pytorchjob``) or reads (``TrainJob.status.trainerStatus`` for
+The trainer (``trainer/progress_reporter.py``) turns what it knows into a :class:`Progress`
+and POSTs :func:`to_request` of it; the controller turns the ``trainerStatus`` it receives (its
+own status endpoint for ``target: pytorchjob``) or reads (``TrainJob.status.trainerStatus`` for
 ``target: trainjob``) into ``MegDetRun.status.progress`` with :func:`to_status`. Stdlib only.
 
 What Kubeflow Trainer v2.3.0's status server accepts (module cache

@@ -151,7 +151,7 @@ def _check_data(cfg, need_train: bool) -> None:
 def _check_launch_env() -> None:
     """Refuse an operator's pod env without torchrun (it would give the wrong world)."""
     from megdet.cli import UsageError
-    from megdet.trainer.launch import bare_pod_problem
+    from megdet.trainer.workers import bare_pod_problem
 
     problem = bare_pod_problem()
     if problem:
@@ -160,7 +160,7 @@ def _check_launch_env() -> None:
 
 def _world(num_workers: int) -> tuple[int, int]:
     from megdet.cli import UsageError
-    from megdet.trainer.launch import env_world, in_torchrun
+    from megdet.trainer.workers import env_world, in_torchrun
 
     _check_launch_env()
     if in_torchrun():
@@ -197,21 +197,21 @@ def _preflight(cfg, world: int, local: int) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from megdet.trainer.launch import launch
-    from megdet.trainer.train import TrainJob, train_worker
+    from megdet.trainer.train import WorkerTask, train_worker
+    from megdet.trainer.workers import run_workers
 
     cfg = _load(args, "train")
     world, local = _world(args.num_workers)
     _preflight(cfg, world, local)
-    job = TrainJob(cfg=cfg, resume=not args.no_resume, command="train")
-    return launch(train_worker, job, args.num_workers, cfg.MODEL.DEVICE.startswith("cuda"))
+    task = WorkerTask(cfg=cfg, resume=not args.no_resume, command="train")
+    return run_workers(train_worker, task, args.num_workers, cfg.MODEL.DEVICE.startswith("cuda"))
 
 
 def run_eval(args: argparse.Namespace) -> int:
     from megdet.cli import UsageError
     from megdet.trainer.config import weights_problem
-    from megdet.trainer.launch import launch
-    from megdet.trainer.train import TrainJob, eval_worker
+    from megdet.trainer.train import WorkerTask, eval_worker
+    from megdet.trainer.workers import run_workers
 
     if not Path(args.weights).is_file():
         raise UsageError(f"--weights: {args.weights} does not exist or is not a file")
@@ -222,8 +222,8 @@ def run_eval(args: argparse.Namespace) -> int:
     problem = weights_problem(args.weights, cfg.MEGDET.ALLOW_UNSAFE_WEIGHTS)
     if problem:
         raise UsageError(f"--weights: {problem}")
-    job = TrainJob(cfg=cfg, command="eval", weights=args.weights)
-    return launch(eval_worker, job, 1, cfg.MODEL.DEVICE.startswith("cuda"))
+    task = WorkerTask(cfg=cfg, command="eval", weights=args.weights)
+    return run_workers(eval_worker, task, 1, cfg.MODEL.DEVICE.startswith("cuda"))
 
 
 def run_make_shapes(args: argparse.Namespace) -> int:
@@ -236,6 +236,6 @@ def run_make_shapes(args: argparse.Namespace) -> int:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    from megdet.trainer.demo import run_demo as demo
+    from megdet.trainer.demo import train_demo
 
-    return demo(Path(args.output))
+    return train_demo(Path(args.output))

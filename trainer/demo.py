@@ -56,15 +56,15 @@ def plot_curves(events: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def run_demo(output: Path) -> int:
+def train_demo(output: Path) -> int:
     """Run the demo into ``output``; returns the exit code."""
     from megdet.cli import UsageError
     from megdet.trainer.config import ConfigError, load_config, plan_config
     from megdet.trainer.engine import EVENTS_FILE
     from megdet.trainer.evaluation import METRICS_FILE
-    from megdet.trainer.launch import launch
     from megdet.trainer.shapes import make_shapes
-    from megdet.trainer.train import TrainJob, train_worker
+    from megdet.trainer.train import WorkerTask, train_worker
+    from megdet.trainer.workers import run_workers
 
     started = time.perf_counter()
     output.mkdir(parents=True, exist_ok=True)
@@ -88,7 +88,7 @@ def run_demo(output: Path) -> int:
     for key, value in plan.summary().items():
         print(f"  {key}: {value}")
     print(f"Training {plan.max_iter} iterations with {DEMO_WORKERS} gloo workers ...", flush=True)
-    code = launch(train_worker, TrainJob(cfg=cfg), DEMO_WORKERS, use_cuda=False)
+    code = run_workers(train_worker, WorkerTask(cfg=cfg), DEMO_WORKERS, use_cuda=False)
     if code:
         return code
 

@@ -460,7 +460,8 @@ class PrometheusExporter(hooks.HookBase):
 
 def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
     """The run history, the SyncBN health check, (MEGDET.METRICS.PORT > 0) the exporter and
-    (``KUBEFLOW_TRAINER_SERVER_URL`` set, rank 0) the progress reporter (trainer/progress.py).
+    (``KUBEFLOW_TRAINER_SERVER_URL`` set, rank 0) the progress reporter
+    (trainer/progress_reporter.py).
 
     Collective (the health check's groups, the exporter's port agreement): call on every rank,
     after ``build_trainer``. Raises ConfigError on every rank when a metrics port is taken.
@@ -486,7 +487,7 @@ def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
         )
         result.append(PrometheusExporter(TrainerMetrics(scopes=scopes), facts, server))
     # Progress reports to Trainer's status server (rank 0, KUBEFLOW_TRAINER_SERVER_URL set).
-    from megdet.trainer.progress import build_progress_hook
+    from megdet.trainer.progress_reporter import build_progress_hook
 
     progress = build_progress_hook(plan, bundle.checkpointer)
     if progress is not None:

@@ -43,8 +43,9 @@ EXIT_FAILED = 1
 
 
 @dataclass
-class TrainJob:
-    """Everything a worker needs, picklable for spawned processes."""
+class WorkerTask:
+    """What one ``megdet train`` or ``megdet eval`` asks of each worker process: everything a
+    worker needs, picklable for spawned processes (:func:`megdet.trainer.workers.run_workers`)."""
 
     cfg: CfgNode
     resume: bool = True
@@ -84,25 +85,25 @@ def _print_plan(cfg: CfgNode, plan: Plan) -> None:
     logger.info("Effective config:\n%s", cfg.dump())
 
 
-def _report_error(job: TrainJob, err: Exception) -> int:
+def _report_error(task: WorkerTask, err: Exception) -> int:
     if comm.get_local_rank() == 0:
-        print(f"megdet {job.command}: error: {err}", file=sys.stderr, flush=True)
+        print(f"megdet {task.command}: error: {err}", file=sys.stderr, flush=True)
     return EXIT_BAD_INPUT
 
 
-def train_worker(job: TrainJob) -> int:
+def train_worker(task: WorkerTask) -> int:
     """Train in this process (one rank of the world). Returns the exit code."""
     try:
-        return _train(job)
+        return _train(task)
     except (ConfigError, DatasetError) as err:
-        return _report_error(job, err)
+        return _report_error(task, err)
     except NonFiniteLossError as err:
         logger.error("%s", err)
         return EXIT_FAILED
 
 
-def _train(job: TrainJob) -> int:
-    cfg = job.cfg.clone()
+def _train(task: WorkerTask) -> int:
+    cfg = task.cfg.clone()
     Path(cfg.OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
     # Before anything is written into the folder (log.txt included): is it this run's?
     claimed = claim_output_folder(cfg.OUTPUT_DIR, cfg.MEGDET.RESUME_FROM)
@@ -138,7 +139,7 @@ def _train(job: TrainJob) -> int:
             )
         return results
 
-    bundle = build_trainer(cfg, plan, evaluate if cfg.DATASETS.TEST else None, resume=job.resume)
+    bundle = build_trainer(cfg, plan, evaluate if cfg.DATASETS.TEST else None, resume=task.resume)
     # After build_trainer: the hooks need its checkpointer and model, and run after its hooks.
     bundle.trainer.register_hooks(build_monitoring_hooks(cfg, plan, bundle))
     if comm.is_main_process():
@@ -155,19 +156,19 @@ def _train(job: TrainJob) -> int:
     return 0
 
 
-def eval_worker(job: TrainJob) -> int:
-    """Evaluate ``job.weights`` on MEGDET.DATA.VAL_* and write metrics.json."""
+def eval_worker(task: WorkerTask) -> int:
+    """Evaluate ``task.weights`` on MEGDET.DATA.VAL_* and write metrics.json."""
     try:
-        return _eval(job)
+        return _eval(task)
     except (ConfigError, DatasetError) as err:
-        return _report_error(job, err)
+        return _report_error(task, err)
 
 
-def _eval(job: TrainJob) -> int:
+def _eval(task: WorkerTask) -> int:
     from megdet.trainer.checkpoint import AtomicCheckpointer
     from megdet.trainer.engine import build_megdet_model, weights_trusted
 
-    cfg = job.cfg.clone()
+    cfg = task.cfg.clone()
     Path(cfg.OUTPUT_DIR).mkdir(parents=True, exist_ok=True)
     setup_logging(cfg.OUTPUT_DIR)
     register_datasets(cfg)
@@ -175,15 +176,15 @@ def _eval(job: TrainJob) -> int:
         raise ConfigError("MEGDET.DATA.VAL_JSON: required for evaluation (or --val-json)")
     cfg.freeze()
     model, _ = build_megdet_model(cfg)
-    if not Path(job.weights).is_file():
-        raise ConfigError(f"--weights: {job.weights} does not exist")
+    if not Path(task.weights).is_file():
+        raise ConfigError(f"--weights: {task.weights} does not exist")
     AtomicCheckpointer(model, save_dir=cfg.OUTPUT_DIR).load_weights(
-        job.weights, key="--weights", trusted=weights_trusted(cfg, job.weights)
+        task.weights, key="--weights", trusted=weights_trusted(cfg, task.weights)
     )
     results = evaluate_model(cfg, model, cfg.DATASETS.TEST[0])
     if comm.is_main_process():
         path = write_metrics(
-            cfg.OUTPUT_DIR, results, weights=job.weights, dataset=cfg.MEGDET.DATA.VAL_JSON
+            cfg.OUTPUT_DIR, results, weights=task.weights, dataset=cfg.MEGDET.DATA.VAL_JSON
         )
         logger.info("Wrote %s", path)
     return 0

@@ -1,4 +1,4 @@
-"""Issue 9's cluster rules in the run chart: locked memory for RDMA, QoS, gang/Kueue fields the
+"""Cluster rules in the run chart: locked memory for RDMA, QoS, gang/Kueue fields the
 operator would drop, immutable queue on upgrade, name budget, NCCL names, owned overrides."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ BASELINE_CAPS = {
 }  # fmt: skip
 
 
-# --- Item 2: locked memory for RDMA -------------------------------------------------------------
+# --- locked memory for RDMA -----------------------------------------------------------------------
 
 
 def test_ib_with_runtime_memlock_stays_non_root_and_adds_no_capability(render):
@@ -91,7 +91,7 @@ def test_memlock_takes_only_runtime_or_root(render):
     assert "at '/nccl/ib/memlock'" in message and "'runtime', 'root'" in message
 
 
-# --- Item 5: gang and Kueue details ------------------------------------------------------------
+# --- gang and Kueue details -----------------------------------------------------------------------
 
 
 def test_volcano_refuses_a_schedule_timeout_it_would_drop(render):
@@ -167,7 +167,7 @@ def chart_with_existing_job(tmp_path_factory):
     shutil.copytree(CHART_DIR, chart)
     template = chart / "templates" / "pytorchjob.yaml"
     text = template.read_text()
-    assert text.count(LOOKUP) == 1, "pytorchjob.yaml no longer looks up the existing job"
+    assert text.count(LOOKUP) == 1, "pytorchjob.yaml does not look up the existing job"
     template.write_text(text.replace(LOOKUP, '(.Files.Get "files/existing.yaml" | fromYaml)'))
     return chart
 
@@ -235,7 +235,7 @@ def test_upgrade_with_the_same_queue_and_installs_pass(chart_with_existing_job):
     )
 
 
-# --- Item 6: QoS -------------------------------------------------------------------------------
+# --- QoS ------------------------------------------------------------------------------------------
 
 
 def test_pods_are_guaranteed_by_default_with_whole_cpus(render):
@@ -273,7 +273,7 @@ def test_guaranteed_refuses_a_separate_memory_limit(render):
     assert 'resources.memoryLimit="300Gi": with resources.qos=Guaranteed' in message
 
 
-# --- Item 7: names, NCCL level names, restart policy, fsGroup ----------------------------------
+# --- names, NCCL level names, restart policy, fsGroup ---------------------------------------------
 
 
 def test_chart_and_python_share_the_job_name_limit(render):
@@ -341,7 +341,7 @@ def test_hostnetwork_example_is_one_coherent_infiniband_setup():
     assert "affinity" not in v and "node.kubernetes.io/instance-type" not in v["nodeSelector"]
 
 
-# --- Item 8: owned overrides -------------------------------------------------------------------
+# --- owned overrides ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("key", sorted(OWNED_OVERRIDES))
@@ -351,7 +351,7 @@ def test_every_owned_override_is_refused_naming_its_value(render, key):
     assert f"use {OWNED_OVERRIDES[key]}" in message
 
 
-def test_issue_examples_are_refused(render):
+def test_overrides_of_base_lr_and_images_per_gpu_name_their_values(render):
     for key, value in (("SOLVER.BASE_LR", "baseLr"), ("MEGDET.IMAGES_PER_GPU", "imagesPerGpu")):
         message = render.error(values_from(extraOverrides={key: 0.1}))
         assert f"extraOverrides: {key} is set by the value {value}; use {value}" in message
@@ -398,7 +398,7 @@ def test_the_keys_the_chart_passes_itself_are_all_owned(render):
     assert chart_keys and chart_keys <= set(OWNED_OVERRIDES)
 
 
-# --- Item 7 (schema): every field explains itself ---------------------------------------------
+# --- the schema: every field explains itself ------------------------------------------------------
 
 
 def schema_fields(node: dict, path: str = ""):

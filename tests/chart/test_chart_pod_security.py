@@ -113,7 +113,7 @@ def test_root_memlock_differs_exactly_as_documented(render, target):
     (runtime,) = pods_of(render, {"nccl": {"ib": {**IB, "memlock": "runtime"}}}, target)[:1]
     (root,) = pods_of(render, {"nccl": {"ib": {**IB, "memlock": "root"}}}, target)[:1]
     sc = ("spec", "containers", 0, "securityContext")
-    # docs/helm.md: uid 0, runAsNonRoot false, IPC_LOCK added, ALL no longer dropped (root gets
+    # docs/helm.md: uid 0, runAsNonRoot false, IPC_LOCK added, ALL not dropped (root gets
     # the runtime's default capabilities back); nothing else of the pod changes.
     assert diff_paths(runtime, root) == {
         (*sc, "runAsUser"),

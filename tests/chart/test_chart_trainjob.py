@@ -575,7 +575,7 @@ def chart_with_existing(tmp_path_factory) -> Path:
     template = chart / "templates" / "trainjob.yaml"
     text = template.read_text()
     for key, call in LOOKUPS.items():
-        assert text.count(call) == 1, f"trainjob.yaml no longer has: {call}"
+        assert text.count(call) == 1, f"trainjob.yaml does not have: {call}"
         text = text.replace(call, f'.Files.Get "files/existing-{key}.yaml" | fromYaml')
     template.write_text(text)
     return chart
@@ -666,7 +666,7 @@ def test_switching_a_live_run_from_trainjob_to_pytorchjob_fails(tmp_path):
     shutil.copytree(CHART_DIR, chart)
     template = chart / "templates" / "pytorchjob.yaml"
     text = template.read_text()
-    assert text.count(SWITCH_LOOKUP) == 1, "pytorchjob.yaml no longer looks up a TrainJob"
+    assert text.count(SWITCH_LOOKUP) == 1, "pytorchjob.yaml does not look up a TrainJob"
     template.write_text(
         text.replace(SWITCH_LOOKUP, '.Files.Get "files/existing-trainjob.yaml" | fromYaml')
     )

@@ -183,7 +183,7 @@ def test_train_in_an_operator_pod_without_torchrun_is_refused(
 
 
 def test_only_torchruns_own_variable_makes_a_process_a_rank():
-    from megdet.trainer.launch import bare_pod_problem, in_torchrun
+    from megdet.trainer.workers import bare_pod_problem, in_torchrun
 
     torchrun_worker = {
         **PYTORCHJOB_POD_ENV, "TORCHELASTIC_RUN_ID": "job", "RANK": "3", "WORLD_SIZE": "4",

@@ -18,7 +18,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: The contract from the team brief: name -> (type, labels). Global unless labelled rank.
+#: The metric contract (docs/trainer.md, the metrics table): name -> (type, labels). Global
+#: unless labelled rank.
 CONTRACT = {
     "megdet_train_iteration": ("gauge", set()),
     "megdet_train_max_iterations": ("gauge", set()),

@@ -1,4 +1,4 @@
-"""The progress reporter (trainer/progress.py) against a real local HTTPS server.
+"""The progress reporter (trainer/progress_reporter.py) against a real local HTTPS server.
 
 The server is stdlib ``http.server`` behind TLS with a certificate from the project's own CA
 code (megdet.cluster.pki, the ``cryptography`` package); it records every POST. The loops are
@@ -28,6 +28,8 @@ from torch import nn
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, to_status
 
 STATUS_PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/r50/status"
+#: The reporter's logger; ``captured_warnings`` (conftest) puts its warnings in caplog.
+LOGGER = "megdet.trainer.progress_reporter"
 
 
 # --- the server -------------------------------------------------------------------------
@@ -166,7 +168,7 @@ PLAN = SimpleNamespace(max_iter=10, global_batch=8)
 
 
 def _reporter(url, pki, token, plan=PLAN, checkpointer=None, **kwargs):
-    from megdet.trainer.progress import ProgressPoster, ProgressReporter
+    from megdet.trainer.progress_reporter import ProgressPoster, ProgressReporter
 
     timeout = kwargs.pop("timeout", 5.0)
     poster = ProgressPoster(url, str(pki.ca), str(token), timeout=timeout)
@@ -279,7 +281,7 @@ def test_a_resumed_run_reports_the_resumed_iteration_and_its_checkpoint_first(
 
 
 def test_the_token_file_is_read_again_for_every_post(serve, pki, token):
-    from megdet.trainer.progress import ProgressPoster
+    from megdet.trainer.progress_reporter import ProgressPoster
 
     server = serve()
     poster = ProgressPoster(server.url, str(pki.ca), str(token))
@@ -292,12 +294,12 @@ def test_the_token_file_is_read_again_for_every_post(serve, pki, token):
     assert [p["auth"] for p in server.posts] == ["Bearer token-one", "Bearer token-two"]
 
 
-def test_a_server_the_ca_did_not_sign_gets_nothing(serve, pki, token, caplog):
-    from megdet.trainer.progress import ProgressPoster
+def test_a_server_the_ca_did_not_sign_gets_nothing(serve, pki, token, caplog, captured_warnings):
+    from megdet.trainer.progress_reporter import ProgressPoster
 
     server = serve()
     poster = ProgressPoster(server.url, str(pki.other_ca), str(token))
-    with caplog.at_level(logging.WARNING, logger="megdet.trainer.progress"):
+    with captured_warnings(LOGGER):
         poster.submit(Progress(iteration=1, max_iter=10, updated_time="2026-01-01T00:00:00Z"))
         assert poster.flush(30)
     assert server.posts == [] and poster.failed == 1 and poster.accepted == 0
@@ -312,7 +314,7 @@ def _closed_port() -> int:
 
 @pytest.mark.parametrize("mode", ["unreachable", "500", "no token file"])
 def test_failures_cost_the_loop_nothing_and_are_logged_once_per_kind(
-    mode, serve, pki, token, caplog
+    mode, serve, pki, token, caplog, captured_warnings
 ):
     server = serve("500" if mode == "500" else "accept")
     url = server.url
@@ -324,7 +326,7 @@ def test_failures_cost_the_loop_nothing_and_are_logged_once_per_kind(
 
     loop = _loop(lambda: None)
     loop.register_hooks([reporter, _settled(reporter)])  # every report is tried: 1 + 6 + 1
-    with caplog.at_level(logging.WARNING, logger="megdet.trainer.progress"):
+    with captured_warnings(LOGGER):
         loop.train(0, 6)
     assert loop.steps == 6 and loop.iter == 6  # finished, nothing raised
     assert reporter.poster.failed == 8 and reporter.poster.accepted == 0
@@ -340,7 +342,7 @@ def test_failures_cost_the_loop_nothing_and_are_logged_once_per_kind(
 
 
 def test_a_hanging_server_never_holds_up_the_loop_and_the_newest_report_wins(
-    serve, pki, token, caplog
+    serve, pki, token, caplog, captured_warnings
 ):
     """The server holds the first post until the test releases it, after training ended.
 
@@ -356,7 +358,7 @@ def test_a_hanging_server_never_holds_up_the_loop_and_the_newest_report_wins(
 
     loop = _loop(step)
     loop.register_hooks([reporter])
-    with caplog.at_level(logging.WARNING, logger="megdet.trainer.progress"):
+    with captured_warnings(LOGGER):
         trainer = threading.Thread(target=loop.train, args=(0, 20), daemon=True)
         trainer.start()
         trainer.join(120)  # a liveness bound, not a measurement: a blocked hook never ends
@@ -377,7 +379,7 @@ def test_a_hanging_server_never_holds_up_the_loop_and_the_newest_report_wins(
 def test_only_rank_0_with_the_url_set_reports(monkeypatch, pki, token):
     from detectron2.utils import comm
 
-    from megdet.trainer.progress import ProgressReporter, build_progress_hook
+    from megdet.trainer.progress_reporter import ProgressReporter, build_progress_hook
 
     env = {ENV_URL: "https://status.example:8443" + STATUS_PATH, ENV_CA_CERT: str(pki.ca),
            ENV_TOKEN: str(token)}  # fmt: skip
@@ -389,16 +391,18 @@ def test_only_rank_0_with_the_url_set_reports(monkeypatch, pki, token):
     assert build_progress_hook(PLAN, None, env) is None
 
 
-def test_bad_interval_is_a_config_error_naming_the_variable_and_plain_http_is_refused(caplog):
+def test_bad_interval_is_a_config_error_naming_the_variable_and_plain_http_is_refused(
+    caplog, captured_warnings
+):
     from megdet.trainer.config import ConfigError
-    from megdet.trainer.progress import build_progress_hook, progress_interval
+    from megdet.trainer.progress_reporter import build_progress_hook, progress_interval
 
     assert progress_interval({}) == 30.0
     assert progress_interval({"MEGDET_PROGRESS_INTERVAL": "2.5"}) == 2.5
     for bad in ("soon", "-1", "inf", "nan"):
         with pytest.raises(ConfigError, match=r"MEGDET_PROGRESS_INTERVAL: .* seconds >= 0"):
             build_progress_hook(PLAN, None, {"MEGDET_PROGRESS_INTERVAL": bad})
-    with caplog.at_level(logging.WARNING, logger="megdet.trainer.progress"):
+    with captured_warnings(LOGGER):
         assert build_progress_hook(PLAN, None, {ENV_URL: "http://127.0.0.1/x"}) is None
     assert "KUBEFLOW_TRAINER_SERVER_URL: 'http://127.0.0.1/x' is not an https:// URL" in (
         caplog.text

@@ -12,7 +12,9 @@ PyTorchJob operator sets them on the pod, ``RANK`` being the NODE rank and ``WOR
 often the node count. A pod that runs ``megdet train`` without ``megdet launch`` is refused
 (:func:`bare_pod_problem`) rather than joining a world of the wrong size or training alone.
 
-A worker function takes one picklable job and returns an exit code.
+A worker function takes one picklable argument (its task) and returns an exit code. This module
+is the trainer's side; ``megdet launch`` (the pod entrypoint that starts torchrun) is
+:mod:`megdet.image.launcher`.
 """
 
 from __future__ import annotations
@@ -90,40 +92,40 @@ def _after_init(local_world: int, local_rank: int, use_cuda: bool) -> None:
     comm.synchronize()
 
 
-def _run_from_env(worker: Worker, job: Any, use_cuda: bool) -> int:
+def _run_from_env(worker: Worker, task: Any, use_cuda: bool) -> int:
     import torch.distributed as dist
 
     _, local = env_world()
     dist.init_process_group(_backend(use_cuda), init_method="env://")
     try:
         _after_init(local, int(os.environ.get("LOCAL_RANK", 0)), use_cuda)
-        return worker(job)
+        return worker(task)
     finally:
         dist.destroy_process_group()
 
 
 def _spawned_entry(
-    local_rank: int, worker: Worker, job: Any, world: int, url: str, use_cuda: bool
+    local_rank: int, worker: Worker, task: Any, world: int, url: str, use_cuda: bool
 ) -> None:
     import torch.distributed as dist
 
     dist.init_process_group(_backend(use_cuda), init_method=url, world_size=world, rank=local_rank)
     try:
         _after_init(world, local_rank, use_cuda)
-        code = worker(job)
+        code = worker(task)
     finally:
         dist.destroy_process_group()
     if code:
         sys.exit(code)
 
 
-def _spawn(worker: Worker, job: Any, num_workers: int, use_cuda: bool) -> int:
+def _spawn(worker: Worker, task: Any, num_workers: int, use_cuda: bool) -> int:
     import torch.multiprocessing as mp
 
     url = f"tcp://127.0.0.1:{_free_port()}"
     context = mp.start_processes(
         _spawned_entry,
-        args=(worker, job, num_workers, url, use_cuda),
+        args=(worker, task, num_workers, url, use_cuda),
         nprocs=num_workers,
         join=False,
         start_method="spawn",
@@ -145,10 +147,10 @@ def _spawn(worker: Worker, job: Any, num_workers: int, use_cuda: bool) -> int:
                 return forwarder.status(1)
 
 
-def launch(worker: Worker, job: Any, num_workers: int = 1, use_cuda: bool = False) -> int:
-    """Run ``worker(job)`` in every process of the world; return the run's exit code."""
+def run_workers(worker: Worker, task: Any, num_workers: int = 1, use_cuda: bool = False) -> int:
+    """Run ``worker(task)`` in every process of the world; return the run's exit code."""
     if in_torchrun():
-        return _run_from_env(worker, job, use_cuda)
+        return _run_from_env(worker, task, use_cuda)
     if num_workers == 1:
-        return worker(job)
-    return _spawn(worker, job, num_workers, use_cuda)
+        return worker(task)
+    return _spawn(worker, task, num_workers, use_cuda)
