@@ -14,6 +14,9 @@ def _entry(rank: int, world: int, init_file: str, fn, args) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", world_size=world, rank=rank)
     try:
         fn(rank, world, *args)
+        # No rank tears down its gloo connections while another may still read from them (a
+        # rank that leaves first can make its peer abort with SIGABRT under load).
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
