@@ -251,9 +251,8 @@ def run(args: argparse.Namespace) -> int:
     registry = build_registry(
         Cluster(api, timeout=args.api_timeout),
         policy=load_policy(args.policy_file),
-        # --progress-checkpoint-events sets the TrainJob mirror's Checkpointed events too, but
-        # only with --progress-url (else the default, 5).
-        checkpoint_events=args.progress_checkpoint_events if args.progress_url else 5,
+        # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
+        checkpoint_events=args.progress_checkpoint_events,
     )
 
     @kopf.on.login(registry=registry)
