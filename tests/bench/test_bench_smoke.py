@@ -3,14 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # `bench/` is a top-level folder, not an installed package
-    sys.path.insert(0, str(ROOT))
 
 
 def _expected_bn_layout(overrides: tuple[str, ...]) -> dict[str, object]:

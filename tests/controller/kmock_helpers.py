@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 import uuid
@@ -26,6 +27,7 @@ import kopf
 import pytest_asyncio
 from kubernetes import client as k8s
 
+from megdet.controller import metrics
 from megdet.controller.kubeapi import Backoff, Cluster
 from megdet.controller.operator import build_registry, configure
 from megdet.policy import Policy
@@ -257,8 +259,63 @@ async def eventually(
 
 
 async def settle(seconds: float = 0.5) -> None:
-    """Let the operator act on whatever it could still act on (for 'nothing else happens')."""
+    """Let the operator act on whatever it could still act on. Never enough on its own before
+    a 'nothing else happens' check (that passes while the operator has simply not acted yet):
+    wait first for something positive, e.g. :func:`reconciled` or :func:`counted`."""
     await asyncio.sleep(seconds)
+
+
+#: kopf's record of the run's last handled spec/labels (``configure`` sets the key).
+LAST_HANDLED = "megdet.io/last-handled-configuration"
+
+
+def handled(api: Any, name: str) -> bool:
+    """Whether kopf recorded the run's current spec and labels as handled: its reconcile ran to
+    an end (success or a final refusal) for them and nothing is left to retry."""
+    run = get(api, RUNS, name)
+    if run is None:
+        return False
+    meta = run.get("metadata") or {}
+    last = (meta.get("annotations") or {}).get(LAST_HANDLED)
+    if not last:
+        return False
+    essence = json.loads(last)
+    labels = (essence.get("metadata") or {}).get("labels") or {}
+    return essence.get("spec") == run.get("spec") and labels == (meta.get("labels") or {})
+
+
+async def reconciled(api: Any, *names: str, timeout: float = 15.0) -> None:
+    """Wait until the reconcile of each run's current spec finished (:func:`handled`)."""
+    for name in names:
+        await eventually(lambda n=name: handled(api, n), timeout, f"{name} reconciled")
+
+
+RECONCILE_COUNT = "megdet_controller_reconcile_duration_seconds_count"
+
+
+def reconciles() -> float:
+    """Reconcile calls so far (every one, whatever its result), across operator threads."""
+    return metrics.sample(RECONCILE_COUNT)
+
+
+async def counted(before: float, more: int = 1, name: str = RECONCILE_COUNT, **labels: str) -> None:
+    """Wait until the metric ``name`` grew by ``more`` from ``before`` (default: reconciles)."""
+    await eventually(
+        lambda: metrics.sample(name, labels) >= before + more,
+        message=f"{name}{labels or ''} to reach {before + more}",
+    )
+
+
+async def run_read_after(api: Any, name: str, since: int) -> None:
+    """Wait until the operator reads the run ``name`` after request number ``since`` (the job
+    mirror reads the run for every job status event it handles)."""
+    await eventually(
+        lambda: any(
+            r.method == "GET" and r.url.path.endswith(f"/megdetruns/{name}")
+            for r in list(api)[since:]
+        ),
+        message=f"the operator to read run {name}",
+    )
 
 
 def events_for(api: Any, name: str) -> list[dict[str, Any]]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from megdet.cluster.control_plane import free_port
 from megdet.controller import metrics
 
 #: The names the dashboards and alerts use (the team's contract), with their types.
@@ -34,12 +34,6 @@ LABELS = {
         "lr",
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_metrics_endpoint_serves_every_contract_name_with_its_type_and_labels() -> None:

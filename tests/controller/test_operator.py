@@ -12,15 +12,17 @@ from kmock_helpers import (
     PYTORCHJOBS,
     RUNS,
     apply,
+    counted,
     delete,
     events_for,
     eventually,
     get,
     objects,
     patch,
+    reconciled,
+    reconciles,
     requests_to,
     run_body,
-    settle,
 )
 
 from megdet.controller import metrics
@@ -120,7 +122,7 @@ async def test_apply_run_creates_one_owned_pytorchjob_and_plan_status(cluster, o
         "coco-16",
         {"metadata": {"labels": {"team": "vision"}}, "spec": {"imagesPerGpu": 2}},
     )
-    await settle()
+    await reconciled(cluster, "coco-16")
     assert list(objects(cluster, PYTORCHJOBS)) == ["coco-16"]
     assert len(requests_to(cluster, "POST", "/pytorchjobs")) == 1
 
@@ -139,7 +141,7 @@ async def test_invalid_run_is_refused_with_a_field_named_message_and_no_job(
         message="Warning event",
     )
     assert "spec.gpus" in warning[0]["message"]
-    await settle()
+    await reconciled(cluster, "bad")
     assert objects(cluster, PYTORCHJOBS) == {}
     assert metrics.sample("megdet_controller_reconciles_total", {"result": "invalid"}) > invalid
 
@@ -167,7 +169,7 @@ async def test_changing_a_fixed_field_is_refused_and_the_job_is_left_alone(
     await eventually(lambda: phase(cluster, "fixed") == "Invalid", message="phase Invalid")
     message = condition(cluster, "fixed", "Valid")["message"]
     assert message.startswith("spec.gpus") and "immutable" in message
-    await settle()
+    await reconciled(cluster, "fixed")
     assert get(cluster, PYTORCHJOBS, "fixed") == job
 
 
@@ -276,8 +278,10 @@ async def test_job_suspended_by_kueue_shows_on_the_run_and_is_not_undone(cluster
     await patch(cluster, PYTORCHJOBS, "q", {"spec": {"runPolicy": {"suspend": True}}})
     await job_condition(cluster, "q", cond("Created"), cond("Suspended"))
     await eventually(lambda: phase(cluster, "q") == "Suspended", message="Suspended")
-    await settle()
-    # The controller does not fight Kueue: it only syncs suspend when the run's own field changes.
+    # The controller does not fight Kueue: it only syncs suspend when the run's own field changes
+    # (a reconcile after Kueue's suspend, here from a label edit, leaves the job suspended).
+    await patch(cluster, RUNS, "q", {"metadata": {"labels": {"queue": "later"}}})
+    await reconciled(cluster, "q")
     assert get(cluster, PYTORCHJOBS, "q")["spec"]["runPolicy"]["suspend"] is True
 
 
@@ -301,7 +305,7 @@ async def test_same_named_job_not_owned_is_a_condition_never_an_overwrite(
     await eventually(
         lambda: [e for e in events_for(cluster, "taken") if e["reason"] == "JobNameConflict"]
     )
-    await settle()
+    await counted(reconciles(), 2)  # re-checks (retried after the conflict) leave it alone
     assert get(cluster, PYTORCHJOBS, "taken") == before  # untouched: same resourceVersion too
     # Once the other job is gone, the controller (retrying) creates its own.
     await delete(cluster, PYTORCHJOBS, "taken")

@@ -14,15 +14,17 @@ from kmock_helpers import (
     PYTORCHJOBS,
     RUNS,
     apply,
+    counted,
     eventually,
     get,
     inject,
     is_create,
     is_status_patch,
     objects,
+    reconciled,
+    reconciles,
     requests_to,
     run_body,
-    settle,
     start_operator,
     stop_operator,
 )
@@ -65,7 +67,7 @@ async def test_api_failures_are_retried_and_leave_exactly_one_job(cluster, where
     try:
         await apply(cluster, run_body("r"))
         await eventually(lambda: converged(cluster, "r"), timeout=20, message="status to converge")
-        await settle()
+        await reconciled(cluster, "r")  # no retry is left pending
     finally:
         await stop_operator(op)
     assert failed, "the injected failure never happened"
@@ -96,7 +98,7 @@ async def test_controller_killed_mid_reconcile_restarts_without_a_duplicate_job(
     second = await start_operator(str(cluster.url), timeout=10.0)
     try:
         await eventually(lambda: converged(cluster, "r"), timeout=20, message="status to converge")
-        await settle()
+        await reconciled(cluster, "r")
     finally:
         await stop_operator(second)
     assert list(objects(cluster, PYTORCHJOBS)) == ["r"]
@@ -137,6 +139,7 @@ async def test_a_status_write_that_races_the_job_mirror_loses_nothing(cluster) -
 
     cluster.before_write.append(the_mirror_writes_first)
     patches_before = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
+    resumes = reconciles()
     second = await start_operator(str(cluster.url))
     try:
         await eventually(lambda: raced, timeout=20, message="the resume reconcile's status write")
@@ -147,7 +150,7 @@ async def test_a_status_write_that_races_the_job_mirror_loses_nothing(cluster) -
             timeout=15,
             message="the status to be written again from fresh reads",
         )
-        await settle()
+        await counted(resumes)  # the resume reconcile ended: no stale write is still to come
     finally:
         await stop_operator(second)
     run_status = get(cluster, RUNS, "r")["status"]
@@ -194,7 +197,7 @@ async def test_a_job_kind_the_cluster_does_not_serve_is_named_on_the_run(
             timeout=20,
             message="the retry to create the job",
         )
-        await settle()
+        await reconciled(cluster, "r")
     finally:
         await stop_operator(op)
     assert failed

@@ -23,9 +23,9 @@ from kmock_helpers import (
     eventually,
     get,
     objects,
+    reconciled,
     requests_to,
     run_body,
-    settle,
     start_operator,
     stop_operator,
 )
@@ -74,7 +74,7 @@ async def test_two_replicas_only_the_leader_acts_and_the_other_takes_over(cluste
                     "jobName"
                 )
             )
-        await settle()
+        await reconciled(cluster, *(f"ha-{i}" for i in range(4)))
         assert sorted(objects(cluster, PYTORCHJOBS)) == [f"ha-{i}" for i in range(4)]
         creates = requests_to(cluster, "POST", "/pytorchjobs")
         assert len(creates) == 4
@@ -94,7 +94,7 @@ async def test_two_replicas_only_the_leader_acts_and_the_other_takes_over(cluste
         await eventually(
             lambda: get(cluster, PYTORCHJOBS, "after"), timeout=20, message="follower acts"
         )
-        await settle()
+        await reconciled(cluster, "after")
         creates = requests_to(cluster, "POST", "/pytorchjobs")
         assert len(creates) == 5
         assert agents(creates[4:]) == {follower.user_agent}

@@ -18,6 +18,7 @@ from kmock_helpers import (
     RUNTIMES,
     TRAINJOBS,
     apply,
+    counted,
     delete,
     events_for,
     eventually,
@@ -25,8 +26,11 @@ from kmock_helpers import (
     is_create,
     objects,
     patch,
+    reconciled,
+    reconciles,
     requests_to,
     run_body,
+    run_read_after,
     settle,
     start_operator,
     stop_operator,
@@ -110,13 +114,14 @@ async def test_a_finished_runs_deleted_job_is_recorded_and_never_created_again(c
 
         # A spec edit does not launch it again.
         await patch(cluster, RUNS, "done", {"spec": {"image": {"pullPolicy": "Always"}}})
-        await settle()
+        await reconciled(cluster, "done")
     finally:
         await stop_operator(op)
     # Nor does a controller restart (or a failover: the new leader resumes every run).
+    resumes = reconciles()
     op = await start_operator(str(cluster.url))
     try:
-        await settle(1.0)
+        await counted(resumes)  # the resume reconcile ran
     finally:
         await stop_operator(op)
     assert objects(cluster, PYTORCHJOBS) == {}
@@ -144,7 +149,7 @@ async def test_a_running_job_deleted_by_hand_fails_the_run_and_is_not_recreated(
     assert status(cluster, "r")["completionTime"]
     await eventually(lambda: warnings(cluster, "r", "JobDeleted"), message="Warning event")
     await patch(cluster, RUNS, "r", {"spec": {"image": {"pullPolicy": "Always"}}})
-    await settle()
+    await reconciled(cluster, "r")
     assert objects(cluster, PYTORCHJOBS) == {}
     assert job_posts(cluster) == 1
     assert len(warnings(cluster, "r")) == 1  # one Warning: JobDeleted (no second "Failed")
@@ -158,11 +163,12 @@ async def test_a_job_deleted_while_the_controller_was_away_is_noticed_at_resume(
     finally:
         await stop_operator(op)
     await delete(cluster, PYTORCHJOBS, "r")  # no controller hears of it
+    resumes = reconciles()
     op = await start_operator(str(cluster.url))
     try:
         await eventually(lambda: phase(cluster, "r") == "Failed", message="Failed")
         await eventually(lambda: warnings(cluster, "r", "JobDeleted"), message="Warning event")
-        await settle()
+        await counted(resumes)  # the resume reconcile ended
     finally:
         await stop_operator(op)
     assert condition(cluster, "r", "Failed")["reason"] == "JobDeleted"
@@ -250,7 +256,7 @@ async def test_a_job_the_server_refuses_fails_the_run_until_the_spec_changes(
 ) -> None:
     code, reason, message, details = answer
     refused = refuse_job_creates(cluster, code, reason, message, details)
-    counted = metrics.sample("megdet_controller_reconciles_total", {"result": "refused"})
+    refusals = metrics.sample("megdet_controller_reconciles_total", {"result": "refused"})
     op = await start_operator(str(cluster.url))
     try:
         await apply(cluster, run_body("r"))
@@ -267,18 +273,19 @@ async def test_a_job_the_server_refuses_fails_the_run_until_the_spec_changes(
         assert condition(cluster, "r", "Failed")["reason"] == "JobRefused"
         assert "startTime" not in status(cluster, "r")
         await eventually(lambda: warnings(cluster, "r", "JobRefused"), message="Warning event")
-        await settle(1.5)  # several backoffs: nothing is retried
+        await reconciled(cluster, "r")  # handled for good: kopf holds no retry
         assert len(refused) == 1 and job_posts(cluster) == 1
         assert (
             metrics.sample("megdet_controller_reconciles_total", {"result": "refused"})
-            == counted + 1
+            == refusals + 1
         )
     finally:
         await stop_operator(op)
     # Not on a restart either: the same spec would be refused again.
+    resumes = reconciles()
     op = await start_operator(str(cluster.url))
     try:
-        await settle(1.0)
+        await counted(resumes)  # the resume reconcile ran
         assert job_posts(cluster) == 1 and phase(cluster, "r") == "Failed"
         # A change of the spec (the API server bumps metadata.generation) tries again.
         await patch(
@@ -373,12 +380,16 @@ async def test_the_mirror_follows_only_the_job_the_run_controls(cluster, operato
     # but is not the run's job name. Neither is the run's.
     await apply(cluster, foreign_job("r-eval", run, controller=False))
     await apply(cluster, foreign_job("r-copy", run, controller=True))
+    since = len(list(cluster))
     await job_status(cluster, "r-eval", cond("Failed"))
     await job_status(cluster, "r-copy", cond("Succeeded"))
-    await settle()
+    await run_read_after(cluster, "r", since)  # the mirror got r-copy's status event
+    await settle()  # and ended its handling of it
     assert phase(cluster, "r") == "Pending"
     await delete(cluster, PYTORCHJOBS, "r-eval")
+    since = len(list(cluster))
     await delete(cluster, PYTORCHJOBS, "r-copy")
+    await run_read_after(cluster, "r", since)  # the mirror got r-copy's DELETED event
     await settle()
     assert phase(cluster, "r") == "Pending" and condition(cluster, "r", "JobPresent") is None
     # The run's own job is still followed.
@@ -421,7 +432,8 @@ async def test_a_second_live_run_on_the_same_output_folder_waits_for_the_first(
     assert phase(cluster, "second") == "Pending"
     await eventually(lambda: warnings(cluster, "second", "OutputInUse"), message="Warning event")
     await eventually(lambda: get(cluster, PYTORCHJOBS, "third"), message="third job")
-    await settle(1.0)  # several re-checks (every 0.3 s here)
+    conflicts = metrics.sample("megdet_controller_reconciles_total", {"result": "conflict"})
+    await counted(conflicts, 2, "megdet_controller_reconciles_total", result="conflict")
     assert get(cluster, PYTORCHJOBS, "second") is None
     assert len(warnings(cluster, "second", "OutputInUse")) == 1  # per episode, not per re-check
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,11 +17,7 @@ from pathlib import Path
 import yaml
 from kmock_helpers import PYTORCHJOBS, RUNS, apply, eventually, get, run_body
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from megdet.cluster.control_plane import free_port
 
 
 def fetch(url: str) -> str | None:

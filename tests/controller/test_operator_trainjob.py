@@ -16,8 +16,8 @@ from kmock_helpers import (
     get,
     objects,
     patch,
+    reconciled,
     run_body,
-    settle,
 )
 
 from megdet.controller.render import render_run
@@ -31,7 +31,7 @@ async def test_trainjob_target_owns_one_trainjob_and_its_runtime(cluster, operat
     body = run_body("tj", {"gpus": 16, "target": "trainjob"})
     await apply(cluster, body)
     await eventually(lambda: status(cluster, "tj").get("jobName"), message="status")
-    await settle()
+    await reconciled(cluster, "tj")
     assert objects(cluster, PYTORCHJOBS) == {}
     trainjobs, runtimes = objects(cluster, TRAINJOBS), objects(cluster, RUNTIMES)
     assert list(trainjobs) == ["tj"]
@@ -86,5 +86,5 @@ async def test_bad_target_is_refused_naming_the_field(cluster, operator) -> None
     (valid,) = [c for c in status(cluster, "bad")["conditions"] if c["type"] == "Valid"]
     assert valid["message"].startswith("spec.target:")
     assert "pytorchjob" in valid["message"] and "trainjob" in valid["message"]
-    await settle()
+    await reconciled(cluster, "bad")
     assert objects(cluster, TRAINJOBS) == {} and objects(cluster, PYTORCHJOBS) == {}

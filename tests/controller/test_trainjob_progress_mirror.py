@@ -18,7 +18,7 @@ from kmock_helpers import (
     is_status_patch,
     patch,
     run_body,
-    settle,
+    run_read_after,
 )
 
 from megdet.controller.job_state import trainjob_progress
@@ -103,7 +103,7 @@ async def test_trainer_status_is_mirrored_into_the_run_once_per_change(cluster, 
         lambda: (get(cluster, RUNS, "tj").get("status") or {}).get("phase") == "Running",
         message="Running",
     )
-    await settle()
+    # Phase and progress go in one write: the phase proves this event was mirrored.
     assert progress_of(cluster, "tj") is None  # nothing reported yet: nothing mirrored
     assert progress_writes(cluster, "tj") == []
 
@@ -121,14 +121,14 @@ async def test_trainer_status_is_mirrored_into_the_run_once_per_change(cluster, 
     )
     assert evaluated[0]["type"] == "Normal"
     assert "iteration 1000: AP 41.25, AP50 60.50" in evaluated[0]["message"]
-    await settle()
     writes = len(status_writes(cluster, "tj"))
     assert len(progress_writes(cluster, "tj")) == 1
 
     # TrainJob events that leave trainerStatus (and the phase) as they were: no write.
+    since = len(list(cluster))
     await patch(cluster, TRAINJOBS, "tj", {"metadata": {"labels": {"touched": "1"}}})
     await patch(cluster, TRAINJOBS, "tj", {"status": {"jobsStatus": JOBS_RUNNING}}, status=True)
-    await settle(1.0)
+    await run_read_after(cluster, "tj", since)  # the mirror handles them
     assert len(status_writes(cluster, "tj")) == writes
     assert progress_of(cluster, "tj") == expected
 
@@ -142,6 +142,12 @@ async def test_trainer_status_is_mirrored_into_the_run_once_per_change(cluster, 
     mirrored = progress_of(cluster, "tj")
     assert mirrored["percent"] == 50 and mirrored["etaTime"] == "2026-12-01T11:00:00Z"
     assert len(progress_writes(cluster, "tj")) == 2
-    # No new evaluation in it: no second event.
-    await settle()
+    # kopf handles one TrainJob's events in order: the second report's write proves the events
+    # above were handled, and they wrote nothing (clearing trainerStatus keeps the mirror too).
+    assert len(status_writes(cluster, "tj")) == writes + 1
+    # No new evaluation in the second report: no second event. A third report's write proves the
+    # second one's handling (its write, then its events) is over.
+    third = report(iteration=3600, eta_seconds=900, updated_time="2026-12-01T10:45:00Z")
+    await patch(cluster, TRAINJOBS, "tj", {"status": {"trainerStatus": third}}, status=True)
+    await eventually(lambda: progress_of(cluster, "tj") == to_status(third)[0], message="third")
     assert len([e for e in events_for(cluster, "tj") if e.get("reason") == "Evaluated"]) == 1

@@ -8,13 +8,13 @@ two-pod, gang-restart and SIGTERM tests.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from megdet.cluster.control_plane import free_port as free_port  # for the pod tests
 from megdet.image.nccl import NCCL_DEFAULTS
 from megdet.trainer.shapes import make_shapes
 
@@ -29,14 +29,19 @@ LAUNCH_VARS = (
 PROBE = Path(__file__).parent / "probe"
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k not in NCCL_DEFAULTS}
+
+
+def megdet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python -m megdet ARGS`` with a clean env plus ``env``; output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "megdet", *args],
+        env={**clean_env(), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def operator_env(target: str, node_rank: int, port: int, nnodes: int = 2) -> dict[str, str]:

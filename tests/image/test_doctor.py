@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 
 import pytest
+from pod_helpers import megdet
 
 from megdet.image.doctor import (
     SHM_WARN_BYTES,
@@ -20,23 +19,6 @@ from megdet.image.doctor import (
 )
 from megdet.image.topology import topology_from_env
 from megdet.plan import plan_run
-
-LAUNCH_VARS = (
-    "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES",
-    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK", "MEGDET_GRACE_PERIOD_SECONDS",
-    "MEGDET_MAX_RESTARTS", "MEGDET_RUN_ID",
-)  # fmt: skip
-
-
-def megdet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    return subprocess.run(
-        [sys.executable, "-m", "megdet", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 @pytest.fixture(scope="module")

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
+from pod_helpers import megdet
+
 from megdet.image.nccl import NCCL_DEFAULTS, nccl_env, with_nccl_defaults
-
-LAUNCH_VARS = (
-    "MASTER_ADDR", "MASTER_PORT", "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES",
-    "PET_NODE_RANK", "PET_NPROC_PER_NODE", "WORLD_SIZE", "RANK", "MEGDET_GRACE_PERIOD_SECONDS",
-    "MEGDET_MAX_RESTARTS", "MEGDET_RUN_ID",
-)  # fmt: skip
-
-
-def megdet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS and k not in NCCL_DEFAULTS}
-    return subprocess.run(
-        [sys.executable, "-m", "megdet", *args],
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_dry_run_prints_the_torchrun_command_for_worker_0():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from megdet.cluster.control_plane import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +27,6 @@ def _train_cmd(shapes, output: Path, *overrides: str, val: bool = True) -> list[
     if val:
         cmd += ["--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"])]
     return cmd + list(overrides)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _events(output: Path) -> list[dict]:
@@ -160,7 +155,7 @@ def test_under_torchrun_each_process_is_one_rank_and_plans_for_the_world_it_find
     cmd.remove("--num-workers")
     cmd.remove("2")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", str(_free_port()), *cmd[1:]]  # fmt: skip
+                "--master-port", str(free_port()), *cmd[1:]]  # fmt: skip
     result = subprocess.run(torchrun, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     plan = json.loads((out / "plan.json").read_text())
