@@ -4,10 +4,9 @@ The bearer token is a projected ServiceAccount token whose audience is the run's
 (:func:`megdet.progress.run_audience`). A ``TokenReview`` with ``spec.audiences=[that
 audience]`` must say authenticated, list the audience, name a ServiceAccount of the run's
 namespace and carry the pod the token is bound to (``authentication.kubernetes.io/pod-name``),
-named as the training operator names the run's pods (``<run>-master-0``, ``<run>-worker-<i>``);
-optionally (``pod_labels``, off in the controller, which reads no pods) that pod must carry the
-run's label. Anything else is 403 (401: no token at all). Verdicts are cached per token (its
-SHA-256) for a short time, in a bounded cache (:class:`~megdet.controller.tokenauth.VerdictCache`).
+named as the training operator names the run's pods (``<run>-master-0``, ``<run>-worker-<i>``;
+no pod is read: the controller holds no ``get pods``). Anything else is 403 (401: no token
+at all). Verdicts are cached per token (its SHA-256) for a short time, in a bounded cache (:class:`~megdet.controller.tokenauth.VerdictCache`).
 """
 
 from __future__ import annotations
@@ -24,10 +23,8 @@ from megdet.controller.tokenauth import VerdictCache, bearer_token
 
 __all__ = [
     "POD_NAME_EXTRA",
-    "RUN_LABEL",
     "RunAuthenticator",
     "Verdict",
-    "kubernetes_pod_labels",
     "kubernetes_review",
 ]
 
@@ -35,8 +32,6 @@ logger = logging.getLogger(__name__)
 
 #: TokenReview ``status.user.extra`` key naming the pod a bound token belongs to.
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
-#: The run chart's label naming a pod's run (its release, which the controller names after the run).
-RUN_LABEL = "app.kubernetes.io/instance"
 
 
 @dataclass(frozen=True)
@@ -50,8 +45,6 @@ class Verdict:
 
 #: (token, audiences) -> the TokenReview's ``status`` as a plain dict; raises on API errors.
 TokenReviewFn = Callable[[str, list[str]], Mapping[str, Any]]
-#: (namespace, pod) -> the pod's labels, or None when there is no such pod.
-PodLabelsFn = Callable[[str, str], Mapping[str, str] | None]
 
 
 @dataclass
@@ -59,7 +52,6 @@ class RunAuthenticator:
     """Token -> :class:`Verdict` for one run, with a time- and size-bounded cache."""
 
     review: TokenReviewFn
-    pod_labels: PodLabelsFn | None = None
     allow_ttl: float = 300.0
     deny_ttl: float = 10.0
     max_entries: int = 4096
@@ -111,16 +103,6 @@ class RunAuthenticator:
         # any pod (the controller holds no `get pods`).
         if not re.fullmatch(rf"{re.escape(name)}-(master|worker)-\d+", pod):
             return Verdict(403, f"pod {namespace}/{pod} is not a pod of MegDetRun {name}")
-        if self.pod_labels is not None:
-            try:
-                labels = self.pod_labels(namespace, pod)
-            except Exception as err:
-                logger.error("progress: get pod %s/%s failed: %s", namespace, pod, err)
-                return Verdict(500, "the token's pod could not be read")
-            if labels is None:
-                return Verdict(403, f"pod {namespace}/{pod} does not exist")
-            if labels.get(RUN_LABEL) != name:
-                return Verdict(403, f"pod {namespace}/{pod} is not a pod of MegDetRun {name}")
         return Verdict(200, "the run's pod", pod)
 
 
@@ -139,20 +121,3 @@ def kubernetes_review(api_client: Any, timeout: float) -> TokenReviewFn:
         return api_client.sanitize_for_serialization(result.status) or {}
 
     return review
-
-
-def kubernetes_pod_labels(api_client: Any, timeout: float) -> PodLabelsFn:
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(api_client)
-
-    def labels(namespace: str, pod: str) -> Mapping[str, str] | None:
-        try:
-            found = core.read_namespaced_pod(pod, namespace, _request_timeout=timeout)
-        except k8s.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return dict(found.metadata.labels or {})
-
-    return labels

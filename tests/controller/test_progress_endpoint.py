@@ -15,7 +15,7 @@ import pytest
 from megdet import progress as protocol
 from megdet.controller import metrics, planning
 from megdet.controller.planning import plan_children
-from megdet.controller.progress_auth import POD_NAME_EXTRA, RUN_LABEL, RunAuthenticator
+from megdet.controller.progress_auth import POD_NAME_EXTRA, RunAuthenticator
 from megdet.controller.progress_ca import ServingCert, service_hosts
 from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
@@ -57,13 +57,6 @@ class FakeReview:
             "audiences": [audience],
             "user": {"username": f"system:serviceaccount:{namespace}:default", "extra": extra},
         }
-
-
-PODS = {
-    (NS, "r1-worker-0"): {RUN_LABEL: "r1"},
-    (NS, "r2-worker-0"): {RUN_LABEL: "r2"},
-    (NS, "stray"): {RUN_LABEL: "other"},
-}
 
 
 class FakeAPI:
@@ -117,7 +110,7 @@ def endpoint(cert):
     api = FakeAPI({(NS, "r1"): run_obj("r1"), (NS, "r2"): run_obj("r2"),
                    (NS, "tj"): run_obj("tj", "trainjob")})  # fmt: skip
     review = FakeReview()
-    auth = RunAuthenticator(review, lambda ns, pod: PODS.get((ns, pod)), clock=clock)
+    auth = RunAuthenticator(review, clock=clock)
     hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
     server = ProgressServer(("127.0.0.1", 0), hub, auth, cert.context, clock=clock)
     import threading
@@ -173,8 +166,9 @@ def test_auth_matrix(endpoint) -> None:
     review.tokens[other_ns] = (protocol.run_audience(NS, "r1"), "elsewhere", "r1-worker-0")
     assert post("r1", body, other_ns)[0] == 403
     assert post("r1", body, no_pod)[0] == 403  # not bound to a pod
-    assert post("r1", body, stray_pod)[0] == 403  # a pod of another run
-    assert post("r1", body, gone_pod)[0] == 403  # a pod that does not exist
+    # Pods not named as the training operator names r1's: refused without reading a pod.
+    assert post("r1", body, stray_pod)[0] == 403
+    assert post("r1", body, gone_pod)[0] == 403
     assert hub.runs == {}  # nothing of a refused report was kept
     status, echoed = post("r1", body, own)
     assert status == 200 and echoed == body
@@ -202,7 +196,7 @@ def test_verdicts_are_cached_per_token_and_expire(endpoint) -> None:
 
 def test_cache_is_bounded() -> None:
     review = FakeReview()
-    auth = RunAuthenticator(review, None, max_entries=3)
+    auth = RunAuthenticator(review, max_entries=3)
     for i in range(10):
         auth.check(f"Bearer {review.mint(f't{i}', 'r1')}", NS, "r1")
     assert auth.cached() == 3
@@ -211,11 +205,9 @@ def test_cache_is_bounded() -> None:
 def test_unknown_run_404_trainjob_run_404_bad_payload_422(endpoint) -> None:
     post, review, _api, hub, _clock, _auth = endpoint
     ghost = review.mint("tok-ghost", "ghost", pod="r1-worker-0")
-    PODS_GHOST = (NS, "r1-worker-0")  # labelled r1: refused before the run lookup
-    assert PODS[PODS_GHOST][RUN_LABEL] == "r1"
-    assert post("ghost", report(1), ghost)[0] == 403
+    assert post("ghost", report(1), ghost)[0] == 403  # r1's pod: refused before the run lookup
     # The pod's name is checked first, without reading it: r1's pod is not ghost's.
-    auth_ok = RunAuthenticator(review, None)
+    auth_ok = RunAuthenticator(review)
     assert auth_ok.check("Bearer tok-ghost", NS, "ghost").status == 403
     review.mint("tok-ghost3", "ghost", pod="ghost-master-0")
     assert auth_ok.check("Bearer tok-ghost3", NS, "ghost").status == 200
