@@ -6,7 +6,8 @@ audience]`` must say authenticated, list the audience, name a ServiceAccount of 
 namespace and carry the pod the token is bound to (``authentication.kubernetes.io/pod-name``),
 named as the training operator names the run's pods (``<run>-master-0``, ``<run>-worker-<i>``;
 no pod is read: the controller holds no ``get pods``). Anything else is 403 (401: no token
-at all). Verdicts are cached per token (its SHA-256) for a short time, in a bounded cache (:class:`~megdet.controller.tokenauth.VerdictCache`).
+at all). Verdicts are cached per token (its SHA-256) for a short time, in a bounded cache
+(:class:`~megdet.controller.tokenauth.VerdictCache`).
 """
 
 from __future__ import annotations
