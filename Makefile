@@ -9,7 +9,7 @@ STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
 .PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
-	image-check cluster cluster-down cluster-build
+	messages image-check cluster cluster-down cluster-build
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
@@ -22,7 +22,8 @@ help:
 	@echo "make dashboards - regenerate the Grafana dashboards and alert rules from monitoring/"
 	@echo "make crd   - regenerate the MegDetRun CRD from charts/megdet's values schema"
 	@echo "make overrides - regenerate the chart's list of detectron2 keys that values own"
-	@echo "make generate - all generated files (overrides, CRD, dashboards), in dependency order"
+	@echo "make messages - regenerate the run chart's rule message templates from megdet/messages.py"
+	@echo "make generate - all generated files (overrides, messages, CRD, dashboards, policy), in dependency order"
 	@echo "make image-check - compile detectron2's C++/CUDA ops at the pinned commit (no Docker)"
 
 setup: $(STAMP)
@@ -102,6 +103,13 @@ overrides: setup
 	$(BIN)/python -m megdet.overrides > $(OVERRIDES_FILE).tmp
 	mv $(OVERRIDES_FILE).tmp $(OVERRIDES_FILE)
 
+# The run chart's message templates (megdet/messages.py, the one copy of each rule's message)
+# (tests/chart/test_chart_messages.py fails when charts/megdet/templates/_messages.tpl is stale).
+MESSAGES_FILE := charts/megdet/templates/_messages.tpl
+messages: setup
+	$(BIN)/python -m megdet.messages > $(MESSAGES_FILE).tmp
+	mv $(MESSAGES_FILE).tmp $(MESSAGES_FILE)
+
 # The operator chart's admission policy validations, generated from megdet/policy.py's rules
 # (tests/controller/test_policy.py fails when the committed copy is stale).
 POLICY_FILE := charts/megdet-operator/files/policy-validations.yaml
@@ -110,4 +118,4 @@ policy: setup
 	mv $(POLICY_FILE).tmp $(POLICY_FILE)
 
 # Every generated file, in dependency order: the CRD's CEL rules read the owned-overrides list.
-generate: overrides crd dashboards policy
+generate: overrides messages crd dashboards policy

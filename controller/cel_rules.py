@@ -1,10 +1,14 @@
-"""The MegDetRun's CEL rules (``x-kubernetes-validations``): what JSON Schema cannot say.
+"""The MegDetRun's generated CEL rules (``x-kubernetes-validations``) and their resolution.
 
-Cross-field rules written to agree with ``megdet.plan`` (a hypothesis test holds the two
-verdicts equal) and with the run chart's own ``fail``s; the chart's reserved pod label and
-annotation keys; ``extraOverrides`` keys; transition rules (``self == oldSelf``) on the fields
-that define the experiment (:data:`IMMUTABLE_FIELDS`); and rules on the run's name, which its
-job and pods are named after.
+The hand-written rules live in ``charts/megdet/values.schema.json``, on the node they guard
+(Helm ignores the keyword), each with a ``messageRef`` into :data:`megdet.messages.MESSAGES`.
+This module makes the rules that are generated from another single source: the unrolled
+strictly-increasing steps rules (from the schema's ``maxItems``) and the rescaled-schedule rules
+(the plan's integer rescaling), the ``extraOverrides`` key rules (``OWNED_OVERRIDES``), the
+chart's reserved pod label and annotation keys (read from ``_plan.tpl``), transition rules
+(``self == oldSelf``) on the fields that define the experiment (:data:`IMMUTABLE_FIELDS`), and
+the rules on the run's name, which its job and pods are named after. :func:`resolve_rules`
+turns each ``messageRef`` into its message and each ``generated`` entry into rules.
 """
 
 from __future__ import annotations
@@ -18,19 +22,21 @@ from typing import Any
 import yaml
 
 from megdet.controller.api import DROPPED_VALUES
+from megdet.messages import cel_message
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
 
 __all__ = [
+    "GENERATED",
     "IMMUTABLE_FIELDS",
     "OVERRIDE_VALUE_NOTE",
-    "chart_spec_rules",
-    "nested_rules",
     "overrides_map",
     "owned_override_message",
     "pod_metadata_rules",
+    "rescaled_schedule_rules",
+    "resolve_rules",
     "root_rules",
-    "spec_rules",
+    "steps_rules",
     "transition_rules",
 ]
 
@@ -70,12 +76,6 @@ IMMUTABLE_FIELDS: dict[str, str] = {
 _BATCH = "(self.gpus * self.imagesPerGpu * self.accumulationSteps)"
 
 
-def _null_or_absent(obj: str, field: str) -> str:
-    """CEL for "obj.field is unset". A null in a nullable field counts as absent for has(); the
-    API server's type checker refuses ``x == null`` on a nullable scalar (it is typed int)."""
-    return f"!has({obj}.{field})"
-
-
 def _rescaled(expr: str) -> str:
     return f"((2 * ({expr}) * self.referenceBatch + {_BATCH}) / (2 * {_BATCH}))"
 
@@ -93,11 +93,8 @@ OVERRIDE_VALUE_NOTE = (
 def owned_override_message(key: str) -> str:
     """Why a MegDetRun may not set the detectron2 key ``key`` in extraOverrides."""
     value = OWNED_OVERRIDES[key]
-    if value in DROPPED_VALUES:
-        return (
-            f"{key} is the operator's policy (the run chart's value {value}), not a MegDetRun field"
-        )
-    return f"{key} is set by the value {value}; use spec.{value}"
+    rule_id = "ownedOverridePolicy" if value in DROPPED_VALUES else "ownedOverrideField"
+    return cel_message(rule_id, key=key, value=value)
 
 
 def overrides_map(node: Mapping[str, Any], out: dict[str, Any]) -> None:
@@ -112,8 +109,7 @@ def overrides_map(node: Mapping[str, Any], out: dict[str, Any]) -> None:
     rules = [
         {
             "rule": f"self.all(k, k.matches({json.dumps(pattern)}))",
-            "message": f"keys must be detectron2 config keys matching {pattern}, e.g. "
-            "TEST.EVAL_PERIOD",
+            "message": cel_message("overrideKeys", pattern=pattern),
         },
     ]
     rules += [
@@ -139,67 +135,16 @@ def _strictly_increasing(items: str, max_items: int, rescale: bool) -> str:
     return expr
 
 
-def chart_spec_rules(props: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The run chart's cross-field `fail`s that span several spec fields."""
-    rules = [
-        {
-            "rule": "self.kueue.queueName == '' || !self.runPolicy.suspend",
-            "fieldPath": ".runPolicy.suspend",
-            "reason": "FieldValueForbidden",
-            "message": "runPolicy.suspend=true with kueue.queueName: Kueue owns suspend (its "
-            "webhook creates the job suspended and resumes it on admission); to hold the run, "
-            "hold its queue (stopPolicy: Hold)",
-        }
-    ]
-    if "target" in props:
-        deadline = "self.runPolicy.activeDeadlineSeconds"
-        old_deadline = "oldSelf.runPolicy.activeDeadlineSeconds"
-        rules.append(
-            {
-                # Trainer v2 makes a TrainJob's spec immutable but for suspend.
-                "rule": f"self.target != 'trainjob' || "
-                f"({_null_or_absent('self.runPolicy', 'activeDeadlineSeconds')} ? 0 : {deadline})"
-                f" == ({_null_or_absent('oldSelf.runPolicy', 'activeDeadlineSeconds')} ? 0 : "
-                f"{old_deadline})",
-                "fieldPath": ".runPolicy.activeDeadlineSeconds",
-                "reason": "FieldValueForbidden",
-                "message": "runPolicy.activeDeadlineSeconds is immutable with target=trainjob: it "
-                "cannot change on a TrainJob (Trainer v2)",
-            }
-        )
-    return rules
-
-
-def spec_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Cross-field rules on the spec: the same rules, in the same order, as megdet.plan."""
+def rescaled_schedule_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The plan's rules on the schedule rescaled to the global batch (megdet.plan.plan_run)."""
     max_steps = spec["properties"]["steps"].get("maxItems", 16)
     rescaled_steps = _strictly_increasing("self.steps", max_steps, rescale=True)
     return [
         {
-            "rule": "self.gpus <= self.gpusPerNode || self.gpus % self.gpusPerNode == 0",
-            "fieldPath": ".gpus",
-            "reason": "FieldValueInvalid",
-            "message": "gpus above gpusPerNode must be a multiple of gpusPerNode "
-            "(multi-node runs use whole nodes)",
-        },
-        {
-            "rule": "self.steps.all(s, s < self.maxIter)",
-            "fieldPath": ".steps",
-            "reason": "FieldValueInvalid",
-            "message": "steps must all be below maxIter",
-        },
-        {
-            "rule": "self.warmupIters < self.maxIter",
-            "fieldPath": ".warmupIters",
-            "reason": "FieldValueInvalid",
-            "message": "warmupIters must be below maxIter",
-        },
-        {
             "rule": f"{_rescaled('self.maxIter')} >= 1",
             "fieldPath": ".maxIter",
             "reason": "FieldValueInvalid",
-            "message": "maxIter iterations at referenceBatch is less than one iteration at the "
-            "global batch (gpus x imagesPerGpu x accumulationSteps)",
+            "message": cel_message("maxIterTooShort"),
         },
         {
             # Rescaling keeps the order, so with increasing steps the first and the last
@@ -210,11 +155,53 @@ def spec_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
             f"&& {rescaled_steps})",
             "fieldPath": ".steps",
             "reason": "FieldValueInvalid",
-            "message": "steps collapse when rescaled to the global batch (two steps on one "
-            "iteration, or a step at or after the last iteration); use a longer maxIter or a "
-            "smaller batch",
+            "message": cel_message("stepsCollapse"),
         },
     ]
+
+
+#: ``{"generated": name}`` entries a values-schema node's rules may hold: name -> the rules, made
+#: from the converted spec schema, that take the entry's place (keeping the rules' order).
+GENERATED = {"rescaledSchedule": rescaled_schedule_rules}
+
+
+def _with_message(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """``rule`` with its ``messageRef`` replaced, in place, by the message."""
+    out: dict[str, Any] = {}
+    for key, value in rule.items():
+        if key == "messageRef":
+            out["message"] = cel_message(value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_rules(node: dict[str, Any], spec: Mapping[str, Any]) -> None:
+    """Every ``x-kubernetes-validations`` under ``node`` (a converted schema), in place: a
+    ``messageRef`` becomes its message (:func:`megdet.messages.cel_message`), a ``generated``
+    entry the rules of :data:`GENERATED`."""
+    rules = node.get("x-kubernetes-validations")
+    if isinstance(rules, list):
+        resolved: list[dict[str, Any]] = []
+        for rule in rules:
+            if "generated" in rule:
+                make = GENERATED.get(rule["generated"])
+                if make is None:
+                    raise ValueError(
+                        f"x-kubernetes-validations: unknown generated rules {rule['generated']!r}"
+                        f"; known: {', '.join(sorted(GENERATED))}"
+                    )
+                resolved += make(spec)
+            elif "messageRef" in rule:
+                resolved.append(_with_message(rule))
+            else:
+                resolved.append(rule)
+        node["x-kubernetes-validations"] = resolved
+    for child in (node.get("properties") or {}).values():
+        resolve_rules(child, spec)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), dict):
+            resolve_rules(node[key], spec)
 
 
 def _template_define(chart: Path, name: str) -> str:
@@ -237,10 +224,7 @@ def pod_metadata_rules(props: dict[str, Any], chart: Path) -> None:
         {
             "rule": f"self.all(k, !k.matches({json.dumps(pattern)}))",
             "reason": "FieldValueForbidden",
-            "message": "keys under kubernetes.io/, k8s.io/, x-k8s.io/, kubeflow.org/, volcano.sh/ "
-            "or a subdomain of them are reserved (the chart, the monitors and alerts, Kueue, the "
-            "job operators and the gang schedulers select a run's pods by them); use a key of "
-            "your own, e.g. team or example.com/team",
+            "message": cel_message("reservedLabel"),
         }
     ]
     keys = sorted(reserved["keys"])
@@ -252,85 +236,19 @@ def pod_metadata_rules(props: dict[str, Any], chart: Path) -> None:
         {
             "rule": f"self.all(k, {' && '.join(checks)})",
             "reason": "FieldValueForbidden",
-            "message": f"reserved keys: {', '.join(keys)} (the chart or the training operator "
-            f"set them; use network.multusNetworks for networks) and keys under "
-            f"{', '.join(prefixes)}",
+            "message": cel_message(
+                "reservedAnnotations", keys=", ".join(keys), prefixes=", ".join(prefixes)
+            ),
         }
     ]
 
 
-def nested_rules(props: dict[str, Any]) -> None:
-    """The run chart's own cross-field `fail`s, on the nodes they concern."""
-    ib = props["nccl"]["properties"]["ib"]
-    ib["x-kubernetes-validations"] = [
-        {
-            "rule": "!self.enabled || self.rdmaResourceName != ''",
-            "fieldPath": ".rdmaResourceName",
-            "reason": "FieldValueRequired",
-            "message": "nccl.ib.enabled needs nccl.ib.rdmaResourceName: the extended resource "
-            "your RDMA device plugin advertises (e.g. rdma/rdma_shared_device_a, "
-            "rdma/hca_shared_devices_a, nvidia.com/hostdev)",
-        }
-    ]
-    props["dataset"]["x-kubernetes-validations"] = [
-        {
-            "rule": "(self.valJson == '') == (self.valImages == '')",
-            "fieldPath": ".valJson",
-            "reason": "FieldValueInvalid",
-            "message": "set both dataset.valJson and dataset.valImages (evaluate) or neither "
-            "(train only)",
-        }
-    ]
-    resources = props["resources"]
-    if "qos" in resources.get("properties", {}):
-        resources["x-kubernetes-validations"] = [
-            {
-                "rule": "self.qos != 'Guaranteed' || "
-                "self.cpu.matches('^([1-9][0-9]*|[1-9][0-9]*000m)$')",
-                "fieldPath": ".cpu",
-                "reason": "FieldValueInvalid",
-                "message": "resources.cpu is not a whole number of CPUs; with "
-                "resources.qos=Guaranteed the kubelet's static CPU manager pins whole CPUs "
-                'only: use e.g. "32", or set resources.qos=Burstable',
-            },
-            {
-                "rule": "self.qos != 'Guaranteed' || self.memoryLimit == ''",
-                "fieldPath": ".memoryLimit",
-                "reason": "FieldValueForbidden",
-                "message": "with resources.qos=Guaranteed the memory limit equals "
-                "resources.memory; leave memoryLimit empty or set resources.qos=Burstable",
-            },
-        ]
-    props["gang"]["x-kubernetes-validations"] = [
-        {
-            "rule": f"!self.enabled || self.schedulerName != 'volcano' || "
-            f"{_null_or_absent('self', 'scheduleTimeoutSeconds')}",
-            "fieldPath": ".scheduleTimeoutSeconds",
-            "reason": "FieldValueForbidden",
-            "message": "gang.scheduleTimeoutSeconds has no effect with gang.schedulerName=volcano: "
-            "the training operator copies it only into scheduler-plugins' PodGroup; remove it",
-        },
-        {
-            "rule": "!self.enabled || self.schedulerName == 'volcano' || self.queue == ''",
-            "fieldPath": ".queue",
-            "reason": "FieldValueForbidden",
-            "message": "gang.queue has no effect unless gang.schedulerName=volcano: the training "
-            "operator copies the queue only into Volcano's PodGroup; remove it, or use Kueue "
-            "(kueue.queueName) for queueing",
-        },
-        {
-            # kubeflow.org/v1 makes schedulingPolicy.queue immutable ("self == oldSelf").
-            "rule": "(oldSelf.enabled ? oldSelf.queue : '') == (self.enabled ? self.queue : '')",
-            "fieldPath": ".queue",
-            "message": "gang.queue is immutable: the job's schedulingPolicy.queue cannot change "
-            "on a running job (kubeflow.org/v1); delete the run and create it again "
-            "(checkpoints on the output volume stay)",
-        },
-    ]
+def steps_rules(props: dict[str, Any]) -> None:
+    """steps is strictly increasing, unrolled up to its maxItems."""
     props["steps"].setdefault("x-kubernetes-validations", []).append(
         {
             "rule": _strictly_increasing("self", props["steps"].get("maxItems", 16), False),
-            "message": "steps must be strictly increasing",
+            "message": cel_message("stepsIncreasing"),
         }
     )
 
@@ -352,8 +270,7 @@ def root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
         {
             "rule": f"size(self.metadata.name) <= {MAX_JOB_NAME_LENGTH}",
             "reason": "FieldValueInvalid",
-            "message": f"metadata.name must be at most {MAX_JOB_NAME_LENGTH} characters, so "
-            "that the training operator's Services <name>-worker-<index> stay within 63",
+            "message": cel_message("nameLength", max=MAX_JOB_NAME_LENGTH),
         },
         {
             # Both job APIs refuse other names: the PyTorchJob webhook (kubeflow/trainer v1.9.x,
@@ -362,9 +279,7 @@ def root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
             # MegDetRun, whose job creation would then fail.
             "rule": "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
             "reason": "FieldValueInvalid",
-            "message": "metadata.name must start with a letter and be lower-case letters, "
-            "digits and '-' (an RFC 1035 label: the PyTorchJob webhook and the TrainJob CRD "
-            "refuse other job names)",
+            "message": cel_message("nameLabel"),
         },
     ]
     if "target" in spec["properties"]:
@@ -376,8 +291,7 @@ def root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:
                 "rule": trainjob
                 + f"size(self.metadata.name) + size(string({nodes} - 1)) + 14 <= 63",
                 "reason": "FieldValueInvalid",
-                "message": "with target=trainjob, metadata.name is too long for this many nodes: "
-                "JobSet's pod names <name>-node-0-<nodes - 1>-<5 characters> must fit in 63",
+                "message": cel_message("trainjobNameLength"),
             },
         ]
     return rules

@@ -3,9 +3,10 @@
 A MegDetRun's spec uses the run chart's value names, so its schema is the chart's values schema
 translated to a Kubernetes structural schema (:mod:`megdet.controller.openapi`), with defaults
 from ``values.yaml`` (so a sparse CR and ``helm install`` mean the same run), less the values
-that are not the run author's (:data:`~megdet.controller.api.DROPPED_VALUES`), plus the CEL
-rules of :mod:`megdet.controller.cel_rules`; this module adds the status schema, the printer
-columns and the CRD around them.
+that are not the run author's (:data:`~megdet.controller.api.DROPPED_VALUES`). Its CEL rules
+are the values schema's own ``x-kubernetes-validations`` (written next to the field they guard,
+their messages from :mod:`megdet.messages`) plus those :mod:`megdet.controller.cel_rules`
+generates; this module adds the status schema, the printer columns and the CRD around them.
 
 ``make crd`` (``python -m megdet.controller.crd``) writes :data:`CRD_FILE`; a test fails when the
 committed copy is stale. Generation fails, listing them, if any field lacks a description.
@@ -24,12 +25,11 @@ import yaml
 
 from megdet.controller.api import DROPPED_VALUES, GROUP, KIND, PLURAL, SINGULAR, VERSION
 from megdet.controller.cel_rules import (
-    chart_spec_rules,
-    nested_rules,
     overrides_map,
     pod_metadata_rules,
+    resolve_rules,
     root_rules,
-    spec_rules,
+    steps_rules,
     transition_rules,
 )
 from megdet.controller.job_state import PHASES
@@ -76,14 +76,16 @@ def spec_schema(chart: Path | None = None) -> dict[str, Any]:
         raise MissingDescriptionsError(missing)
     spec = convert(values_schema, defaults, "spec", drop=DROPPED_VALUES, pattern_map=overrides_map)
     spec.pop("default", None)
+    rules = spec.pop("x-kubernetes-validations", [])
     spec["description"] = (
         "The run: the run chart's values (charts/megdet/values.yaml), minus nameOverride and "
         "fullnameOverride (the job is named after the MegDetRun)."
     )
-    nested_rules(spec["properties"])
+    spec["x-kubernetes-validations"] = rules
+    resolve_rules(spec, spec)
+    steps_rules(spec["properties"])
     pod_metadata_rules(spec["properties"], chart or chart_dir())
     transition_rules(spec["properties"])
-    spec["x-kubernetes-validations"] = spec_rules(spec) + chart_spec_rules(spec["properties"])
     return spec
 
 

@@ -8,6 +8,8 @@ A CRD's ``openAPIV3Schema`` is OpenAPI v3.0 and must be structural
 - free-form objects -> ``x-kubernetes-preserve-unknown-fields``;
 - the string-or-integer ``oneOf`` -> ``x-kubernetes-int-or-string`` with one enum;
 - ``patternProperties``: by the caller's ``pattern_map`` (the project's CEL rules check the keys);
+- ``x-kubernetes-validations`` (CEL rules, which Helm ignores) are copied as written, for the
+  caller to resolve;
 - defaults come from a separate values document (Helm's values.yaml), pruned to the declared
   fields.
 
@@ -130,6 +132,8 @@ def _convert(node: Mapping[str, Any], default: Any, path: str, opts: _Options) -
         out["items"] = _convert(node.get("items") or {}, None, f"{path}[]", opts)
     if default is not None and kind != "object":
         out["default"] = copy.deepcopy(default)
+    if "x-kubernetes-validations" in node:
+        out["x-kubernetes-validations"] = copy.deepcopy(node["x-kubernetes-validations"])
     return out
 
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
+from megdet.messages import python_message
+
 #: detectron2 config key -> the chart value (and MegDetRun spec field) to use instead.
 OWNED_OVERRIDES: dict[str, str] = {
     # The run spec, passed by megdet.trainArgs.
@@ -66,8 +68,7 @@ CHART_FILE = "charts/megdet/files/owned-overrides.yaml"
 
 def owned_override_message(key: str, field: str = "extraOverrides") -> str:
     """The error for overriding an owned ``key``; the chart's ``fail`` prints the same text."""
-    value = OWNED_OVERRIDES[key]
-    return f"{field}: {key} is set by the value {value}; use {value}"
+    return python_message("ownedOverride", field=field, key=key, value=OWNED_OVERRIDES[key])
 
 
 def override_problems(overrides: Mapping[str, object], field: str = "extraOverrides") -> list[str]:

@@ -30,6 +30,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from megdet.messages import python_field, python_message
+
 __all__ = [
     "THREE_STAGE_BOUNDARIES",
     "Plan",
@@ -137,24 +139,22 @@ class RunSpec(BaseModel):
         if any(s < 1 for s in steps):
             raise ValueError(f"{list(steps)} must all be >= 1")
         if any(b <= a for a, b in pairwise(steps)):
-            raise ValueError(f"{list(steps)} must be strictly increasing")
+            raise ValueError(python_message("stepsIncreasing", steps=list(steps)))
         return steps
 
     @model_validator(mode="after")
     def _cross_field_rules(self) -> RunSpec:
         if self.gpus > self.gpus_per_node and self.gpus % self.gpus_per_node:
-            raise _CrossFieldError(
-                "gpus",
-                f"{self.gpus} is not a multiple of gpus_per_node {self.gpus_per_node} "
-                "(multi-node runs use whole nodes)",
+            raise _CrossFieldError.of(
+                "gpusMultiple", gpus=self.gpus, gpusPerNode=self.gpus_per_node
             )
         if self.steps and self.steps[-1] >= self.max_iter:
-            raise _CrossFieldError(
-                "steps", f"{list(self.steps)} must all be below max_iter {self.max_iter}"
+            raise _CrossFieldError.of(
+                "stepsBelowMaxIter", steps=list(self.steps), maxIter=self.max_iter
             )
         if self.warmup_iters >= self.max_iter:
-            raise _CrossFieldError(
-                "warmup_iters", f"{self.warmup_iters} must be below max_iter {self.max_iter}"
+            raise _CrossFieldError.of(
+                "warmupBelowMaxIter", warmupIters=self.warmup_iters, maxIter=self.max_iter
             )
         return self
 
@@ -166,6 +166,16 @@ class _CrossFieldError(ValueError):
         super().__init__(message)
         self.field = field
         self.message = message
+
+    @classmethod
+    def of(cls, rule_id: str, **values: Any) -> _CrossFieldError:
+        """The error of a rule in megdet.messages, naming the rule's field."""
+        return cls(python_field(rule_id), python_message(rule_id, **values))
+
+
+def _spec_error(rule_id: str, **values: Any) -> SpecError:
+    """A SpecError with the message of a rule in megdet.messages."""
+    return SpecError(python_field(rule_id), python_message(rule_id, **values))
 
 
 def _format_validation_error(err: ValidationError) -> SpecError:
@@ -320,20 +330,23 @@ def plan_run(spec: RunSpec | Mapping[str, Any]) -> Plan:
 
     max_iter = rescale(spec.max_iter)
     if max_iter < 1:
-        raise SpecError(
-            "max_iter",
-            f"{spec.max_iter} iterations at batch {spec.reference_batch} is less than one "
-            f"iteration at global batch {global_batch}",
+        raise _spec_error(
+            "maxIterTooShort",
+            maxIter=spec.max_iter,
+            referenceBatch=spec.reference_batch,
+            globalBatch=global_batch,
         )
     steps = tuple(rescale(s) for s in spec.steps)
     if spec.schedule is Schedule.STEP and (
         any(b <= a for a, b in pairwise(steps))
         or (steps and (steps[0] < 1 or steps[-1] >= max_iter))
     ):
-        raise SpecError(
-            "steps",
-            f"{list(spec.steps)} collapse to {list(steps)} at global batch {global_batch} "
-            f"(max_iter {max_iter}); use a longer max_iter or a smaller batch",
+        raise _spec_error(
+            "stepsCollapse",
+            steps=list(spec.steps),
+            plannedSteps=list(steps),
+            globalBatch=global_batch,
+            plannedMaxIter=max_iter,
         )
     warmup_iters = rescale(spec.warmup_iters)
     return Plan(

@@ -48,7 +48,8 @@ warmupIters: {{ $warmup }}
 
 {{/*
 Cross-field rules that JSON Schema cannot express. values.schema.json has already checked
-types, ranges and enums. Wording follows megdet.plan.SpecError, with the chart's value names.
+types, ranges and enums. The messages are megdet/messages.py's (the megdet.msg.* templates
+generated into _messages.tpl), shared with megdet.plan and the CRD's CEL rules.
 */}}
 {{- define "megdet.validate" -}}
 {{- include "megdet.validateJobName" . -}}
@@ -56,26 +57,26 @@ types, ranges and enums. Wording follows megdet.plan.SpecError, with the chart's
 {{- $gpus := int64 $v.gpus -}}
 {{- $gpn := int64 $v.gpusPerNode -}}
 {{- if and (gt $gpus $gpn) (ne (mod $gpus $gpn) 0) -}}
-{{- fail (printf "gpus=%d is not a multiple of gpusPerNode=%d (multi-node runs use whole nodes)" $gpus $gpn) -}}
+{{- fail (include "megdet.msg.gpusMultiple" (dict "gpus" $gpus "gpusPerNode" $gpn)) -}}
 {{- end -}}
 {{- $maxIter := int64 $v.maxIter -}}
 {{- $prev := 0 -}}
 {{- range $v.steps -}}
 {{- if le (int64 .) (int64 $prev) -}}
-{{- fail (printf "steps=%s must be strictly increasing" (toJson $v.steps)) -}}
+{{- fail (include "megdet.msg.stepsIncreasing" (dict "steps" (toJson $v.steps))) -}}
 {{- end -}}
 {{- $prev = . -}}
 {{- end -}}
 {{- if and $v.steps (ge (int64 (last $v.steps)) $maxIter) -}}
-{{- fail (printf "steps=%s must all be below maxIter=%d" (toJson $v.steps) $maxIter) -}}
+{{- fail (include "megdet.msg.stepsBelowMaxIter" (dict "steps" (toJson $v.steps) "maxIter" $maxIter)) -}}
 {{- end -}}
 {{- if ge (int64 $v.warmupIters) $maxIter -}}
-{{- fail (printf "warmupIters=%d must be below maxIter=%d" (int64 $v.warmupIters) $maxIter) -}}
+{{- fail (include "megdet.msg.warmupBelowMaxIter" (dict "warmupIters" (int64 $v.warmupIters) "maxIter" $maxIter)) -}}
 {{- end -}}
 {{- $plan := include "megdet.plan" . | fromYaml -}}
 {{- $batch := int64 $plan.globalBatch -}}
 {{- if lt (int64 $plan.maxIter) 1 -}}
-{{- fail (printf "maxIter=%d iterations at batch %d is less than one iteration at global batch %d" $maxIter (int64 $v.referenceBatch) $batch) -}}
+{{- fail (include "megdet.msg.maxIterTooShort" (dict "maxIter" $maxIter "referenceBatch" (int64 $v.referenceBatch) "globalBatch" $batch)) -}}
 {{- end -}}
 {{- if eq $v.schedule "step" -}}
 {{- $collapsed := false -}}
@@ -86,14 +87,14 @@ types, ranges and enums. Wording follows megdet.plan.SpecError, with the chart's
 {{- end -}}
 {{- if and $plan.steps (ge (int64 (last $plan.steps)) (int64 $plan.maxIter)) -}}{{- $collapsed = true -}}{{- end -}}
 {{- if $collapsed -}}
-{{- fail (printf "steps=%s collapse to %s at global batch %d (maxIter %d); use a longer maxIter or a smaller batch" (toJson $v.steps) (toJson $plan.steps) $batch (int64 $plan.maxIter)) -}}
+{{- fail (include "megdet.msg.stepsCollapse" (dict "steps" (toJson $v.steps) "plannedSteps" (toJson $plan.steps) "globalBatch" $batch "plannedMaxIter" (int64 $plan.maxIter))) -}}
 {{- end -}}
 {{- end -}}
 {{- if and $v.nccl.ib.enabled (not $v.nccl.ib.rdmaResourceName) -}}
-{{- fail "nccl.ib.enabled=true needs nccl.ib.rdmaResourceName: the extended resource your RDMA device plugin advertises (e.g. rdma/rdma_shared_device_a, rdma/hca_shared_devices_a, nvidia.com/hostdev)" -}}
+{{- fail (include "megdet.msg.ibResource" (dict "nccl.ib.enabled" $v.nccl.ib.enabled)) -}}
 {{- end -}}
 {{- if ne (empty $v.dataset.valJson) (empty $v.dataset.valImages) -}}
-{{- fail (printf "dataset.valJson=%q and dataset.valImages=%q: set both (evaluate) or neither (train only)" $v.dataset.valJson $v.dataset.valImages) -}}
+{{- fail (include "megdet.msg.valDataset" (dict "dataset.valJson" $v.dataset.valJson "dataset.valImages" $v.dataset.valImages)) -}}
 {{- end -}}
 {{- include "megdet.validateOverrides" . -}}
 {{- include "megdet.validateResources" . -}}
@@ -128,17 +129,17 @@ prefixes: [training.kubeflow.org/, trainer.kubeflow.org/, jobset.sigs.k8s.io/]
 {{- $pattern := include "megdet.reservedLabelPattern" . -}}
 {{- range $key := keys (default (dict) .Values.podLabels) | sortAlpha -}}
 {{- if regexMatch $pattern $key -}}
-{{- fail (printf "podLabels: %q is reserved: keys under kubernetes.io/, k8s.io/, x-k8s.io/, kubeflow.org/, volcano.sh/ or a subdomain of them (app.kubernetes.io/, kueue.x-k8s.io/, training.kubeflow.org/, trainer.kubeflow.org/, jobset.sigs.k8s.io/, ...) are how the chart, the monitors and alerts, Kueue, the job operators and the gang schedulers select a run's pods; use a key of your own, e.g. team or example.com/team" $key) -}}
+{{- fail (include "megdet.msg.reservedLabel" (dict "key" $key)) -}}
 {{- end -}}
 {{- end -}}
 {{- $reserved := include "megdet.reservedAnnotations" . | fromYaml -}}
 {{- range $key := keys (default (dict) .Values.podAnnotations) | sortAlpha -}}
 {{- with get $reserved.keys $key -}}
-{{- fail (printf "podAnnotations: %q is reserved: %s" $key .) -}}
+{{- fail (include "megdet.msg.reservedAnnotationKey" (dict "key" $key "reason" .)) -}}
 {{- end -}}
 {{- range $prefix := $reserved.prefixes -}}
 {{- if hasPrefix $prefix $key -}}
-{{- fail (printf "podAnnotations: %q is reserved: the job operators annotate their pods under %s; use a key of your own" $key (join ", " $reserved.prefixes)) -}}
+{{- fail (include "megdet.msg.reservedAnnotationPrefix" (dict "key" $key "prefixes" (join ", " $reserved.prefixes))) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -148,17 +149,17 @@ prefixes: [training.kubeflow.org/, trainer.kubeflow.org/, jobset.sigs.k8s.io/]
 {{- define "megdet.validateNetworkPolicy" -}}
 {{- $np := .Values.networkPolicy -}}
 {{- if and $np.enabled .Values.network.hostNetwork -}}
-{{- fail "networkPolicy.enabled=true with network.hostNetwork=true: a NetworkPolicy does not apply to host-network pods (their traffic is the node's), so it would isolate nothing; turn one of them off" -}}
+{{- fail (include "megdet.msg.networkPolicyHostNetwork" (dict)) -}}
 {{- end -}}
 {{- if and $np.extraEgress (not (and $np.enabled $np.restrictEgress)) -}}
-{{- fail "networkPolicy.extraEgress: its rules take effect only with networkPolicy.enabled=true and networkPolicy.restrictEgress=true (otherwise egress is open); set both, or remove it" -}}
+{{- fail (include "megdet.msg.networkPolicyExtraEgress" (dict)) -}}
 {{- end -}}
 {{- end -}}
 
 {{/*
 extraOverrides must not set a key that a named value owns (megdet/overrides.py OWNED_OVERRIDES,
 generated into files/owned-overrides.yaml): the trainer would run something other than the plan.
-The message is megdet.overrides.owned_override_message's, word for word.
+The message is megdet.overrides.owned_override_message's (megdet/messages.py ownedOverride).
 */}}
 {{- define "megdet.validateOverrides" -}}
 {{- $owned := .Files.Get "files/owned-overrides.yaml" | fromYaml -}}
@@ -167,7 +168,7 @@ The message is megdet.overrides.owned_override_message's, word for word.
 {{- end -}}
 {{- range $key := keys .Values.extraOverrides | sortAlpha -}}
 {{- with get $owned $key -}}
-{{- fail (printf "extraOverrides: %s is set by the value %s; use %s" $key . .) -}}
+{{- fail (include "megdet.msg.ownedOverride" (dict "field" "extraOverrides" "key" $key "value" .)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -181,10 +182,10 @@ whole CPUs only (a fractional request runs on the shared pool).
 {{- if eq $r.qos "Guaranteed" -}}
 {{- $cpu := toString $r.cpu -}}
 {{- if not (regexMatch "^([1-9][0-9]*|[1-9][0-9]*000m)$" $cpu) -}}
-{{- fail (printf "resources.cpu=%q is not a whole number of CPUs; with resources.qos=Guaranteed the kubelet's static CPU manager pins whole CPUs only: use e.g. \"32\", or set resources.qos=Burstable" $cpu) -}}
+{{- fail (include "megdet.msg.guaranteedCpu" (dict "resources.cpu" $cpu)) -}}
 {{- end -}}
 {{- if $r.memoryLimit -}}
-{{- fail (printf "resources.memoryLimit=%q: with resources.qos=Guaranteed the memory limit equals resources.memory (%s); leave memoryLimit empty or set resources.qos=Burstable" (toString $r.memoryLimit) (toString $r.memory)) -}}
+{{- fail (include "megdet.msg.guaranteedMemoryLimit" (dict "resources.memoryLimit" (toString $r.memoryLimit) "resources.memory" (toString $r.memory))) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -199,14 +200,14 @@ scheduler-plugins' PodGroup gets no queue. Kueue owns runPolicy.suspend.
 {{- if $g.enabled -}}
 {{- $volcano := eq (lower $g.schedulerName) "volcano" -}}
 {{- if and $volcano (not (kindIs "invalid" $g.scheduleTimeoutSeconds)) -}}
-{{- fail (printf "gang.scheduleTimeoutSeconds=%d has no effect with gang.schedulerName=volcano: the training operator copies it only into scheduler-plugins' PodGroup; remove it (Volcano has no per-job gang timeout here)" (int64 $g.scheduleTimeoutSeconds)) -}}
+{{- fail (include "megdet.msg.volcanoTimeout" (dict "gang.scheduleTimeoutSeconds" (int64 $g.scheduleTimeoutSeconds))) -}}
 {{- end -}}
 {{- if and (not $volcano) $g.queue -}}
-{{- fail (printf "gang.queue=%q has no effect with gang.schedulerName=%s: the training operator copies the queue only into Volcano's PodGroup; remove it, or use Kueue (kueue.queueName) for queueing" $g.queue $g.schedulerName) -}}
+{{- fail (include "megdet.msg.gangQueue" (dict "gang.queue" $g.queue "gang.schedulerName" $g.schedulerName)) -}}
 {{- end -}}
 {{- end -}}
 {{- if and .Values.kueue.queueName .Values.runPolicy.suspend -}}
-{{- fail (printf "runPolicy.suspend=true with kueue.queueName=%q: Kueue owns suspend (its webhook creates the job suspended and Kueue resumes it on admission), so the chart leaves the field out; to hold the run, hold its queue (stopPolicy: Hold)" .Values.kueue.queueName) -}}
+{{- fail (include "megdet.msg.kueueSuspend" (dict "kueue.queueName" .Values.kueue.queueName)) -}}
 {{- end -}}
 {{- end -}}
 
@@ -222,7 +223,7 @@ anyway, so a changed gang.queue would be refused or ignored: fail here, naming t
 {{- $oldQueue := dig "spec" "runPolicy" "schedulingPolicy" "queue" "" . -}}
 {{- $newQueue := ternary $v.gang.queue "" $v.gang.enabled -}}
 {{- if ne $oldQueue $newQueue -}}
-{{- fail (printf "gang.queue: the existing PyTorchJob %s/%s has schedulingPolicy.queue %q and this upgrade sets %q; the queue cannot change on a running job (immutable in kubeflow.org/v1). Keep gang.queue=%q, or delete the job (checkpoints on /output stay) and install again" .metadata.namespace .metadata.name $oldQueue $newQueue $oldQueue) -}}
+{{- fail (include "megdet.msg.gangQueueUpgrade" (dict "namespace" .metadata.namespace "name" .metadata.name "oldQueue" $oldQueue "newQueue" $newQueue)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
