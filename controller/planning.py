@@ -2,8 +2,7 @@
 to create, or the field-named problems that stop it.
 
 - :func:`plan_children`: a run -> :class:`Invalid` or :class:`Planned` (every object the run
-  chart renders, adopted: owner reference, namespace). It calls
-  :func:`~megdet.controller.validation.validate_run` and
+  chart renders, adopted: owner reference, namespace), from one
   :func:`~megdet.controller.render.render_run`; nothing here builds a job.
 - Ownership: which objects are the run's (:func:`controlled_by`, :func:`run_owner`).
 - Output folders: two live runs must not write one folder (:func:`output_claim`, the
@@ -12,7 +11,6 @@ to create, or the field-named problems that stop it.
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 from collections.abc import Mapping
@@ -22,6 +20,7 @@ from typing import Any
 import kopf
 
 from megdet.controller.api import (
+    DROPPED_VALUES,
     KIND,
     OWNED_KINDS,
     RUN_API_VERSION,
@@ -32,7 +31,6 @@ from megdet.controller.problems import InvalidRunError, Problem
 from megdet.controller.progress_ca import CA_CONFIG_MAP
 from megdet.controller.render import RenderedRun, default_renderer, render_run
 from megdet.controller.status import TERMINAL_PHASES, had_job
-from megdet.controller.validation import validate_run, validate_update
 
 __all__ = [
     "PROGRESS_URL",
@@ -43,6 +41,7 @@ __all__ = [
     "controlled_by",
     "expected_job_name",
     "may_own",
+    "operator_value_problems",
     "output_claim",
     "output_holder",
     "output_in_use_message",
@@ -97,12 +96,17 @@ class Planned:
         return TARGET_BY_KIND[self.job["kind"]]
 
 
-def plan_children(
-    run: Mapping[str, Any], old_spec: Any = None, unsafe_weights: bool = False
-) -> Invalid | Planned:
-    """Validate a MegDetRun and render what it owns. Never raises for any run body.
+def plan_children(run: Mapping[str, Any], unsafe_weights: bool = False) -> Invalid | Planned:
+    """Plan a MegDetRun and render what it owns, once. Never raises for any run body.
 
-    ``old_spec`` (on an update) adds the transition rules: fields fixed at creation.
+    The API server has already applied the CRD (structural schema, defaults, CEL rules,
+    transition rules on the fields fixed at creation), so the controller's own checks are the
+    ones no CRD can express: the values that are the operator's (:func:`operator_value_problems`),
+    then one render of the run chart, which runs ``RunSpec`` + ``plan_run`` (the scaling rules)
+    and the chart's own ``fail`` checks. That render's objects are what the controller creates.
+    ``megdet validate`` (no server at hand) runs the CRD's checks offline too
+    (:mod:`megdet.controller.validation`).
+
     ``unsafe_weights``: the cluster policy's ``unsafeWeights``, the chart's
     ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides).
     """
@@ -114,40 +118,50 @@ def plan_children(
     spec = run.get("spec")
     if spec is None:
         spec = {}
-    # The run's own env goes in before validation, so that validation's render is the one
-    # render_run reuses (the renderer keeps recent renders by their values).
-    spec = with_run_env(spec, name, meta.get("uid"))
-    if old_spec is not None:
-        old_spec = with_run_env(old_spec, name, meta.get("uid"))
+    if not isinstance(spec, Mapping):
+        return Invalid((Problem("spec", f"expected an object, got {type(spec).__name__}"),))
+    problems = operator_value_problems(spec)
+    if problems:
+        return Invalid(tuple(problems))
+    values = with_progress(with_run_env(spec, name, meta.get("uid")), name)
+    if unsafe_weights:
+        values = {**values, "allowUnsafeWeights": True}
     try:
-        if old_spec is not None:
-            problems = validate_update(old_spec, spec, name=name, namespace=namespace)
-        else:
-            problems = validate_run(spec, name=name, namespace=namespace)
-        if problems:
-            return Invalid(tuple(problems))
-        values = with_progress(spec, name)
-        if unsafe_weights and isinstance(values, Mapping):
-            values = {**values, "allowUnsafeWeights": True}
         rendered = render_run(name, namespace, values)
     except InvalidRunError as err:
         return Invalid(tuple(err.problems))
+    except Exception as err:  # a bug of ours must not take the controller down
+        return Invalid((Problem("spec", f"could not be planned: {type(err).__name__}: {err}"),))
     job = rendered.job
     if (job.get("apiVersion"), job.get("kind")) not in OWNED_KINDS or job[
         "kind"
     ] not in TARGET_BY_KIND:
         return Invalid((Problem("spec.target", f"the chart rendered a {job.get('kind')}"),))
-    objects = [copy.deepcopy(o) for o in rendered.objects]
     unknown = [
-        o.get("kind") for o in objects if (o.get("apiVersion"), o.get("kind")) not in OWNED_KINDS
+        o.get("kind")
+        for o in rendered.objects
+        if (o.get("apiVersion"), o.get("kind")) not in OWNED_KINDS
     ]
     if unknown:
         # A kind outside the ClusterRole: creating it would fail with 403 on every retry.
         return Invalid(
             (Problem("spec", f"the chart rendered kinds the controller cannot own: {unknown}"),)
         )
+    objects = list(rendered.objects)  # a fresh render: ours to adopt
     kopf.adopt(objects, owner=dict(run))
     return Planned(rendered=rendered, objects=tuple(objects))
+
+
+def operator_value_problems(spec: Mapping[str, Any]) -> list[Problem]:
+    """Run chart values that are not the run author's (:data:`DROPPED_VALUES`: the operator's
+    policy, or set per run by the controller). The CRD has no such fields, so the API server
+    prunes them; a spec that still carries one (a CRD installed without its schema) is refused
+    rather than rendered with the author's value."""
+    return [
+        Problem(f"spec.{key}", "unknown field: set by the operator, not a MegDetRun field")
+        for key in DROPPED_VALUES
+        if key in spec
+    ]
 
 
 def with_progress(spec: Any, name: str) -> Any:

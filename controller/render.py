@@ -6,20 +6,18 @@ the run's spec as values. The CR spec uses the chart's value names, so spec -> v
 identity plus ``fullnameOverride = <run name>`` (the job is named after the run). Whatever the
 chart renders, the controller creates: there is one job builder.
 
-The chart is loaded once per process and reused; a render takes a few milliseconds.
+The chart is loaded once per process and reused. The controller renders a run once per
+reconcile and creates what that render returned.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
-import json
 import math
 import os
 import re
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,8 +52,6 @@ CHART_DIR_ENV = "MEGDET_CHART_DIR"
 #: write Helm's `.Release.Service` ("Helm"), which would send users to `helm` for objects no
 #: Helm release owns.
 MANAGED_BY = "megdet-controller"
-#: Renders kept per renderer (a reconcile renders the same run twice: validate, then create).
-RECENT_RENDERS = 256
 #: Chart value name (camelCase) -> RunSpec field (snake_case), for every RunSpec field.
 RUN_SPEC_VALUES: dict[str, str] = {to_camel(name): name for name in RunSpec.model_fields}
 
@@ -153,7 +149,6 @@ class ChartRenderer:
         self.path = Path(path) if path is not None else chart_dir()
         self._chart = helm_python.Chart.load(str(self.path))
         self._lock = threading.Lock()
-        self._recent: OrderedDict[tuple[str, str, str], RenderedRun] = OrderedDict()
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -174,28 +169,13 @@ class ChartRenderer:
     def render(self, name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRun:
         """Render the chart for a run, or raise InvalidRunError naming the fields at fault.
 
-        The last few renders are kept: a reconcile validates (which renders) and then creates
-        what it rendered, so the second call is a copy, not a second Helm render.
+        Helm's render first (the values schema and the chart's own ``fail`` checks), then the
+        plan (``RunSpec`` + ``plan_run``) on the values Helm merged over the chart's defaults.
         """
-        values = self.values(name, spec)
         problems = non_finite_problems(spec)
         if problems:
             raise InvalidRunError(problems)
-        key = (name, namespace, json.dumps(values, sort_keys=True, default=repr))
-        with self._lock:
-            cached = self._recent.get(key)
-            if cached is not None:
-                self._recent.move_to_end(key)
-        if cached is not None:
-            return _copy(cached)
-        rendered = self._render(name, namespace, values)
-        with self._lock:
-            self._recent[key] = rendered
-            while len(self._recent) > RECENT_RENDERS:
-                self._recent.popitem(last=False)
-        return _copy(rendered)
-
-    def _render(self, name: str, namespace: str, values: dict[str, Any]) -> RenderedRun:
+        values = self.values(name, spec)
         with self._lock:
             try:
                 files = self._chart.render(
@@ -204,12 +184,12 @@ class ChartRenderer:
             except helm_python.HelmError as err:
                 raise InvalidRunError(helm_problems(str(err))) from None
             merged = self._chart.merge_values(values)
+        plan = _plan(merged)
         objects, notes = _parse_manifests(files)
         for obj in objects:
             labels = obj.get("metadata", {}).get("labels")
             if isinstance(labels, dict) and "app.kubernetes.io/managed-by" in labels:
                 labels["app.kubernetes.io/managed-by"] = MANAGED_BY
-        plan = _plan(merged)
         jobs = [o for o in objects if o.get("kind") in JOB_KINDS]
         if len(jobs) != 1:
             kinds = [o.get("kind") for o in objects]
@@ -225,15 +205,6 @@ class ChartRenderer:
             plan=plan,
             notes=notes,
         )
-
-
-def _copy(rendered: RenderedRun) -> RenderedRun:
-    """A copy whose dicts the caller may change (owner references, labels)."""
-    return dataclasses.replace(
-        rendered,
-        values=copy.deepcopy(rendered.values),
-        objects=copy.deepcopy(rendered.objects),
-    )
 
 
 def split_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:

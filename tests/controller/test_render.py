@@ -276,7 +276,9 @@ def test_chart_dir_comes_from_the_environment(monkeypatch, tmp_path):
     assert image["image"].startswith("registry.example.com/megdet:")
 
 
-def test_repeated_render_reuses_the_helm_render_and_hands_out_copies():
+def test_the_controller_renders_a_run_once_and_creates_that_render(monkeypatch):
+    from megdet.controller import planning
+
     renderer = ChartRenderer()
 
     class CountingChart:
@@ -292,14 +294,22 @@ def test_repeated_render_reuses_the_helm_render_and_hands_out_copies():
 
     counting = CountingChart(renderer._chart)
     renderer._chart = counting
-    first = renderer.render("r", "ns", {"gpus": 16})
-    first.job["metadata"]["name"] = "changed by a caller"
-    second = renderer.render("r", "ns", {"gpus": 16})
+    monkeypatch.setattr(planning, "render_run", renderer.render)
+    run = {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": "r", "namespace": "ns", "uid": "u-1"},
+        "spec": {"gpus": 16},
+    }
+    planned = planning.plan_children(run)
+    assert isinstance(planned, planning.Planned)
     assert counting.renders == 1
-    assert second.job["metadata"]["name"] == "r"
-    renderer.render("r", "ns", {"gpus": 32})
-    renderer.render("other", "ns", {"gpus": 16})
-    assert counting.renders == 3
+    # What is created is that render, adopted: no second render, no cached copy.
+    assert planned.objects[0] is planned.rendered.objects[0]
+    assert planned.job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    # Every call renders afresh: nothing a caller changes leaks into the next run's objects.
+    again = planning.plan_children(run)
+    assert counting.renders == 2 and again.job is not planned.job
 
 
 # -- strings with YAML syntax in them -----------------------------------------------------------

@@ -11,7 +11,7 @@ def test_controller_validation_bench_runs_every_case(capsys):
         "render_run, new run (one Helm render)",
         "render, chart loaded per run",
         "validate_run, new run (all layers)",
-        "render_run after validate_run (reused)",
+        "plan_children, new run (a reconcile's pure part)",
         "CEL layer, common-expression-language",
         "CEL layer, cel-python",
     }
