@@ -55,6 +55,7 @@ from megdet.controller.status_writer import (
     count_transition,
     diff_touches,
     now_text,
+    post_phase_event,
     raiser,
     run_meta,
 )
@@ -103,13 +104,10 @@ class Reconciler:
 
     # -- reconcile: create, resume, update ---------------------------------------------------
 
-    def reconcile(
-        self, body: kopf.Body, reason: Any, diff: Any, old: Any, retry: int, **kw: Any
-    ) -> None:
+    def reconcile(self, body: kopf.Body, reason: Any, diff: Any, retry: int, **kw: Any) -> None:
         started = time.perf_counter()
-        old_spec = (old or {}).get("spec") if str(reason) == "update" else None
         try:
-            self._reconcile(dict(body), str(reason), diff, old_spec, retry, kw.get(OUTPUTS_INDEX))
+            self._reconcile(dict(body), str(reason), diff, retry, kw.get(OUTPUTS_INDEX))
         finally:
             elapsed = time.perf_counter() - started
             metrics.RECONCILE_DURATION.observe(elapsed)
@@ -117,14 +115,14 @@ class Reconciler:
                 self.observe(elapsed)
 
     def _reconcile(
-        self, run: dict[str, Any], reason: str, diff: Any, old_spec: Any, retry: int, outputs: Any
+        self, run: dict[str, Any], reason: str, diff: Any, retry: int, outputs: Any
     ) -> None:
         namespace, _name, uid, generation = run_meta(run)
         seen = run.get("status") if isinstance(run.get("status"), Mapping) else {}
         if generation is not None and refused_at(seen) == generation:
             # The API server refused this spec's job; retried when the spec changes.
             return
-        decision = plan_children(run, old_spec, unsafe_weights=self.policy.unsafeWeights)
+        decision = plan_children(run, unsafe_weights=self.policy.unsafeWeights)
         if isinstance(decision, Invalid):
             self._write_invalid(run, decision, generation, retry)
             return
@@ -156,15 +154,15 @@ class Reconciler:
         if job is None:
             return  # the API server refused the job
         if reason == "update" and not finished(seen) and diff_touches(diff, SUSPEND_DIFF):
-            job = self._sync_suspend(decision, job, retry)
-        self._write_planned(run, decision, job, retry)
+            self._sync_suspend(decision, job, retry)
+        self._write_planned(run, decision, retry)
 
     def _write_invalid(
         self, run: Mapping[str, Any], decision: Invalid, generation: Any, retry: int
     ) -> None:
         problems = decision.messages
 
-        def invalid(old: Mapping[str, Any], _run: Any, _fresh: bool) -> dict[str, Any]:
+        def invalid(old: Mapping[str, Any], _run: Any) -> dict[str, Any]:
             status = invalid_status(old, problems, self.now(), generation)
             if finished(old):
                 status["phase"] = old["phase"]  # a finished run's result stands
@@ -288,29 +286,18 @@ class Reconciler:
             retry,
         )
 
-    def _write_planned(
-        self, run: Mapping[str, Any], decision: Planned, job: dict[str, Any], retry: int
-    ) -> None:
+    def _write_planned(self, run: Mapping[str, Any], decision: Planned, retry: int) -> None:
         namespace, name, uid, generation = run_meta(run)
         wanted = decision.job
         kind, job_name = wanted["kind"], wanted["metadata"]["name"]
-        current: dict[str, Any] | None = job
 
-        def status_with_job(
-            old: Mapping[str, Any], _run: Any, refreshed: bool
-        ) -> dict[str, Any] | None:
-            nonlocal current
-            if refreshed:
-                # Someone wrote the status since this reconcile read it; most likely the job
-                # mirror, after a change of the job that this reconcile's copy predates.
-                current = self.api_call(
-                    "get job",
-                    lambda: self.cluster.get(wanted["apiVersion"], kind, namespace, job_name),
-                    retry,
-                )
-                if current is None or not controlled_by(current, uid):
-                    return None  # deleted meanwhile: the job mirror records that
-            assert current is not None
+        def status_with_job(old: Mapping[str, Any], _run: Any) -> dict[str, Any] | None:
+            # Level-triggered: the job as it is now, read under the run's lock, not as this
+            # reconcile created or first read it (its mirror may have seen a newer state, or
+            # skipped it because this run had no status yet).
+            current = self._get(wanted, retry)
+            if current is None or not controlled_by(current, uid):
+                return None  # deleted meanwhile: the job's mirror records that
             return planned_status(
                 old, decision, current if current.get("status") else None, self.now(), generation
             )
@@ -383,20 +370,28 @@ class Reconciler:
 
     def _mirror(self, run: dict[str, Any], job: dict[str, Any], name: str, retry: int) -> None:
         namespace = job["metadata"].get("namespace")
-        state = job_state(job)
-        # target: trainjob: what the trainer reported to Trainer's status server, mirrored
-        # into status.progress (only when it changed; None: nothing reported yet).
-        progress, problems = trainjob_progress(job) if job["kind"] == "TrainJob" else (None, [])
+        uid = (run.get("metadata") or {}).get("uid")
+        seen: dict[str, Any] = {}
 
-        def mirrored(old: Mapping[str, Any], current: Mapping[str, Any], _: bool) -> dict | None:
+        def mirrored(old: Mapping[str, Any], current: Mapping[str, Any]) -> dict | None:
             meta = current.get("metadata") or {}
             if meta.get("deletionTimestamp"):
                 return None
             if old.get("phase") in (None, "Invalid"):
                 return None  # the run's own reconcile writes its first status
+            # Level-triggered: the job as it is now (read under the run's lock); the event
+            # only says that it changed.
+            now_job = self._get(job, retry)
+            if now_job is None or not controlled_by(now_job, uid) or not now_job.get("status"):
+                return None  # deleted meanwhile: its DELETED event records that
+            state = job_state(now_job)
+            # target: trainjob: what the trainer reported to Trainer's status server,
+            # mirrored into status.progress (None: nothing reported yet).
+            progress, problems = (
+                trainjob_progress(now_job) if now_job["kind"] == "TrainJob" else (None, [])
+            )
+            seen.update(state=state, progress=progress)
             patch = next_status(old, state, self.now(), meta.get("generation"))
-            if all(old.get(k) == v for k, v in patch.items()):
-                patch = {}
             changed = None if progress is None else progress_patch(old.get("progress"), progress)
             if changed is not None:
                 patch["progress"] = changed
@@ -409,9 +404,11 @@ class Reconciler:
                     )
             return patch or None
 
-        before = self.writer.write(run, mirrored, state.message, retry)
+        before = self.writer.write(run, mirrored, "", retry, phase_event=False)
         if before is None:
             return
+        state, progress = seen["state"], seen["progress"]
+        post_phase_event(run, before.get("phase"), state.phase, state.message)
         if progress is not None:
             self._milestone_events(run, (namespace, name), before, progress)
         count_transition(namespace, TARGET_BY_KIND[job["kind"]], before.get("phase"), state.phase)

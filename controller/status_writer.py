@@ -1,23 +1,29 @@
-"""Writing a MegDetRun's status from the handlers: conflict-safe writes, events, counters.
+"""Writing a MegDetRun's status from the handlers: one writer per run, events, counters.
 
-:class:`StatusWriter` is the one place a handler writes a run's status: a write conditional on
-the run's resourceVersion that computes again on 409 Conflict (:meth:`StatusWriter.write`),
-and the outcomes that go with their Warning event and counter (invalid for the cluster's
-policy, not created, refused, the job gone). What each status holds is decided by the pure
-builders of :mod:`megdet.controller.status`.
+:class:`StatusWriter` is the one place a handler writes a run's status
+(:meth:`StatusWriter.write`). A run's writes are serialized by a lock per run: the run's
+reconcile and its job's mirror never interleave, and each computes the status from the run
+(and the job) read inside the lock, so what it writes is level-triggered: the current state,
+written only where it differs from what the run holds. That makes the lost update of two
+writers impossible by construction, so a write needs no resourceVersion precondition and no
+retry loop (the controller runs active-passive: kopf's peering keeps a second replica idle).
+``status.progress`` has its own writer (the progress endpoint, or the TrainJob mirror), a
+field no other writer touches. The outcomes that go with a Warning event and a counter
+(invalid for the cluster's policy, not created, refused, the job gone) live here too; what
+each status holds is decided by the pure builders of :mod:`megdet.controller.status`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kubernetes import client as k8s
 
 from megdet.controller import metrics
 from megdet.controller.api import TARGET_BY_KIND
@@ -35,18 +41,16 @@ from megdet.controller.status import (
     refused_status,
 )
 
-__all__ = ["POLICY_DENIED", "STATUS_WRITE_ATTEMPTS", "StatusWriter", "now_text", "run_meta"]
+__all__ = ["POLICY_DENIED", "RunLocks", "StatusWriter", "changed_fields", "now_text", "run_meta"]
 
 logger = logging.getLogger(__name__)
 
-#: Conditional status writes tried before a reconcile gives up for now (kopf retries it).
-STATUS_WRITE_ATTEMPTS = 5
 #: The Valid condition's reason (and the event's) for a run outside the cluster's policy.
 POLICY_DENIED = "PolicyDenied"
 
-#: compute(old status, the run as last read, refreshed) -> the status fields to write (None:
-#: nothing to write).
-Compute = Callable[[Mapping[str, Any], Mapping[str, Any], bool], "dict[str, Any] | None"]
+#: compute(old status, the run as just read) -> the status fields it should hold (None: leave
+#: the status alone).
+Compute = Callable[[Mapping[str, Any], Mapping[str, Any]], "dict[str, Any] | None"]
 
 
 def now_text() -> str:
@@ -58,6 +62,37 @@ def run_meta(body: Mapping[str, Any]) -> tuple[str, str, str | None, Any]:
     """(namespace, name, uid, generation) of an object."""
     meta = body.get("metadata") or {}
     return meta.get("namespace"), meta.get("name"), meta.get("uid"), meta.get("generation")
+
+
+def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of ``new`` whose value differs from ``old``'s: the merge patch to write."""
+    return {key: value for key, value in new.items() if old.get(key) != value}
+
+
+class RunLocks:
+    """A lock per run, held while one of its handlers reads, computes and writes its status."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._locks: dict[tuple[str, str], tuple[threading.Lock, list[int]]] = {}
+
+    @contextlib.contextmanager
+    def hold(self, key: tuple[str, str]) -> Iterator[None]:
+        with self._guard:
+            lock, users = self._locks.setdefault(key, (threading.Lock(), [0]))
+            users[0] += 1
+        try:
+            with lock:
+                yield
+        finally:
+            with self._guard:
+                users[0] -= 1
+                if users[0] == 0:
+                    del self._locks[key]
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._locks)
 
 
 @dataclass
@@ -133,6 +168,7 @@ class StatusWriter:
         self.backoff = backoff
         self.now = now
         self.phases = Phases()
+        self.locks = RunLocks()
 
     def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
         """``call()``; a retryable failure becomes kopf.TemporaryError (counted as an error)."""
@@ -154,52 +190,37 @@ class StatusWriter:
         retry: int,
         phase_event: bool = True,
     ) -> Mapping[str, Any] | None:
-        """Write the run's status without losing another writer's update; returns the old status.
+        """Bring the run's status to what ``compute`` says; returns the status it replaced.
 
-        ``compute(old_status, run, refreshed)`` gives the status fields to write (None: nothing
-        to write). The write is conditional on the run's resourceVersion; on 409 Conflict (the
-        job mirror, kopf or another controller wrote in between) the run is read again and
-        ``compute`` runs again on the fresh status with ``refreshed=True``, so the caller can
-        re-read anything else it computed from. Returns the status the write was computed from,
-        or None when nothing was written (nothing to write, or the run is gone).
-        ``phase_event=False``: the caller posts its own event for a phase change.
+        Under the run's lock: read the run, ``compute(old_status, run)`` the fields it should
+        hold (None: leave it alone), write those that differ (nothing, if none do). Returns the
+        status ``compute`` saw, or None when it returned None or the run is gone (or is
+        another incarnation: a different uid). ``phase_event=False``: the caller posts its own
+        event for a phase change.
         """
         namespace, name, uid, _gen = run_meta(run)
-        current: Mapping[str, Any] = run
-        for attempt in range(STATUS_WRITE_ATTEMPTS):
+        with self.locks.hold((namespace, name)):
+            current = self.api_call("get run", lambda: self.cluster.get_run(namespace, name), retry)
+            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+                return None  # deleted (or deleted and re-created) meanwhile
             old_status = current.get("status") or {}
-            status = compute(old_status, current, attempt > 0)
+            status = compute(old_status, current)
             if status is None:
                 return None
-            version = (current.get("metadata") or {}).get("resourceVersion")
-            try:
-                self.cluster.patch_run_status(namespace, name, status, version)
-            except k8s.ApiException as err:
-                if err.status != 409 or not version:
-                    self.api_call("write status", raiser(err), retry)
-                    raise
-                fresh = self.api_call(
-                    "get run", lambda: self.cluster.get_run(namespace, name), retry
+            patch = changed_fields(old_status, status)
+            if patch:
+                self.api_call(
+                    "write status",
+                    lambda: self.cluster.patch_run_status(namespace, name, patch),
+                    retry,
                 )
-                if fresh is None or (fresh.get("metadata") or {}).get("uid") != uid:
-                    return None  # deleted (or deleted and re-created) meanwhile
-                current = fresh
-                continue
-            except Exception as err:
-                self.api_call("write status", raiser(err), retry)
-                raise
-            old = old_status.get("phase")
-            new = status.get("phase") or old
-            if new is not None:
-                self.phases.set(namespace, name, new)
-                if phase_event:
-                    post_phase_event(current, old, new, message)
-            return old_status
-        metrics.RECONCILES.labels("error").inc()
-        raise kopf.TemporaryError(
-            f"write status: {STATUS_WRITE_ATTEMPTS} conflicts in a row",
-            delay=self.backoff.delay(retry),
-        )
+        old = old_status.get("phase")
+        new = status.get("phase") or old
+        if new is not None:
+            self.phases.set(namespace, name, new)
+            if phase_event:
+                post_phase_event(current, old, new, message)
+        return old_status
 
     def policy_denied(
         self, run: Mapping[str, Any], problems: list[str], generation: Any, retry: int
@@ -207,7 +228,7 @@ class StatusWriter:
         """Outside the cluster's policy: phase Invalid, ``Valid=False`` (reason
         ``PolicyDenied``), one Warning event; retried when the spec or the policy changes."""
 
-        def denied(old: Mapping[str, Any], _run: Any, _fresh: bool) -> dict[str, Any]:
+        def denied(old: Mapping[str, Any], _run: Any) -> dict[str, Any]:
             return invalid_status(old, problems, self.now(), generation, reason=POLICY_DENIED)
 
         before = self.write(run, denied, "", retry, phase_event=False)
@@ -233,9 +254,7 @@ class StatusWriter:
         """``Created=False`` with ``reason``; a Warning event once per episode, not per retry."""
         before = self.write(
             run,
-            lambda old, _run, _fresh: not_created_status(
-                old, reason, message, self.now(), generation
-            ),
+            lambda old, _run: not_created_status(old, reason, message, self.now(), generation),
             "",
             retry,
             phase_event=False,
@@ -248,7 +267,7 @@ class StatusWriter:
         ``JobRefused``), one Warning event, counted; no retry until the spec changes."""
         before = self.write(
             run,
-            lambda old, _run, _fresh: refused_status(old, message, self.now(), generation),
+            lambda old, _run: refused_status(old, message, self.now(), generation),
             message,
             retry,
             phase_event=False,
@@ -275,7 +294,7 @@ class StatusWriter:
         namespace, name, _uid, generation = run_meta(run)
         said: dict[str, Any] = {}
 
-        def compute(old: Mapping[str, Any], current: Mapping[str, Any], _: bool) -> dict | None:
+        def compute(old: Mapping[str, Any], current: Mapping[str, Any]) -> dict | None:
             said.clear()
             if (current.get("metadata") or {}).get("deletionTimestamp"):
                 return None  # the run is being deleted: its cleanup deleted the job

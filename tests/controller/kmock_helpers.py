@@ -225,6 +225,55 @@ async def patch(
     assert resp.status == 200, await resp.text()
 
 
+def cond(kind: str, status: str = "True", reason: str = "") -> dict[str, Any]:
+    """A PyTorchJob condition as the Kubeflow training operator writes it."""
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason or f"PyTorchJob{kind}",
+        "message": kind,
+    }
+
+
+async def job_condition(api: Any, name: str, *conditions: dict[str, Any], **extra: Any) -> None:
+    """Write a PyTorchJob's status as the Kubeflow training operator would."""
+    await patch(
+        api, PYTORCHJOBS, name, {"status": {"conditions": list(conditions), **extra}}, status=True
+    )
+
+
+def delay(api: Any, match: Callable[[Any], bool], seconds: float) -> list[float]:
+    """Hold the first request that ``match``es for ``seconds`` before the emulator serves it.
+
+    Returns a list that gets the ``time.monotonic()`` of its arrival, then of its release.
+    """
+    held: list[float] = []
+
+    async def react(request: Any) -> Any:
+        if held or not match(request):
+            raise NotImplementedError  # not ours: kmock serves it
+        held.append(time.monotonic())
+        await asyncio.sleep(seconds)
+        held.append(time.monotonic())
+        raise NotImplementedError  # served now, after the hold
+
+    api << react
+    return held
+
+
+def arrivals(api: Any, match: Callable[[Any], bool]) -> list[float]:
+    """The ``time.monotonic()`` of every later request that ``match``es (it grows)."""
+    seen: list[float] = []
+
+    async def react(request: Any) -> Any:
+        if match(request):
+            seen.append(time.monotonic())
+        raise NotImplementedError  # kmock serves it
+
+    api << react
+    return seen
+
+
 async def delete(api: Any, resource: str, name: str) -> None:
     group_version, plural = resource.rsplit("/", 1)
     resp = await api.delete(f"/apis/{group_version}/namespaces/{NAMESPACE}/{plural}/{name}")
