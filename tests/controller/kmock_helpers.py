@@ -225,6 +225,21 @@ async def patch(
     assert resp.status == 200, await resp.text()
 
 
+def run_status(api: Any, name: str) -> dict[str, Any]:
+    """A MegDetRun's status as stored ({} before the first write)."""
+    return (get(api, RUNS, name) or {}).get("status") or {}
+
+
+def phase(api: Any, name: str) -> str | None:
+    return run_status(api, name).get("phase")
+
+
+def condition(api: Any, name: str, kind: str) -> dict[str, Any] | None:
+    """The run's condition of type ``kind``, if it has one."""
+    conditions = run_status(api, name).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
 def cond(kind: str, status: str = "True", reason: str = "") -> dict[str, Any]:
     """A PyTorchJob condition as the Kubeflow training operator writes it."""
     return {

@@ -12,50 +12,29 @@ from kmock_helpers import (
     PYTORCHJOBS,
     RUNS,
     apply,
+    cond,
+    condition,
     counted,
     delete,
     events_for,
     eventually,
     get,
+    job_condition,
     objects,
     patch,
+    phase,
     reconciled,
     reconciles,
     requests_to,
     run_body,
 )
+from kmock_helpers import (
+    run_status as status,
+)
 
 from megdet.controller import metrics
 from megdet.controller.api import FINALIZER
 from megdet.controller.render import render_run
-
-
-def status(api: Any, name: str) -> dict[str, Any]:
-    return (get(api, RUNS, name) or {}).get("status") or {}
-
-
-def phase(api: Any, name: str) -> str | None:
-    return status(api, name).get("phase")
-
-
-def condition(api: Any, name: str, kind: str) -> dict[str, Any] | None:
-    return next((c for c in status(api, name).get("conditions") or [] if c["type"] == kind), None)
-
-
-async def job_condition(api: Any, name: str, *conditions: dict[str, Any], **extra: Any) -> None:
-    """Write a PyTorchJob's status as the Kubeflow training operator would."""
-    await patch(
-        api, PYTORCHJOBS, name, {"status": {"conditions": list(conditions), **extra}}, status=True
-    )
-
-
-def cond(kind: str, status: str = "True", reason: str = "") -> dict[str, Any]:
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason or f"PyTorchJob{kind}",
-        "message": kind,
-    }
 
 
 async def test_apply_run_creates_one_owned_pytorchjob_and_plan_status(cluster, operator) -> None:

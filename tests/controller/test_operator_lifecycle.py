@@ -18,14 +18,18 @@ from kmock_helpers import (
     RUNTIMES,
     TRAINJOBS,
     apply,
+    cond,
+    condition,
     counted,
     delete,
     events_for,
     eventually,
     get,
     is_create,
+    job_condition,
     objects,
     patch,
+    phase,
     reconciled,
     reconciles,
     requests_to,
@@ -35,20 +39,11 @@ from kmock_helpers import (
     start_operator,
     stop_operator,
 )
+from kmock_helpers import (
+    run_status as status,
+)
 
 from megdet.controller import metrics
-
-
-def status(api: Any, name: str) -> dict[str, Any]:
-    return (get(api, RUNS, name) or {}).get("status") or {}
-
-
-def phase(api: Any, name: str) -> str | None:
-    return status(api, name).get("phase")
-
-
-def condition(api: Any, name: str, kind: str) -> dict[str, Any] | None:
-    return next((c for c in status(api, name).get("conditions") or [] if c["type"] == kind), None)
 
 
 def warnings(api: Any, name: str, reason: str | None = None) -> list[dict[str, Any]]:
@@ -57,19 +52,6 @@ def warnings(api: Any, name: str, reason: str | None = None) -> list[dict[str, A
         for e in events_for(api, name)
         if e.get("type") == "Warning" and (reason is None or e.get("reason") == reason)
     ]
-
-
-def cond(kind: str, status: str = "True", reason: str = "") -> dict[str, Any]:
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason or f"PyTorchJob{kind}",
-        "message": kind,
-    }
-
-
-async def job_status(api: Any, name: str, *conditions: dict[str, Any]) -> None:
-    await patch(api, PYTORCHJOBS, name, {"status": {"conditions": list(conditions)}}, status=True)
 
 
 def job_posts(api: Any) -> int:
@@ -92,9 +74,9 @@ async def test_a_finished_runs_deleted_job_is_recorded_and_never_created_again(c
     try:
         await apply(cluster, run_body("done"))
         await eventually(lambda: phase(cluster, "done") == "Pending", message="Pending")
-        await job_status(cluster, "done", cond("Created"), cond("Running"))
+        await job_condition(cluster, "done", cond("Created"), cond("Running"))
         await eventually(lambda: phase(cluster, "done") == "Running", message="Running")
-        await job_status(
+        await job_condition(
             cluster, "done", cond("Created"), cond("Running", "False"), cond("Succeeded")
         )
         await eventually(lambda: phase(cluster, "done") == "Succeeded", message="Succeeded")
@@ -135,7 +117,7 @@ async def test_a_running_job_deleted_by_hand_fails_the_run_and_is_not_recreated(
 ) -> None:
     await apply(cluster, run_body("r"))
     await eventually(lambda: phase(cluster, "r") == "Pending", message="Pending")
-    await job_status(cluster, "r", cond("Created"), cond("Running"))
+    await job_condition(cluster, "r", cond("Created"), cond("Running"))
     await eventually(lambda: phase(cluster, "r") == "Running", message="Running")
 
     await delete(cluster, PYTORCHJOBS, "r")
@@ -381,8 +363,8 @@ async def test_the_mirror_follows_only_the_job_the_run_controls(cluster, operato
     await apply(cluster, foreign_job("r-eval", run, controller=False))
     await apply(cluster, foreign_job("r-copy", run, controller=True))
     since = len(list(cluster))
-    await job_status(cluster, "r-eval", cond("Failed"))
-    await job_status(cluster, "r-copy", cond("Succeeded"))
+    await job_condition(cluster, "r-eval", cond("Failed"))
+    await job_condition(cluster, "r-copy", cond("Succeeded"))
     await run_read_after(cluster, "r", since)  # the mirror got r-copy's status event
     await settle()  # and ended its handling of it
     assert phase(cluster, "r") == "Pending"
@@ -393,7 +375,7 @@ async def test_the_mirror_follows_only_the_job_the_run_controls(cluster, operato
     await settle()
     assert phase(cluster, "r") == "Pending" and condition(cluster, "r", "JobPresent") is None
     # The run's own job is still followed.
-    await job_status(cluster, "r", cond("Created"), cond("Running"))
+    await job_condition(cluster, "r", cond("Created"), cond("Running"))
     await eventually(lambda: phase(cluster, "r") == "Running", message="Running")
 
 
@@ -438,7 +420,7 @@ async def test_a_second_live_run_on_the_same_output_folder_waits_for_the_first(
     assert len(warnings(cluster, "second", "OutputInUse")) == 1  # per episode, not per re-check
 
     if first_ends_by == "succeeding":
-        await job_status(cluster, "first", cond("Created"), cond("Succeeded"))
+        await job_condition(cluster, "first", cond("Created"), cond("Succeeded"))
         await eventually(lambda: phase(cluster, "first") == "Succeeded", message="Succeeded")
     else:
         await delete(cluster, RUNS, "first")

@@ -3,8 +3,6 @@ from the TrainJob's conditions and jobsStatus; a bad target is refused by field 
 
 from __future__ import annotations
 
-from typing import Any
-
 from kmock_helpers import (
     NAMESPACE,
     PYTORCHJOBS,
@@ -19,12 +17,11 @@ from kmock_helpers import (
     reconciled,
     run_body,
 )
+from kmock_helpers import (
+    run_status as status,
+)
 
 from megdet.controller.render import render_run
-
-
-def status(api: Any, name: str) -> dict[str, Any]:
-    return (get(api, RUNS, name) or {}).get("status") or {}
 
 
 async def test_trainjob_target_owns_one_trainjob_and_its_runtime(cluster, operator) -> None:
