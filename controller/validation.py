@@ -1,19 +1,23 @@
-"""Every check a MegDetRun's spec goes through, as a list of field-named problems.
+"""Every check a MegDetRun's spec goes through offline, as a list of field-named problems.
 
-The layers run in the order the cluster applies them, and each later layer only sees specs the
-earlier ones passed (as the API server never hands the controller an object its schema refused):
+This is ``megdet validate`` without a cluster (``controller/offline.py``): what the API server
+and the controller would say, with no server at hand. On a cluster the API server applies
+layers 1 and 2 itself and the controller only renders (``controller/planning.py``); ``megdet
+validate --kubeconfig`` asks the server instead. The layers run in the order the cluster
+applies them, and each later layer only sees specs the earlier ones passed:
 
 0. no NaN or Infinity anywhere (JSON, the API's format, has none; YAML does);
 1. the CRD's structural schema (what ``kubectl apply`` checks), as JSON Schema;
 2. the CRD's CEL rules (``x-kubernetes-validations``, with the rules on ``metadata.name`` when
-   the run's name is given), evaluated with a real CEL implementation;
+   the run's name is given; with the old spec, :func:`validate_update`, the transition rules),
+   evaluated with a real CEL implementation;
 3. the pydantic ``RunSpec`` and ``plan_run`` (the one source of the scaling rules);
 4. owned detectron2 overrides in ``extraOverrides`` (``megdet.overrides.OWNED_OVERRIDES``);
 5. the run chart's own template ``fail`` checks (a real render).
 
 Layers 1 and 2 use the CRD generated from the chart's values schema, with the CRD's defaults
 applied first, as the API server does. docs/architecture.md ("The controller's validation
-layers") lists what each layer checks.
+layers") says where each runs.
 """
 
 from __future__ import annotations
@@ -152,9 +156,7 @@ def _validate(spec: Any, old: Any, name: str | None, namespace: str) -> list[Pro
         if problems:
             return problems
     # The spec as the API server hands it over: defaulted (a null in a defaulted field, which
-    # Helm would treat as "delete the chart's default", has become the default). For a spec
-    # from the cluster that is the spec itself, so the controller's render_run(name, namespace,
-    # spec) after validation reuses this render.
+    # Helm would treat as "delete the chart's default", has become the default).
     return chart_problems(defaulted, name or _PLACEHOLDER_NAME, namespace)
 
 
