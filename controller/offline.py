@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,17 +140,30 @@ def run_validate(args: argparse.Namespace) -> int:
         except ServerError as err:
             print(f"megdet validate: error: {err}", file=sys.stderr)
             return 2
-    failed = False
-    for doc in documents:
-        problems = document_problems(doc)
-        failed = failed or bool(problems)
-        for problem in problems:
-            print(f"{doc.label()}: {problem}")
-        if not problems and not args.quiet:
-            print(f"{doc.label()}: valid")
+    failed = report_problems(documents, document_problems, "valid", quiet=args.quiet)
     if errors:
         return 2
     return 1 if failed else 0
+
+
+def report_problems(
+    documents: list[Document],
+    problems_of: Callable[[Document], list[str]],
+    valid: str,
+    *,
+    quiet: bool,
+) -> bool:
+    """Print each document's problems, one line each (``<file>#<n> <name>: <problem>``), or
+    ``<label>: <valid>`` for a document with none unless ``quiet``; whether any had one."""
+    failed = False
+    for doc in documents:
+        problems = problems_of(doc)
+        failed = failed or bool(problems)
+        for problem in problems:
+            print(f"{doc.label()}: {problem}")
+        if not problems and not quiet:
+            print(f"{doc.label()}: {valid}")
+    return failed
 
 
 def _owned_objects(doc: Document, owner_uid: str | None) -> list[dict[str, Any]]:
@@ -403,8 +416,9 @@ def dry_run_create(target: ServerTarget, doc: Document) -> tuple[dict[str, Any] 
 
 
 def controller_problems(stored: Mapping[str, Any]) -> list[str]:
-    """The controller's own checks (RunSpec/plan, owned overrides, the run chart's render) on
-    the object as the server would store it: defaulted, with its namespace and uid."""
+    """The controller's own checks (the operator's values refused, then one render of the run
+    chart: Helm's values schema and fails, RunSpec + plan_run) on the object as the server would
+    store it: defaulted, with its namespace and uid."""
     from megdet.controller.planning import Invalid, plan_children
 
     planned = plan_children(stored)
@@ -417,14 +431,15 @@ def run_validate_server(args: argparse.Namespace, documents: list[Document]) -> 
         f"megdet validate: server dry-run at {target.host} ({target.where})",
         file=sys.stderr,
     )
-    failed = False
-    for doc in documents:
+
+    def problems_of(doc: Document) -> list[str]:
         stored, problems = dry_run_create(target, doc)
-        if stored is not None:
-            problems = controller_problems(stored)
-        failed = failed or bool(problems)
-        for problem in problems:
-            print(f"{doc.label()}: {problem}")
-        if not problems and not args.quiet:
-            print(f"{doc.label()}: valid (API server dry-run and controller checks)")
+        return controller_problems(stored) if stored is not None else problems
+
+    failed = report_problems(
+        documents,
+        problems_of,
+        "valid (API server dry-run and controller checks)",
+        quiet=args.quiet,
+    )
     return 1 if failed else 0
