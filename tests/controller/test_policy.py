@@ -31,6 +31,7 @@ from kmock_helpers import (
 from megdet import policy as policy_module
 from megdet.cli import UsageError
 from megdet.controller import metrics
+from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.daemon import load_policy
 from megdet.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check, privileged_knobs
 
@@ -278,4 +279,19 @@ def test_unsafe_weights_are_the_operators_decision_for_every_run() -> None:
     # A run cannot ask for it itself: not a MegDetRun field.
     own = plan_children(run_body("w", {"gpus": 8, "allowUnsafeWeights": True}))
     assert not isinstance(own, Planned)
+    assert [str(p) for p in own.problems] == [
+        "spec.allowUnsafeWeights: unknown field: set by the operator, not a MegDetRun field"
+    ]
     assert Policy.from_values({"unsafeWeights": True}).unsafeWeights is True
+
+
+@pytest.mark.parametrize("key", DROPPED_VALUES)
+def test_a_run_carrying_an_operator_value_is_refused_not_rendered(key) -> None:
+    """The API server prunes these (the CRD has no such field); a CRD installed without its
+    schema still must not let a run's author set them (e.g. a privileged container)."""
+    from megdet.controller.planning import Invalid, plan_children
+
+    value = {"privileged": True} if key == "containerSecurityContext" else {"x": "y"}
+    decision = plan_children(run_body("o", {"gpus": 8, key: value}))
+    assert isinstance(decision, Invalid)
+    assert [p.path for p in decision.problems] == [f"spec.{key}"]
