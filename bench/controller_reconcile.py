@@ -24,10 +24,10 @@ Reported, for each API:
   reaches the emulator; cluster: when the watch of this process delivers it);
 - apply phase: first create sent -> last create answered (how fast this process applies; a
   burst is as fast as the API lets it be, so apply -> status compares only with this in view);
-- reconcile latency: each create-reconcile handler's own duration (validate, render, look up
+- reconcile latency: each create-reconcile handler's own duration (render, look up
   and create the job(s), write status), measured inside the controller; p50/p99/max;
 - apply -> status latency per run (queueing included), from the moment the create returned;
-- the pure part alone (plan_children: validate + render + adopt) timed in the controller process
+- the pure part alone (plan_children: one render + adopt) timed in the controller process
   for the same specs right before the burst;
 - controller CPU time (all its threads) from ready to stop, per run; the API side's CPU per
   run over the same span (kmock: this process, which serves kmock and applies the runs;
@@ -302,7 +302,7 @@ async def _run_kmock(
     helpers = _kmock_helpers()
     applied: dict[tuple[str, str], float] = {}
     status_seen: dict[tuple[str, str], float] = {}
-    refused = [0]  # conditional status writes answered 409 (and then redone by the controller)
+    refused = [0]  # status writes answered 409 (none since writes carry no precondition)
 
     class StampingEmulator(helpers.Emulator):
         # kmock keeps every request for test assertions and matches each new request against

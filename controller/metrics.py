@@ -72,7 +72,7 @@ RECONCILES = Counter(
 )
 RECONCILE_DURATION = Histogram(
     "megdet_controller_reconcile_duration_seconds",
-    "Time to reconcile one MegDetRun: validate, render, create or look up the job, write status.",
+    "Time to reconcile one MegDetRun: render, create or look up the job, write status.",
     # Reconciles are API round trips plus an in-process Helm render: milliseconds to seconds.
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=REGISTRY,

@@ -87,7 +87,7 @@ def configure(
     settings.posting.level = logging.WARNING
     if workers is not None:
         # Sync handlers run in kopf's thread pool; more threads than cores only adds GIL
-        # contention to the CPU-bound part (validate + render), see docs/benchmarks.md.
+        # contention to the CPU-bound part (the render), see docs/benchmarks.md.
         settings.execution.max_workers = workers
     # (No peering.clusterwide here: kopf.run and kopf.operator set it from their own
     # ``clusterwide`` argument, overwriting any value given in the settings.)

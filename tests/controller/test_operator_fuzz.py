@@ -1,10 +1,11 @@
 """Handler-level fuzz: the reconcile's pure part on >= 1000 generated MegDetRuns.
 
-``plan_children`` (validate, render, adopt) and the status it leads to (``invalid_status`` or
-``planned_status``) are what the kopf handler runs between its API calls (the ``Cluster``
-seam). For any run body they must not raise, every refusal must name a field, and every
-accepted run must yield exactly one owned job of a known kind plus a status with the plan.
-validate_run's own verdicts are fuzzed in test_validation.py; this is the handler's path.
+``plan_children`` (the operator's values refused, one render, adopt) and the status it leads
+to (``invalid_status`` or ``planned_status``) are what the kopf handler runs between its API
+calls (the ``Cluster`` seam). For any run body they must not raise, every refusal must name a
+field, and every accepted run must yield exactly one owned job of a known kind plus a status
+with the plan. validate_run's own verdicts are fuzzed in test_validation.py; this is the
+handler's path.
 """
 
 from __future__ import annotations
