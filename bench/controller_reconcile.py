@@ -130,6 +130,7 @@ def _controller(
     from megdet.controller.kubeapi import Backoff, Cluster
     from megdet.controller.operator import build_registry, configure
     from megdet.controller.planning import plan_children
+    from megdet.controller.reconciler import Reconciler
 
     helpers = _kmock_helpers()
     bodies = [helpers.run_body(f"pure-{i:04d}", served_spec(i)) for i in range(runs)]
@@ -154,9 +155,9 @@ def _controller(
 
     durations: list[float] = []
     registry = build_registry(
-        Cluster(api, timeout=10.0),
-        Backoff(base=0.05, cap=1.0),
-        observe=durations.append,
+        Reconciler(
+            Cluster(api, timeout=10.0), Backoff(base=0.05, cap=1.0), observe=durations.append
+        )
     )
 
     @kopf.on.login(registry=registry)

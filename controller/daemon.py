@@ -205,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     from megdet.controller import metrics
     from megdet.controller.kubeapi import Cluster
     from megdet.controller.operator import build_registry, configure
+    from megdet.controller.reconciler import Reconciler
 
     for port, name in ((args.metrics_port, "--metrics-port"), (args.health_port, "--health-port")):
         if port > 65535:
@@ -249,10 +250,12 @@ def run(args: argparse.Namespace) -> int:
     api = k8s.ApiClient()
     api.user_agent = "megdet-controller"
     registry = build_registry(
-        Cluster(api, timeout=args.api_timeout),
-        policy=load_policy(args.policy_file),
-        # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
-        checkpoint_events=args.progress_checkpoint_events,
+        Reconciler(
+            Cluster(api, timeout=args.api_timeout),
+            policy=load_policy(args.policy_file),
+            # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
+            checkpoint_events=args.progress_checkpoint_events,
+        )
     )
 
     @kopf.on.login(registry=registry)

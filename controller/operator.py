@@ -15,30 +15,18 @@ Where the rest lives: :mod:`~megdet.controller.api` (group, version, kinds),
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 
 import kopf
 
 from megdet.controller.api import FINALIZER, GROUP, OWNED_KINDS, PLURAL, TARGET_BY_KIND, VERSION
-from megdet.controller.kubeapi import Backoff, Cluster
 from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
-from megdet.controller.status_writer import now_text
-from megdet.policy import Policy
 
 __all__ = ["build_registry", "configure"]
 
 
-def build_registry(
-    cluster: Cluster,
-    backoff: Backoff | None = None,
-    now: Callable[[], str] = now_text,
-    observe: Callable[[float], None] | None = None,
-    policy: Policy | None = None,
-    checkpoint_events: int = 5,
-) -> kopf.OperatorRegistry:
-    """A kopf registry with the MegDetRun handlers bound to ``cluster`` (the arguments are
-    :class:`~megdet.controller.reconciler.Reconciler`'s)."""
-    handlers = Reconciler(cluster, backoff, now, observe, policy, checkpoint_events)
+def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
+    """A kopf registry with the MegDetRun handlers of ``handlers`` (one operator's
+    :class:`~megdet.controller.reconciler.Reconciler`: its cluster, policy, backoff)."""
     registry = kopf.OperatorRegistry()
     for register in (kopf.on.create, kopf.on.resume, kopf.on.update):
         register(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")(handlers.reconcile)

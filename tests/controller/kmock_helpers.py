@@ -30,6 +30,7 @@ from kubernetes import client as k8s
 from megdet.controller import metrics
 from megdet.controller.kubeapi import Backoff, Cluster
 from megdet.controller.operator import build_registry, configure
+from megdet.controller.reconciler import Reconciler
 from megdet.policy import Policy
 
 NAMESPACE = "vision"
@@ -477,7 +478,9 @@ class OperatorThread:
 
     async def _main(self) -> None:
         registry = build_registry(
-            Cluster(self._client(), timeout=self.timeout), self.backoff, policy=self.policy
+            Reconciler(
+                Cluster(self._client(), timeout=self.timeout), self.backoff, policy=self.policy
+            )
         )
 
         @kopf.on.login(registry=registry)
