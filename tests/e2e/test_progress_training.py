@@ -14,7 +14,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import pytest
 from e2e_helpers import apply_objects, eventually, get_or_none, mdr, namespace, pods_of
 
 from megdet import progress as protocol
+from tests.tiny_train import train_command
 
 NS = "progress-train-e2e"
 RUN = "tiny"
@@ -65,14 +65,11 @@ def reporting(kube, controller, tmp_path_factory) -> dict[str, str]:
 
 
 def train(shapes, output: Path, env: dict[str, str], max_iter: int) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable, "-m", "megdet", "train", "--config", "megdet_tiny_cpu",
-        "--num-workers", "2", "--output", str(output),
-        "--train-json", str(shapes["train_json"]), "--train-images", str(shapes["train_images"]),
-        "--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"]),
+    cmd = train_command(
+        shapes, output,
         "SOLVER.MAX_ITER", str(max_iter), "SOLVER.STEPS", "(5,)", "SOLVER.WARMUP_ITERS", "2",
         "SOLVER.CHECKPOINT_PERIOD", "10", "TEST.EVAL_PERIOD", "20", "SEED", "7",
-    ]  # fmt: skip
+    )  # fmt: skip
     result = subprocess.run(
         cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600
     )

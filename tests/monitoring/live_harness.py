@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from tests.tiny_train import train_command
+
 ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "vision"  # the controller tests' namespace; the training run lives there too
 TRAINING_RUN = "coco-live"
@@ -31,17 +33,14 @@ def training_command(shapes: dict[str, Path], output: Path, port: int) -> list[s
     MAX_ITER is far away: the test stops the run with SIGTERM (the trainer's clean stop: it
     saves a checkpoint and exits) once every training series has been scraped.
     """
-    return [
-        sys.executable, "-m", "megdet", "train", "--config", "megdet_tiny_cpu",
-        "--num-workers", "2", "--output", str(output),
-        "--train-json", str(shapes["train_json"]), "--train-images", str(shapes["train_images"]),
-        "--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"]),
+    return train_command(
+        shapes, output,
         "SOLVER.MAX_ITER", "1000", "SOLVER.STEPS", "(900,)", "SOLVER.WARMUP_ITERS", "2",
         "SOLVER.CHECKPOINT_PERIOD", "2", "TEST.EVAL_PERIOD", "3",
         "MEGDET.SYNCBN_CHECK_PERIOD", "2", "MEGDET.METRICS.PORT", str(port),
         "INPUT.MIN_SIZE_TRAIN", "(96,)", "INPUT.MAX_SIZE_TRAIN", "96",
         "INPUT.MIN_SIZE_TEST", "96", "INPUT.MAX_SIZE_TEST", "96",
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 class TrainingRun:

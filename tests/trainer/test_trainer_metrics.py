@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from tests.tiny_train import train_command
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -262,11 +263,12 @@ def test_a_taken_metrics_port_stops_megdet_train_with_a_clear_error(shapes, tmp_
         taken.listen()
         port = taken.getsockname()[1]
         result = subprocess.run(
-            [sys.executable, "-m", "megdet", "train", "--config", "megdet_tiny_cpu",
-             "--output", str(tmp_path / "run"), "--train-json", str(shapes["train_json"]),
-             "--train-images", str(shapes["train_images"]),
-             "MEGDET.METRICS.PORT", str(port), "SOLVER.MAX_ITER", "4", "SOLVER.STEPS", "(3,)",
-             "SOLVER.WARMUP_ITERS", "1"],
+            train_command(
+                shapes, tmp_path / "run",
+                "MEGDET.METRICS.PORT", str(port), "SOLVER.MAX_ITER", "4", "SOLVER.STEPS", "(3,)",
+                "SOLVER.WARMUP_ITERS", "1",
+                workers=None, val=False,
+            ),
             capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]

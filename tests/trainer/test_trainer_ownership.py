@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from trainer_dist import run_distributed
+
+from tests.tiny_train import train_command
 
 RUN_A = {"MEGDET_RUN_UID": "0b6f-run-a", "MEGDET_RUN_NAME": "run-a"}
 RUN_B = {"MEGDET_RUN_UID": "7c21-run-b", "MEGDET_RUN_NAME": "run-b"}
@@ -254,13 +255,12 @@ def test_a_cluster_run_restarts_in_its_folder_and_another_adopts_it_with_resume_
     out = tmp_path / "run"
 
     def train(env: dict, *overrides: str) -> subprocess.CompletedProcess:
-        cmd = [
-            sys.executable, "-m", "megdet", "train", "--config", "megdet_tiny_cpu",
-            "--output", str(out), "--train-json", str(shapes["train_json"]),
-            "--train-images", str(shapes["train_images"]),
+        cmd = train_command(
+            shapes, out,
             "SOLVER.MAX_ITER", "3", "SOLVER.STEPS", "(2,)", "SOLVER.WARMUP_ITERS", "1",
             *overrides,
-        ]  # fmt: skip
+            workers=None, val=False,
+        )  # fmt: skip
         clean = {k: v for k, v in os.environ.items() if not k.startswith("MEGDET_RUN_")}
         return subprocess.run(cmd, env={**clean, **env}, capture_output=True, text=True,
                               timeout=600)  # fmt: skip

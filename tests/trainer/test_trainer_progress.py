@@ -16,7 +16,6 @@ import os
 import socket
 import ssl
 import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -26,6 +25,7 @@ import pytest
 from torch import nn
 
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, to_status
+from tests.tiny_train import train_command
 
 STATUS_PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/r50/status"
 #: The reporter's logger; ``captured_warnings`` (conftest) puts its warnings in caplog.
@@ -414,14 +414,11 @@ def test_a_two_worker_run_reports_increasing_iterations_and_its_ap(serve, pki, t
                                                                    tmp_path):  # fmt: skip
     server = serve()
     out = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "megdet", "train", "--config", "megdet_tiny_cpu",
-        "--num-workers", "2", "--output", str(out),
-        "--train-json", str(shapes["train_json"]), "--train-images", str(shapes["train_images"]),
-        "--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"]),
+    cmd = train_command(
+        shapes, out,
         "SOLVER.MAX_ITER", "12", "SOLVER.STEPS", "(10,)", "SOLVER.WARMUP_ITERS", "2",
         "SOLVER.CHECKPOINT_PERIOD", "6", "TEST.EVAL_PERIOD", "6",
-    ]  # fmt: skip
+    )  # fmt: skip
     env = os.environ | {
         ENV_URL: server.url,
         ENV_CA_CERT: str(pki.ca),

@@ -14,19 +14,9 @@ import pytest
 import torch
 
 from megdet.cluster.control_plane import free_port
+from tests.tiny_train import train_command
 
 pytestmark = pytest.mark.slow
-
-
-def _train_cmd(shapes, output: Path, *overrides: str, val: bool = True) -> list[str]:
-    cmd = [
-        sys.executable, "-m", "megdet", "train", "--config", "megdet_tiny_cpu",
-        "--num-workers", "2", "--output", str(output),
-        "--train-json", str(shapes["train_json"]), "--train-images", str(shapes["train_images"]),
-    ]  # fmt: skip
-    if val:
-        cmd += ["--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"])]
-    return cmd + list(overrides)
 
 
 def _events(output: Path) -> list[dict]:
@@ -43,7 +33,7 @@ def _ap50(metrics: dict) -> float:
 def test_two_worker_training_learns_and_beats_an_untrained_model(shapes, tmp_path, capsys):
     out = tmp_path / "run"
     result = subprocess.run(
-        _train_cmd(
+        train_command(
             shapes, out,
             "SOLVER.MAX_ITER", "60", "SOLVER.STEPS", "(50,)", "SOLVER.WARMUP_ITERS", "10",
             "SOLVER.CHECKPOINT_PERIOD", "1000",
@@ -105,7 +95,7 @@ def test_two_worker_training_learns_and_beats_an_untrained_model(shapes, tmp_pat
 
 def test_sigterm_saves_a_checkpoint_and_a_restart_resumes_to_the_last_iteration(shapes, tmp_path):
     out = tmp_path / "run"
-    cmd = _train_cmd(
+    cmd = train_command(
         shapes, out,
         "SOLVER.MAX_ITER", "30", "SOLVER.STEPS", "(25,)", "SOLVER.WARMUP_ITERS", "5",
         "SOLVER.CHECKPOINT_PERIOD", "10",
@@ -148,7 +138,7 @@ def test_sigterm_saves_a_checkpoint_and_a_restart_resumes_to_the_last_iteration(
 
 def test_under_torchrun_each_process_is_one_rank_and_plans_for_the_world_it_finds(shapes, tmp_path):
     out = tmp_path / "run"
-    cmd = _train_cmd(
+    cmd = train_command(
         shapes, out, "SOLVER.MAX_ITER", "6", "SOLVER.STEPS", "(4,)", "SOLVER.WARMUP_ITERS", "2",
         val=False,
     )  # fmt: skip
@@ -172,6 +162,6 @@ def test_num_workers_is_refused_inside_torchrun(shapes, monkeypatch, capsys):
                        ("MASTER_PORT", "29500"), ("TORCHELASTIC_RUN_ID", "t")):  # fmt: skip
         monkeypatch.setenv(key, value)
     with pytest.raises(SystemExit) as exit_info:
-        main(_train_cmd(shapes, Path("/tmp/unused"))[3:])
+        main(train_command(shapes, Path("/tmp/unused"))[3:])
     assert exit_info.value.code == 2
     assert "--num-workers: not allowed under torchrun" in capsys.readouterr().err
