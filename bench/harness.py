@@ -396,6 +396,25 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
+def side_by_side(
+    blocks: dict[str, list[float]], steps: dict[str, list[float]], base: str
+) -> dict[str, Any]:
+    """Interleaved conditions against ``base``: each one's per-block step time
+    (``step_s``), the ratio of its pooled step median to ``base``'s (``ratio_of_step_medians``:
+    less sensitive to one slow block) and the spread of its per-round ratios to ``base``
+    (``ratio_to_<base>``)."""
+    return {
+        "step_s": {name: spread(blocks[name]) for name in blocks},
+        "ratio_of_step_medians": {
+            name: statistics.median(steps[name]) / statistics.median(steps[base]) for name in steps
+        },
+        f"ratio_to_{base}": {
+            name: spread([a / b for a, b in zip(blocks[name], blocks[base], strict=True)])
+            for name in blocks
+        },
+    }
+
+
 def machine_load() -> str:
     """The 1/5/15-minute load averages, for the record (other jobs may share the machine)."""
     one, five, fifteen = os.getloadavg()

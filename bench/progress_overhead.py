@@ -170,17 +170,9 @@ def progress_worker(
         "rounds": rounds,
         "block": block,
         "warmup": warmup,
-        "step_s": {name: harness.spread(blocks[name]) for name in LOOPS},
-        "ratio_of_step_medians": {
-            name: statistics.median(steps[name]) / statistics.median(steps["simple"])
-            for name in LOOPS
-        },
-        "ratio_to_simple": {
-            name: harness.spread(
-                [a / b for a, b in zip(blocks[name], blocks["simple"], strict=True)]
-            )
-            for name in LOOPS
-        },
+        **harness.side_by_side(
+            {n: blocks[n] for n in LOOPS}, {n: steps[n] for n in LOOPS}, "simple"
+        ),
         "direct": direct,
         "posts": posts,
         "step_median_s": statistics.median(steps["simple"]),

@@ -17,7 +17,6 @@ min, max) and the ratio of the medians of all timed steps. Goal: ``megdet`` / ``
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from bench import harness
@@ -67,18 +66,9 @@ def overhead_worker(
         "rounds": rounds,
         "block": block,
         "warmup": warmup,
-        "step_s": {name: harness.spread(blocks[name]) for name in LOOPS},
-        # Pooled over every timed step: less sensitive to one slow block than per-round ratios.
-        "ratio_of_step_medians": {
-            name: statistics.median(steps[name]) / statistics.median(steps["simple"])
-            for name in LOOPS
-        },
-        "ratio_to_simple": {
-            name: harness.spread(
-                [a / b for a, b in zip(blocks[name], blocks["simple"], strict=True)]
-            )
-            for name in LOOPS
-        },
+        **harness.side_by_side(
+            {n: blocks[n] for n in LOOPS}, {n: steps[n] for n in LOOPS}, "simple"
+        ),
     }
 
 
