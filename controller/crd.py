@@ -136,6 +136,11 @@ def status_schema() -> dict[str, Any]:
             "steps": _field("array", "Planned LR decay iterations.", items={"type": "integer"}),
             "warmupIters": _field("integer", "Planned warmup iterations."),
             "jobName": _field("string", "Name of the job the controller created."),
+            "jobUID": _field(
+                "string",
+                "metadata.uid of the job the controller created: the only job it mirrors "
+                "(another object later created under jobName is not the run's).",
+            ),
             "target": _field("string", "Kind of job: pytorchjob or trainjob."),
             "startTime": _field("string", "When the job started running.", **time),
             "completionTime": _field("string", "When the job succeeded or failed.", **time),

@@ -299,7 +299,12 @@ class Reconciler:
             if current is None or not controlled_by(current, uid):
                 return None  # deleted meanwhile: the job's mirror records that
             return planned_status(
-                old, decision, current if current.get("status") else None, self.now(), generation
+                old,
+                decision,
+                current if current.get("status") else None,
+                self.now(),
+                generation,
+                job_uid=(current.get("metadata") or {}).get("uid"),
             )
 
         self.writer.write(run, status_with_job, f"{kind} {job_name}", retry)

@@ -272,10 +272,16 @@ def planned_status(
     job: Mapping[str, Any] | None,
     now: str,
     generation: Any,
+    job_uid: str | None = None,
 ) -> dict[str, Any]:
-    """Status for a run whose job exists (``job``) or was just created (``job=None``)."""
+    """Status for a run whose job exists (``job``) or was just created (``job=None``);
+    ``job_uid``: the job's ``metadata.uid``, recorded as ``status.jobUID`` (the first one
+    recorded stays: the mirror follows only that job)."""
     status: dict[str, Any] = dict(planned.rendered.status_plan())
     status["jobName"] = planned.job["metadata"]["name"]
+    recorded = old.get("jobUID") or job_uid
+    if recorded:
+        status["jobUID"] = recorded
     status["target"] = planned.target
     status["observedGeneration"] = generation
     conditions = set_condition(

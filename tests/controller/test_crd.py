@@ -295,7 +295,7 @@ def test_status_declares_the_controller_fields(root):
     status = root["properties"]["status"]["properties"]
     assert set(status) == {
         "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
-        "lr", "maxIter", "steps", "warmupIters", "jobName", "target", "startTime",
+        "lr", "maxIter", "steps", "warmupIters", "jobName", "jobUID", "target", "startTime",
         "completionTime", "restarts", "progress",
     }  # fmt: skip
     progress = status["progress"]["properties"]

@@ -54,9 +54,10 @@ def assert_fits(validator: jsonschema.Draft7Validator, status: dict[str, Any]) -
 def test_planned_status_fits_the_schema(status_validator, state):
     planned = plan_children(RUN)
     assert isinstance(planned, Planned)
-    status = planned_status({}, planned, None, NOW, 3)
+    status = planned_status({}, planned, None, NOW, 3, job_uid="job-uid-1")
     assert_fits(status_validator, status)
     assert status["worldSize"] == 16 and status["jobName"] == "r50"
+    assert status["jobUID"] == "job-uid-1"
     later = {**status, **next_status(status, state, NOW, 3)}
     assert_fits(status_validator, later)
     assert later["phase"] == state.phase

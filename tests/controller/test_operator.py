@@ -79,6 +79,8 @@ async def test_apply_run_creates_one_owned_pytorchjob_and_plan_status(cluster, o
     assert {k: st[k] for k in rendered.status_plan()} == rendered.status_plan()
     assert st["worldSize"] == 16 and st["nodes"] == 2 and st["globalBatch"] == 32
     assert st["jobName"] == "coco-16" and st["target"] == "pytorchjob"
+    # The uid of the job this controller created: the only job its mirror follows.
+    assert st["jobUID"] == job["metadata"]["uid"]
     assert st["phase"] == "Pending" and st["observedGeneration"] == 1
     assert condition(cluster, "coco-16", "Valid")["status"] == "True"
     assert condition(cluster, "coco-16", "Created")["status"] == "True"
