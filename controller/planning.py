@@ -40,6 +40,7 @@ __all__ = [
     "Planned",
     "controlled_by",
     "expected_job_name",
+    "is_runs_job",
     "may_own",
     "operator_value_problems",
     "output_claim",
@@ -123,7 +124,7 @@ def plan_children(run: Mapping[str, Any], unsafe_weights: bool = False) -> Inval
     problems = operator_value_problems(spec)
     if problems:
         return Invalid(tuple(problems))
-    values = with_progress(with_run_env(spec, name, meta.get("uid")), name)
+    values = with_progress(with_run_env(spec, name, meta.get("uid")), meta.get("uid"))
     if unsafe_weights:
         values = {**values, "allowUnsafeWeights": True}
     try:
@@ -164,16 +165,21 @@ def operator_value_problems(spec: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
-def with_progress(spec: Any, name: str) -> Any:
+def with_progress(spec: Any, uid: Any) -> Any:
     """``spec`` with the chart value ``progress`` when progress reporting is on (PROGRESS_URL).
 
     Added after validation (``progress`` is not a MegDetRun field: strict validation refuses
     it, as the API server does), so only the job's render sees it. The chart adds the run's
-    path to the URL; the controller publishes the CA ConfigMap (controller/progress_ca.py).
+    path to the URL and the run's ``uid`` to the token audience; the controller publishes the
+    CA ConfigMap (controller/progress_ca.py).
     """
     if not PROGRESS_URL or not isinstance(spec, Mapping):
         return spec
-    return {**spec, "progress": {"url": PROGRESS_URL, "caConfigMap": CA_CONFIG_MAP}}
+    run_uid = uid if isinstance(uid, str) else ""
+    return {
+        **spec,
+        "progress": {"url": PROGRESS_URL, "caConfigMap": CA_CONFIG_MAP, "runUID": run_uid},
+    }
 
 
 def with_run_env(spec: Any, name: str, uid: Any) -> Any:
@@ -214,6 +220,22 @@ def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
         ref.get("uid") == uid and ref.get("controller") is True and ref.get("kind") == KIND
         for ref in _refs(obj)
     )
+
+
+def is_runs_job(job: Mapping[str, Any], uid: str | None, status: Any) -> bool:
+    """Whether ``job`` is the job the MegDetRun with ``uid`` has: controlled by it and, once
+    the run's status records one, the very object the controller created (``status.jobUID``).
+
+    A controller reference is no proof: anyone who may create jobs in the namespace can write
+    one naming the run (say, under the name of its job after the training operator's TTL
+    deleted it). The uid is: the API server assigns it. Before a uid is recorded (the answer
+    to the controller's create was lost, or a run from before ``jobUID`` existed), a job the
+    run controls is taken as its own once, and its uid recorded from then on.
+    """
+    if not controlled_by(job, uid):
+        return False
+    recorded = status.get("jobUID") if isinstance(status, Mapping) else None
+    return not recorded or (job.get("metadata") or {}).get("uid") == recorded
 
 
 def run_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

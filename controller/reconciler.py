@@ -31,6 +31,7 @@ from megdet.controller.planning import (
     Planned,
     controlled_by,
     expected_job_name,
+    is_runs_job,
     may_own,
     output_claim,
     output_holder,
@@ -134,11 +135,13 @@ class Reconciler:
             lambda: self.cluster.get(wanted["apiVersion"], kind, namespace, job_name),
             retry,
         )
-        ours = job is not None and controlled_by(job, uid)
+        ours = job is not None and is_runs_job(job, uid, seen)
         if not ours and (had_job(seen) or finished(seen)):
             # The run had its job and it is gone (deleted while this controller was away, or
             # its name now holds someone else's object): never a second job.
             self.writer.job_gone(run, kind, job_name, retry)
+            if job is not None and controlled_by(job, uid):
+                self.writer.foreign_job(run, job, True, retry)
             metrics.RECONCILES.labels("success").inc()
             return
         if job is not None and not ours:
@@ -296,8 +299,8 @@ class Reconciler:
             # reconcile created or first read it (its mirror may have seen a newer state, or
             # skipped it because this run had no status yet).
             current = self._get(wanted, retry)
-            if current is None or not controlled_by(current, uid):
-                return None  # deleted meanwhile: the job's mirror records that
+            if current is None or not is_runs_job(current, uid, old):
+                return None  # deleted (or replaced) meanwhile: the job's mirror records that
             return planned_status(
                 old,
                 decision,
@@ -367,6 +370,11 @@ class Reconciler:
             return
         if job["metadata"].get("name") != expected_job_name(run):
             return  # controlled by the run, but not the job it made (not ours to mirror)
+        if not is_runs_job(job, ref.get("uid"), run.get("status")):
+            # Under the job's name, naming the run as controller, but not the job the
+            # controller created (status.jobUID): someone else's. Said on the run, not mirrored.
+            self.writer.foreign_job(run, job, type != "DELETED", retry)
+            return
         if type == "DELETED":
             final = job_state(job) if job.get("status") else None
             self.writer.job_gone(run, job["kind"], job["metadata"]["name"], retry, final)
@@ -387,8 +395,12 @@ class Reconciler:
             # Level-triggered: the job as it is now (read under the run's lock); the event
             # only says that it changed.
             now_job = self._get(job, retry)
-            if now_job is None or not controlled_by(now_job, uid) or not now_job.get("status"):
+            if now_job is None or not now_job.get("status"):
                 return None  # deleted meanwhile: its DELETED event records that
+            if not old.get("jobUID") or not is_runs_job(now_job, uid, old):
+                # Only the job whose uid the run's reconcile recorded (it writes the first
+                # status, jobUID with it): a replaced job is not the run's.
+                return None
             state = job_state(now_job)
             # target: trainjob: what the trainer reported to Trainer's status server,
             # mirrored into status.progress (None: nothing reported yet).

@@ -25,14 +25,21 @@ if TYPE_CHECKING:
     from megdet.controller.planning import Planned
 
 __all__ = [
+    "CHILDREN_READY",
+    "CHILD_REFUSED",
     "CONDITION_TYPES",
+    "FOREIGN_JOB",
     "JOB_DELETED",
     "JOB_PRESENT",
     "JOB_REFUSED",
+    "NOT_CREATED_BY_CONTROLLER",
+    "RETRYING",
+    "children_conditions",
     "condition_of",
     "conflict_message",
     "conflict_status",
     "finished",
+    "foreign_job_status",
     "had_job",
     "invalid_status",
     "job_deleted_status",
@@ -52,10 +59,33 @@ JOB_PRESENT = "JobPresent"
 JOB_DELETED = "JobDeleted"
 #: Reason of ``Created=False`` (and ``Failed=True``) when the API server refused the job (4xx).
 JOB_REFUSED = "JobRefused"
+#: Condition type of the run's other objects (the TrainingRuntime, the NetworkPolicy): added
+#: False when one of them could not be created or brought to the spec while the run's job
+#: exists (the job is not touched: ``Created`` stays True and the phase follows the job), True
+#: again once they match. Reasons: :data:`CHILD_REFUSED` (final until the spec changes),
+#: ``Retrying``, ``JobNameConflict``, ``JobKindNotInstalled``; ``ChildrenReady`` when True.
+CHILDREN_READY = "ChildrenReady"
+CHILD_REFUSED = "ChildRefused"
+#: Reason of ``Created=False`` (or ``ChildrenReady=False``) while a create the API server
+#: refused for a reason that heals (quota, an admission check's cache, the controller's RBAC)
+#: is retried with backoff.
+RETRYING = "Retrying"
+#: Condition type set True (reason :data:`NOT_CREATED_BY_CONTROLLER`) while an object that is
+#: not the job this controller created (``status.jobUID``) holds the job's name and names the
+#: run as its controller: a namespace user's job, never adopted nor mirrored.
+FOREIGN_JOB = "ForeignJob"
+NOT_CREATED_BY_CONTROLLER = "NotCreatedByController"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
 #: (the controller created, or found, its job), one per mirrored phase, and JobPresent (only
 #: once the job has gone).
-CONDITION_TYPES = ("Valid", "Created", *ACTIVE_PHASES, JOB_PRESENT)
+CONDITION_TYPES = (
+    "Valid",
+    "Created",
+    *ACTIVE_PHASES,
+    JOB_PRESENT,
+    CHILDREN_READY,
+    FOREIGN_JOB,
+)
 
 
 def set_condition(
@@ -244,6 +274,83 @@ def job_deleted_status(
     return patch
 
 
+def foreign_job_status(
+    old: Mapping[str, Any],
+    kind: str,
+    name: str,
+    uid: Any,
+    present: bool,
+    now: str,
+    generation: int | None,
+) -> dict[str, Any] | None:
+    """``ForeignJob`` for a job under the run's job name, controlled (it says) by the run, that
+    is not the job the controller created (``status.jobUID``); ``present=False``: it is gone.
+    None when the status already says so (or, for a gone one, never said it was there)."""
+    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
+    current = condition_of(old, FOREIGN_JOB)
+    if present:
+        message = (
+            f"{kind} {name} (uid {uid}) names this MegDetRun as its controller but is not the "
+            f"job the controller created (status.jobUID {old.get('jobUID')}): someone else "
+            "created it under the job's name. The controller neither adopts it nor mirrors its "
+            "status, and never creates a second job for the run; delete that object"
+        )
+        reason = NOT_CREATED_BY_CONTROLLER
+    else:
+        if current is None or current.get("status") != "True":
+            return None
+        message = f"{kind} {name} (uid {uid}), not created by the controller, was deleted"
+        reason = "ForeignJobDeleted"
+    if (
+        current is not None
+        and current.get("status") == ("True" if present else "False")
+        and current.get("message") == message
+    ):
+        return None
+    return {
+        "conditions": set_condition(
+            conditions, FOREIGN_JOB, present, reason, message, now, generation
+        )
+    }
+
+
+def children_conditions(
+    old: Mapping[str, Any],
+    problems: Sequence[tuple[str, str]],
+    now: str,
+    generation: int | None,
+) -> list[dict[str, Any]] | None:
+    """The run's conditions with ``ChildrenReady`` for ``problems`` ((reason, message) of each
+    object of the run, other than its job, that is not as the spec says); None when nothing
+    changes: no problem and no ``ChildrenReady`` yet (the condition appears with the first
+    problem, as the mirrored phases appear when they first happen)."""
+    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
+    if problems:
+        reasons = {reason for reason, _ in problems}
+        reason = reasons.pop() if len(reasons) == 1 else "ChildrenNotReady"
+        message = "; ".join(message for _, message in problems)
+        return set_condition(conditions, CHILDREN_READY, False, reason, message, now, generation)
+    if condition_of(old, CHILDREN_READY) is None:
+        return None
+    return set_condition(
+        conditions,
+        CHILDREN_READY,
+        True,
+        "ChildrenReady",
+        "every object of the run matches its spec",
+        now,
+        generation,
+    )
+
+
+def _children_only(
+    old: Mapping[str, Any], reason: str, message: str, now: str, generation: int | None
+) -> dict[str, Any]:
+    """A refusal or failure while the run's job exists: about one of its other objects, so it
+    goes to ``ChildrenReady``; ``Created`` and the phase (the job's) are left as they are."""
+    return {"conditions": children_conditions(old, [(reason, message)], now, generation)}
+
+
 def refused_status(
     old: Mapping[str, Any], message: str, now: str, generation: int | None
 ) -> dict[str, Any]:
@@ -251,7 +358,11 @@ def refused_status(
 
     ``Failed=True`` (reason ``JobRefused``) goes with the phase, as for every mirrored phase; no
     start or completion time, since nothing ran. Not :func:`finished`: a spec change retries.
+    A run that has its job (``Created=True``) keeps it recorded: the refusal was of another of
+    its objects, ``ChildrenReady=False`` (reason ``ChildRefused``).
     """
+    if had_job(old):
+        return _children_only(old, CHILD_REFUSED, message, now, generation)
     conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
     conditions = set_condition(conditions, "Created", False, JOB_REFUSED, message, now, generation)
     for kind in ACTIVE_PHASES:
@@ -273,10 +384,12 @@ def planned_status(
     now: str,
     generation: Any,
     job_uid: str | None = None,
+    children: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
     """Status for a run whose job exists (``job``) or was just created (``job=None``);
     ``job_uid``: the job's ``metadata.uid``, recorded as ``status.jobUID`` (the first one
-    recorded stays: the mirror follows only that job)."""
+    recorded stays: the mirror follows only that job); ``children``: (reason, message) of each
+    other object of the run that is not as the spec says (``ChildrenReady``)."""
     status: dict[str, Any] = dict(planned.rendered.status_plan())
     status["jobName"] = planned.job["metadata"]["name"]
     recorded = old.get("jobUID") or job_uid
@@ -302,6 +415,9 @@ def planned_status(
         now,
         generation,
     )
+    conditions = (
+        children_conditions({"conditions": conditions}, children, now, generation) or conditions
+    )
     state = job_state(job) if job is not None else JobState("Pending", "JobCreated", "job created")
     status.update(next_status({**old, "conditions": conditions}, state, now, generation))
     return status
@@ -313,8 +429,11 @@ def not_created_status(
     """Status for a valid run whose objects could not be created: ``Created=False``.
 
     A run with no job is Pending; one that was Failed because its job was refused (the only
-    way a run without a job gets a terminal phase) is Pending again while it waits.
+    way a run without a job gets a terminal phase) is Pending again while it waits. A run that
+    has its job (``Created=True``) keeps it recorded: ``ChildrenReady=False`` says the rest.
     """
+    if had_job(old):
+        return _children_only(old, reason, message, now, generation)
     conditions = set_condition(
         old.get("conditions") or [], "Created", False, reason, message, now, generation
     )

@@ -30,10 +30,12 @@ from megdet.controller.api import TARGET_BY_KIND
 from megdet.controller.job_state import TERMINAL_PHASES, JobState
 from megdet.controller.kubeapi import Backoff, Cluster, retryable
 from megdet.controller.status import (
+    FOREIGN_JOB,
     JOB_DELETED,
     JOB_REFUSED,
     conflict_message,
     finished,
+    foreign_job_status,
     invalid_status,
     job_deleted_status,
     next_status,
@@ -276,6 +278,32 @@ class StatusWriter:
         if before is not None:
             kopf.warn(run, reason=JOB_REFUSED, message=message[:1000])
             logger.warning("run %s/%s: %s", *run_meta(run)[:2], message)
+
+    def foreign_job(
+        self, run: Mapping[str, Any], job: Mapping[str, Any], present: bool, retry: int
+    ) -> None:
+        """A job under the run's job name that names the run as controller but is not the one
+        the controller created (``status.jobUID``): ``ForeignJob=True`` and one Warning event;
+        ``present=False`` (it was deleted): ``ForeignJob=False``."""
+        _namespace, _name, _uid, generation = run_meta(run)
+        meta = job.get("metadata") or {}
+        kind, name, uid = job.get("kind"), meta.get("name"), meta.get("uid")
+        said: dict[str, str] = {}
+
+        def compute(old: Mapping[str, Any], _current: Any) -> dict[str, Any] | None:
+            patch = foreign_job_status(
+                old, str(kind), str(name), uid, present, self.now(), generation
+            )
+            if patch is not None:
+                said["message"] = next(
+                    c["message"] for c in patch["conditions"] if c["type"] == FOREIGN_JOB
+                )
+            return patch
+
+        before = self.write(run, compute, "", retry, phase_event=False)
+        if before is not None and present and "message" in said:
+            kopf.warn(run, reason=FOREIGN_JOB, message=said["message"][:1000])
+            logger.warning("run %s/%s: %s", *run_meta(run)[:2], said["message"])
 
     def job_gone(
         self,

@@ -429,3 +429,46 @@ async def test_a_second_live_run_on_the_same_output_folder_waits_for_the_first(
         lambda: (condition(cluster, "second", "Created") or {}).get("status") == "True",
         message="Created=True",
     )
+
+
+# ------------------------------------------------------------------------------------------
+# A job created under the run's job name by someone else: never adopted, never mirrored.
+
+
+async def test_a_forged_job_under_the_deleted_jobs_name_is_not_adopted(cluster, operator) -> None:
+    run = run_body("r")
+    await apply(cluster, run)
+    await eventually(lambda: status(cluster, "r").get("jobUID"), message="status.jobUID")
+    created_uid = get(cluster, PYTORCHJOBS, "r")["metadata"]["uid"]
+    assert status(cluster, "r")["jobUID"] == created_uid
+    await job_condition(cluster, "r", cond("Created"), cond("Running"))
+    await eventually(lambda: phase(cluster, "r") == "Running", message="Running")
+    await delete(cluster, PYTORCHJOBS, "r")
+    await eventually(lambda: phase(cluster, "r") == "Failed", message="Failed (job deleted)")
+
+    # A namespace user creates a PyTorchJob of the same name, controlled (it says) by the run,
+    # and the training operator gives it a status.
+    await apply(cluster, foreign_job("r", run, controller=True))
+    forged_uid = get(cluster, PYTORCHJOBS, "r")["metadata"]["uid"]
+    await job_condition(cluster, "r", cond("Created"), cond("Succeeded"))
+    # The mirror says so on the run, and mirrors none of its status ...
+    foreign = await eventually(
+        lambda: condition(cluster, "r", "ForeignJob"), message="ForeignJob condition"
+    )
+    assert foreign["status"] == "True" and foreign["reason"] == "NotCreatedByController"
+    assert forged_uid in foreign["message"] and created_uid in foreign["message"]
+    await eventually(lambda: warnings(cluster, "r", "ForeignJob"), message="Warning event")
+    since = len(list(cluster))
+    await job_condition(cluster, "r", cond("Created"), cond("Running"))
+    await run_read_after(cluster, "r", since)  # the mirror got the forged job's next event
+    await settle()
+    # ... nor does a reconcile (a spec edit) adopt it.
+    await patch(cluster, RUNS, "r", {"metadata": {"generation": 2}, "spec": {"imagesPerGpu": 2}})
+    await reconciled(cluster, "r")
+    st = status(cluster, "r")
+    assert st["phase"] == "Failed" and st["jobUID"] == created_uid, st
+    assert condition(cluster, "r", "Failed")["reason"] == "JobDeleted"
+    assert condition(cluster, "r", "Succeeded") is None
+    assert job_posts(cluster) == 2  # the controller's one job, and the forged one
+    assert get(cluster, PYTORCHJOBS, "r")["metadata"]["uid"] == forged_uid
+    assert len(warnings(cluster, "r", "ForeignJob")) == 1  # once, not per event

@@ -14,11 +14,15 @@ import pytest
 
 from megdet.controller.job_state import JobState, job_state, pytorchjob_state, trainjob_state
 from megdet.controller.status import (
+    children_conditions,
     finished,
+    foreign_job_status,
     had_job,
     invalid_status,
     job_deleted_status,
     next_status,
+    not_created_status,
+    planned_status,
     refused_at,
     refused_status,
     set_condition,
@@ -221,6 +225,95 @@ def test_a_refused_job_fails_the_run_but_a_spec_change_may_retry() -> None:
     assert not finished(status) and not had_job(status)
     assert refused_at({"phase": "Failed", "conditions": [cond("Failed")]}) is None
     assert finished({"phase": "Failed", "conditions": [cond("Failed")]})
+
+
+def _created_and_running() -> dict[str, Any]:
+    return {
+        "phase": "Running",
+        "jobUID": "job-1",
+        "conditions": [
+            cond("Valid", reason="SpecValid"),
+            cond("Created", reason="JobCreated"),
+            cond("Running", reason="PyTorchJobRunning"),
+        ],
+    }
+
+
+@pytest.mark.parametrize(
+    "outcome",
+    [
+        lambda old: refused_status(old, "the API server refused NetworkPolicy r", T1, 2),
+        lambda old: not_created_status(old, "JobNameConflict", "NetworkPolicy r is taken", T1, 2),
+        lambda old: not_created_status(old, "Retrying", "quota", T1, 2),
+    ],
+    ids=["refused", "conflict", "retrying"],
+)
+def test_a_run_whose_job_exists_stays_recorded_as_created(outcome) -> None:
+    """A refusal or failure once the job exists is about one of the run's other objects: the
+    job stays recorded (Created=True, the phase it has), ChildrenReady=False says the rest."""
+    old = _created_and_running()
+    after = {**old, **outcome(old)}
+    assert had_job(after) and after["phase"] == "Running"
+    assert _types(after)["Created"] == ("True", "JobCreated")
+    assert _types(after)["Running"] == ("True", "PyTorchJobRunning")
+    assert "Failed" not in _types(after)
+    assert _types(after)["ChildrenReady"][0] == "False"
+    assert refused_at(after) is None and not finished(after)
+
+
+def test_children_ready_appears_with_a_problem_and_turns_true_once_fixed() -> None:
+    old = _created_and_running()
+    assert children_conditions(old, [], T0, 1) is None  # nothing to say yet
+    bad = children_conditions(old, [("ChildRefused", "NetworkPolicy r: bad CIDR")], T0, 1)
+    assert _types({"conditions": bad})["ChildrenReady"] == ("False", "ChildRefused")
+    good = children_conditions({"conditions": bad}, [], T1, 2)
+    assert _types({"conditions": good})["ChildrenReady"] == ("True", "ChildrenReady")
+    both = children_conditions(old, [("ChildRefused", "a"), ("Retrying", "b")], T0, 1)
+    (ready,) = [c for c in both if c["type"] == "ChildrenReady"]
+    assert ready["reason"] == "ChildrenNotReady" and ready["message"] == "a; b"
+
+
+def test_planned_status_keeps_the_first_job_uid_and_says_children_ready() -> None:
+    from megdet.controller.planning import plan_children
+
+    run = {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": "r", "namespace": "vision", "uid": "u-1", "generation": 2},
+        "spec": {"gpus": 8},
+    }
+    old = _created_and_running()
+    status = planned_status(old, plan_children(run), None, T1, 2, job_uid="job-2",
+                            children=[("ChildRefused", "NetworkPolicy r: bad CIDR")])  # fmt: skip
+    assert status["jobUID"] == "job-1"
+    assert _types(status)["ChildrenReady"] == ("False", "ChildRefused")
+    assert planned_status({}, plan_children(run), None, T1, 2, job_uid="j")["jobUID"] == "j"
+
+
+def test_a_foreign_job_is_said_once_and_cleared_when_it_goes() -> None:
+    old = _created_and_running()
+    patch = foreign_job_status(old, "PyTorchJob", "r", "forged-9", True, T0, 1)
+    (foreign,) = [c for c in patch["conditions"] if c["type"] == "ForeignJob"]
+    assert foreign["status"] == "True" and foreign["reason"] == "NotCreatedByController"
+    assert "forged-9" in foreign["message"] and "job-1" in foreign["message"]
+    said = {**old, **patch}
+    assert foreign_job_status(said, "PyTorchJob", "r", "forged-9", True, T1, 1) is None
+    gone = foreign_job_status(said, "PyTorchJob", "r", "forged-9", False, T1, 1)
+    assert _types(gone)["ForeignJob"] == ("False", "ForeignJobDeleted")
+    assert foreign_job_status(old, "PyTorchJob", "r", "x", False, T1, 1) is None
+
+
+def test_only_the_recorded_job_is_the_runs() -> None:
+    from megdet.controller.planning import is_runs_job
+
+    ref = {"apiVersion": "megdet.io/v1alpha1", "kind": "MegDetRun", "uid": "u-1",
+           "controller": True}  # fmt: skip
+    job = {"kind": "PyTorchJob", "metadata": {"uid": "job-1", "ownerReferences": [ref]}}
+    forged = {"kind": "PyTorchJob", "metadata": {"uid": "job-2", "ownerReferences": [ref]}}
+    assert is_runs_job(job, "u-1", {"jobUID": "job-1"})
+    assert not is_runs_job(forged, "u-1", {"jobUID": "job-1"})
+    assert is_runs_job(forged, "u-1", {})  # nothing recorded yet: taken once, then recorded
+    assert not is_runs_job(job, "u-2", {"jobUID": "job-1"})
 
 
 def test_finished_and_had_job_read_anything() -> None:
