@@ -9,13 +9,13 @@ STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
 .PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
-	messages image-check cluster cluster-down cluster-build
+	messages image-check cluster cluster-down cluster-build node-packages
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make test-quick - the suite without the real-cluster (e2e) tests"
-	@echo "make cluster - build (first time) and start a real local control plane in .cluster/"
+	@echo "make cluster - build (first time) and start a real local control plane in .cluster/ (kwok nodes + one real node)"
 	@echo "make cluster-down - stop it and delete .cluster/"
 	@echo "make lint   - ruff check and format check"
 	@echo "make bench  - run the benchmarks under bench/"
@@ -45,7 +45,7 @@ $(PROMETHEUS): pyproject.toml scripts/install_prometheus.py | $(STAMP)
 demo: setup
 	$(BIN)/megdet demo --output $(DEMO_OUT)
 
-test: setup $(PROMETHEUS)
+test: setup $(PROMETHEUS) node-packages
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
@@ -56,8 +56,13 @@ test-quick: setup $(PROMETHEUS)
 
 # A real Kubernetes control plane on this machine (megdet.cluster; docs/cluster.md). The first
 # run builds the pinned binaries from the Go module proxy into ~/.cache/megdet/cluster.
-cluster: setup
+cluster: setup node-packages
 	$(BIN)/python -m megdet.cluster up
+
+# The real node's Debian packages (containerd, runc, CNI plugins, iptables, busybox-static, gcc):
+# installed as root when missing, a note naming them otherwise (docs/cluster.md, "The real node").
+node-packages:
+	scripts/install_node_packages.sh
 
 cluster-down: setup
 	$(BIN)/python -m megdet.cluster down

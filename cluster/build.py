@@ -23,7 +23,9 @@ chart ``kubeVersion`` constraint break.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import os
 import re
 import shutil
@@ -112,6 +114,9 @@ COMPONENTS: dict[str, Component] = {
                 "kube-controller-manager": "k8s.io/kubernetes/cmd/kube-controller-manager",
                 "kube-scheduler": "k8s.io/kubernetes/cmd/kube-scheduler",
                 "kubectl": "k8s.io/kubernetes/cmd/kubectl",
+                # The real node (megdet.cluster.node).
+                "kubelet": "k8s.io/kubernetes/cmd/kubelet",
+                "kube-proxy": "k8s.io/kubernetes/cmd/kube-proxy",
             },
             wrapper=True,
             stamp=_kube_stamp,
@@ -163,11 +168,21 @@ COMPONENTS: dict[str, Component] = {
         # deprecations; a wrapper module names the version and never asks for the list.
         Component("jobset", "sigs.k8s.io/jobset", {"jobset": "sigs.k8s.io/jobset"}, wrapper=True),
         Component("kueue", "sigs.k8s.io/kueue", {"kueue": "sigs.k8s.io/kueue/cmd/kueue"}),
+        # The real node's cluster DNS (no replace directives; its version is a constant in
+        # coremain/version.go, the commit an ldflag of its Makefile).
+        Component(
+            "coredns",
+            "github.com/coredns/coredns",
+            {"coredns": "github.com/coredns/coredns"},
+            stamp=lambda v: {"github.com/coredns/coredns/coremain.GitCommit": v},
+        ),
     )
 }
 
 #: What `make cluster` needs; the rest (Trainer v2, JobSet, Kueue) build on demand.
 CORE = ("kubernetes", "etcd", "kwok", "helm", "training_operator")
+#: What the real node needs besides the kubelet and kube-proxy (in "kubernetes").
+NODE = ("coredns",)
 
 
 def go_env() -> dict[str, str]:
@@ -265,13 +280,42 @@ def _run(cmd: Sequence[str], cwd: Path, log, env: dict[str, str]) -> None:
         )
 
 
+@contextlib.contextmanager
+def _build_lock(name: str, version: str, echo: Callable[[str], None]):
+    """One build of a component at a time on this machine (two e2e sessions, or `make cluster`
+    beside one, would otherwise write the same folders)."""
+    path = cache_dir() / "locks" / f"{name}-{version}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            echo(f"waiting for another process's build of {name} {version} to finish")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def build(name: str, jobs: int | None = None, echo: Callable[[str], None] = print) -> Path:
-    """Build one component at its pinned version into the cache (no-op when already there)."""
+    """Build one component at its pinned version into the cache (no-op when already there).
+
+    Only the binaries that are missing are built: a component that gained a binary (the
+    kubelet and kube-proxy joined kube-apiserver & co.) keeps the ones it has."""
     comp = COMPONENTS[name]
     version = pins()[name]
     out = component_dir(name, version)
     if is_built(name):
         return out
+    with _build_lock(name, version, echo):
+        if is_built(name):  # another process built it while this one waited
+            return out
+        _build_missing(comp, version, out, jobs, echo)
+    return out
+
+
+def _build_missing(
+    comp: Component, version: str, out: Path, jobs: int | None, echo: Callable[[str], None]
+) -> None:
+    name = comp.name
     go = find_go()
     env = go_env()
     work = cache_dir() / "work" / f"{name}-{version}"
@@ -279,15 +323,19 @@ def build(name: str, jobs: int | None = None, echo: Callable[[str], None] = prin
     tmp_out = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp_out, ignore_errors=True)
     tmp_out.mkdir(parents=True)
+    todo = {b: pkg for b, pkg in comp.binaries.items() if not (out / b).exists()}
+    for binary in comp.binaries:
+        if binary not in todo:
+            os.link(out / binary, tmp_out / binary)
     log_path = cache_dir() / "logs" / f"{name}-{version}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     par = [f"-p={jobs}"] if jobs else []
     start = time.monotonic()
-    echo(f"building {name} {version} ({', '.join(comp.binaries)}); log: {log_path}")
-    with open(log_path, "w") as log:
+    echo(f"building {name} {version} ({', '.join(todo)}); log: {log_path}")
+    with open(log_path, "a" if len(todo) < len(comp.binaries) else "w") as log:
         if comp.wrapper:
             _write_wrapper(go, comp, version, work, log, env)
-            for binary, pkg in comp.binaries.items():
+            for binary, pkg in todo.items():
                 _run(
                     [go, "build", *par, *_ldflags(comp, version), "-o", str(tmp_out / binary), pkg],
                     work,
@@ -297,7 +345,7 @@ def build(name: str, jobs: int | None = None, echo: Callable[[str], None] = prin
         else:
             env_install = dict(env, GOBIN=str(tmp_out))
             env_install["GOFLAGS"] = env_install["GOFLAGS"].replace("-mod=mod", "").strip()
-            for binary, pkg in comp.binaries.items():
+            for binary, pkg in todo.items():
                 _run(
                     [go, "install", *par, *_ldflags(comp, version), f"{pkg}@{version}"],
                     work,
@@ -310,7 +358,6 @@ def build(name: str, jobs: int | None = None, echo: Callable[[str], None] = prin
     shutil.rmtree(out, ignore_errors=True)
     tmp_out.rename(out)
     echo(f"built {name} {version} in {time.monotonic() - start:.0f} s")
-    return out
 
 
 def _write_wrapper(go: str, comp: Component, version: str, work: Path, log, env) -> None:
@@ -354,6 +401,43 @@ def _write_wrapper(go: str, comp: Component, version: str, work: Path, log, env)
     (work / "doc.go").write_text(
         "// Package build exists so that this module has a package.\npackage build\n"
     )
+
+
+def pause_tag() -> str:
+    """The pause image's version in the pinned k8s.io/kubernetes (TAG in build/pause/Makefile)."""
+    makefile = (module_source("kubernetes") / "build/pause/Makefile").read_text()
+    match = re.search(r"^TAG \?= (\S+)", makefile, flags=re.M)
+    if not match:
+        raise BuildError("k8s.io/kubernetes: no `TAG ?=` line in build/pause/Makefile")
+    return match.group(1)
+
+
+def build_pause(echo: Callable[[str], None] = print) -> Path:
+    """The sandbox's pause binary: upstream's build/pause/linux/pause.c from the pinned
+    k8s.io/kubernetes, compiled static with the CFLAGS of its Makefile (a C program: no Go)."""
+    tag = pause_tag()
+    out = cache_dir() / "bin" / f"pause-{tag}" / "pause"
+    if out.exists():
+        return out
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        raise BuildError(
+            "no C compiler: the real node's pause image is upstream's pause.c compiled with gcc; "
+            "install it (`apt-get install gcc libc6-dev`), then run `make cluster` again"
+        )
+    source = module_source("kubernetes") / "build/pause/linux/pause.c"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name("pause.partial")
+    cmd = [gcc, "-Os", "-Wall", "-Werror", "-static", f"-DVERSION=v{tag}-megdet", "-o", str(tmp)]
+    proc = subprocess.run([*cmd, str(source)], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise BuildError(
+            f"compiling {source} failed (exit {proc.returncode}): {proc.stderr.strip()[-2000:]}; "
+            "a static build needs glibc's static library (`apt-get install libc6-dev`)"
+        )
+    tmp.rename(out)
+    echo(f"built pause {tag} from {source}")
+    return out
 
 
 def build_all(names: Sequence[str], jobs: int | None = None, echo=print) -> dict[str, Path]:

@@ -230,6 +230,9 @@ class Cluster:
     api_only: bool = False
     #: Which built kube-apiserver to run (build.COMPONENTS names the binaries).
     apiserver: str = "kube-apiserver"
+    #: Also one real node (megdet.cluster.node: kubelet, containerd, kube-proxy, CoreDNS);
+    #: `make cluster` starts it, the e2e suite only where a test asks (the real_node fixture).
+    real_node: bool = False
     echo: Callable[[str], None] = print
 
     # --- paths -------------------------------------------------------------------------------
@@ -341,6 +344,8 @@ class Cluster:
             dead = [n for n, pid in state["pids"].items() if not _alive(pid)]
             if not dead and self._ready("/readyz"):
                 self.echo(f"cluster already up (kubeconfig: {self.kubeconfig})")
+                if self.real_node:
+                    self.start_real_node(timeout, required=False)
                 return
             raise ClusterError(
                 f"a half-started cluster from an earlier run is in {self.root} "
@@ -393,6 +398,8 @@ class Cluster:
         except BaseException:
             self.echo(f"cluster failed to start; component logs: {self.logs}")
             raise
+        if self.real_node:
+            self.start_real_node(timeout, required=False)
         self.echo(
             f"cluster up in {time.monotonic() - start:.0f} s: {self.server}, {self.nodes} nodes "
             f"x {GPUS_PER_NODE} GPUs; export KUBECONFIG={self.kubeconfig}"
@@ -405,6 +412,10 @@ class Cluster:
         """
         state = self.state() or {"pids": {}}
         stopped = []
+        if "node" in state or "containerd" in state["pids"]:
+            from megdet.cluster.node import RealNode
+
+            stopped += RealNode(self, echo=self.echo).teardown()
         # One at a time, in reverse start order: the API server stops in about a second while
         # etcd is still there, but waits out its whole grace period once etcd is gone first.
         for name in reversed(list(state["pids"])):
@@ -500,6 +511,14 @@ class Cluster:
         for name in ("controller-manager-serving", "scheduler-serving"):
             ca.issue(name, name, server=True, dns=["localhost"], ips=["127.0.0.1"])
         ca.issue("front-proxy-client", "front-proxy-client", client=True)
+        # The API server's identity towards kubelets (logs, exec, port-forward): the real node's
+        # kubelet authenticates it by this CA and authorizes it through the API server.
+        ca.issue(
+            "apiserver-kubelet-client",
+            "kube-apiserver-kubelet-client",
+            ["system:masters"],
+            client=True,
+        )
         service_account_keys(self.pki)
 
     def _spawn(
@@ -636,6 +655,10 @@ class Cluster:
                 "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
                 f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+                f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+                # The real node's name resolves nowhere; its InternalIP is where its kubelet is.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 # Every request of the users the tests care about (the controller's
                 # ServiceAccount, the admin, helm) with its response code: logs/audit.log.
                 f"--audit-policy-file={self._audit_policy()}",
@@ -1011,6 +1034,24 @@ class Cluster:
         """Start Kueue (and JobSet and Trainer v2, whose TrainJobs it queues) on this running
         cluster; returns what it started."""
         return self._start_extras(["jobset", "trainer", "kueue"], timeout)
+
+    def start_real_node(self, timeout: float = 300, required: bool = True) -> bool:
+        """Start the real node on this running cluster (a no-op when it runs); returns whether
+        it runs. ``required=False`` (make cluster): a node that cannot start is reported, with
+        what is missing, and the cluster stays up with its kwok nodes."""
+        from megdet.cluster.node import NodeError, RealNode
+
+        state = self.state()
+        if state and "node" in state and _alive(state["pids"].get("kubelet", -1)):
+            return True
+        try:
+            RealNode(self, echo=self.echo).start(timeout)
+        except (NodeError, ClusterError, build.BuildError) as err:
+            if required:
+                raise
+            self.echo(f"real node not started (the kwok nodes work without it): {err}")
+            return False
+        return True
 
     def _start_extras(self, names: Sequence[str], timeout: float) -> list[str]:
         state = self.state()
@@ -1409,6 +1450,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cluster too",
     )
     up.add_argument("--kueue", action="store_true", help="also Kueue (with JobSet and Trainer v2)")
+    up.add_argument(
+        "--no-real-node",
+        dest="real_node",
+        action="store_false",
+        help="only kwok nodes: no kubelet, containerd, kube-proxy and CoreDNS (docs/cluster.md)",
+    )
     sub.add_parser("down", help="stop every process the cluster started and delete its state")
     sub.add_parser("status", help="say whether the cluster is up")
     for p in sub.choices.values():
@@ -1423,6 +1470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         nodes=getattr(args, "nodes", 4),
         trainer_v2=getattr(args, "trainer_v2", False),
         kueue=getattr(args, "kueue", False),
+        real_node=getattr(args, "real_node", False),
     )
     try:
         if args.command == "up":

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The real node's Debian packages (megdet.cluster.node, docs/cluster.md): containerd, runc, the
+# CNI plugins (in /usr/lib/cni), iptables (kube-proxy's), busybox-static (the test image) and
+# gcc with glibc's static library (the pause binary). CI machines are fresh: `make test` and
+# `make cluster` call this. Root only (the node itself needs root); a no-op when all are there.
+set -euo pipefail
+packages=(containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev)
+missing=()
+for pkg in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install_node_packages: the real node needs root; missing Debian packages: ${missing[*]}" >&2
+    echo "install_node_packages: as root: apt-get install ${missing[*]}" >&2
+    exit 0  # the node reports what is missing when it starts; the kwok nodes do not need them
+fi
+if ! command -v apt-get >/dev/null; then
+    echo "install_node_packages: no apt-get; install these by hand: ${missing[*]}" >&2
+    exit 0
+fi
+echo "installing the real node's Debian packages: ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# Another apt run on the machine holds dpkg's lock: wait for it rather than fail.
+apt-get -o DPkg::Lock::Timeout=600 update -qq
+apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
