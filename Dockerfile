@@ -3,6 +3,8 @@
 # Two images from one file (see docs/image.md):
 #   docker build -t megdet:0.1.0 .                                  training image (CUDA)
 #   docker build --target controller -t megdet-controller:0.1.0 .  controller (no torch, no CUDA)
+#   make image      the same stages from package registries only (megdet.image.build: a Debian
+#                   base made by mmdebstrap, torch's CUDA wheels from PyPI; the args below)
 #
 # Every version below defaults to the project's pin list in pyproject.toml
 # ([project.optional-dependencies] and [tool.megdet]); tests/image checks that they agree.
@@ -10,15 +12,26 @@
 # CUDA 12.6: torch 2.14's legacy build, its only one with Volta (V100) kernels. PyPI's default
 # is a CUDA 13 build and CUDA 13 dropped Volta; the cu128 builds dropped it in torch 2.11.
 ARG CUDA_VERSION=12.6.3
-ARG UBUNTU_VERSION=24.04
 ARG TORCH_CUDA_TAG=cu126
+# The stages' base images. `make image` passes a local Debian base for all three.
+ARG BUILD_BASE=nvidia/cuda:12.6.3-devel-ubuntu24.04
+ARG RUNTIME_BASE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
+ARG CONTROLLER_BASE=python:3.12-slim-bookworm
+# The base's Python: its apt package (also -dev and -venv) and interpreter name.
+ARG PYTHON=python3.12
+# Where torch and torchvision come from: PyTorch's index for TORCH_CUDA_TAG, or PyPI (whose
+# torch is a CUDA 13.0 build that brings the CUDA runtime, cuDNN and NCCL as nvidia-* wheels).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
+# detectron2: `git` fetches DETECTRON2_REPO (a URL or a path mounted into the build) at the
+# commit and compiles its ops; `pypi` installs the pinned PyPI wheel's Python code without
+# them (no registry serves detectron2's C++/CUDA sources; docs/image.md).
+ARG DETECTRON2_SOURCE=git
 ARG DETECTRON2_REPO=https://github.com/facebookresearch/detectron2
 ARG DETECTRON2_COMMIT=02b5c4e295e990042a714712c21dc79b731e8833
-# V100 (7.0), A100 (8.0), H100 (9.0), plus PTX for newer GPUs to JIT-compile.
+# V100 (7.0), A100 (8.0), H100 (9.0), plus PTX for newer GPUs to JIT-compile. Empty: C++ ops only.
 ARG TORCH_CUDA_ARCH_LIST="7.0;8.0;9.0+PTX"
-ARG CONTROLLER_PYTHON=3.12
 # Image metadata (OCI labels); pass --build-arg VCS_REF=$(git rev-parse HEAD) etc.
 ARG VERSION=0.1.0
 ARG VCS_REF=unknown
@@ -27,10 +40,12 @@ ARG SOURCE_URL=unknown
 # ---------------------------------------------------------------------------------------------
 # build: compile detectron2's CUDA ops against the pinned torch and fill a venv at /opt/venv.
 # The devel flavour without cuDNN: detectron2's ops do not use it, and torch's wheel brings its own.
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS build
-ARG TORCH_CUDA_TAG
+FROM ${BUILD_BASE} AS build
+ARG PYTHON
+ARG TORCH_INDEX_URL
 ARG TORCH_VERSION
 ARG TORCHVISION_VERSION
+ARG DETECTRON2_SOURCE
 ARG DETECTRON2_REPO
 ARG DETECTRON2_COMMIT
 ARG TORCH_CUDA_ARCH_LIST
@@ -41,56 +56,47 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
 
-# Ubuntu's archive drops superseded package versions, so apt pins would break the build within
-# weeks; the base image tag fixes the Ubuntu release and with it the package series.
+# The base image fixes the distribution release and with it the package series; the archives
+# drop superseded versions, so apt pins would break the build within weeks.
 # hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends \
-        build-essential python3.12 python3.12-dev python3.12-venv git ca-certificates ninja-build \
+        build-essential "${PYTHON}" "${PYTHON}-dev" "${PYTHON}-venv" git ca-certificates ninja-build \
     && rm -rf /var/lib/apt/lists/*
 
-RUN python3.12 -m venv /opt/venv \
-    && pip install --no-cache-dir \
-        --index-url "https://download.pytorch.org/whl/${TORCH_CUDA_TAG}" \
+RUN "${PYTHON}" -m venv /opt/venv \
+    && pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}" "torchvision==${TORCHVISION_VERSION}"
 
 # The rest of the training pins, read from pyproject.toml (never retyped here). torch and
-# torchvision are constrained to the builds above so pip fails rather than swap in PyPI's.
+# torchvision are constrained to the builds above so pip fails rather than swap in others.
 COPY pyproject.toml /src/pyproject.toml
-COPY image/pins.py /src/pins.py
+COPY image/pins.py image/detectron2_install.py /src/
 RUN python /src/pins.py /src/pyproject.toml train --exclude torch torchvision \
         > /tmp/requirements.txt \
     && printf 'torch==%s\ntorchvision==%s\n' "${TORCH_VERSION}" "${TORCHVISION_VERSION}" \
         > /tmp/constraints.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt -c /tmp/constraints.txt
 
-# detectron2 from the pinned commit, with its CUDA ops. FORCE_CUDA because no GPU is visible
-# during `docker build`. --no-deps: its setup.py caps iopath below our pin and wants black and
-# scipy, which training does not import; its runtime deps are in the pin list above.
-WORKDIR /tmp/detectron2
-RUN git init --quiet \
-    && git remote add origin "${DETECTRON2_REPO}" \
-    && git fetch --quiet --depth 1 origin "${DETECTRON2_COMMIT}" \
-    && git checkout --quiet FETCH_HEAD \
-    && test "$(git rev-parse HEAD)" = "${DETECTRON2_COMMIT}" \
-    && FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" MAX_JOBS="${MAX_JOBS}" \
-        pip install --no-cache-dir --no-deps --no-build-isolation . \
-    && rm -rf /tmp/detectron2
+# detectron2 (image/detectron2_install.py). git: the pinned commit, verified, with its ops
+# compiled for TORCH_CUDA_ARCH_LIST (FORCE_CUDA: no GPU is visible during a build; nvcc from
+# the base image, else NVIDIA's PyPI wheels pinned in pyproject.toml), checked by importing
+# detectron2._C. --no-deps: its setup.py caps iopath below our pin; its runtime deps are above.
+RUN python /src/detectron2_install.py --pyproject /src/pyproject.toml \
+        --source "${DETECTRON2_SOURCE}" --repo "${DETECTRON2_REPO}" \
+        --commit "${DETECTRON2_COMMIT}" --archs "${TORCH_CUDA_ARCH_LIST}" --jobs "${MAX_JOBS}"
 
 # The project itself (its dependencies are already installed from the same pins). The whole
 # context: .dockerignore keeps it to pyproject.toml, README.md and the package folders.
 COPY . /src
 WORKDIR /src
 RUN pip install --no-cache-dir --no-deps . \
-    && python -c "import torch, detectron2._C as C; \
-assert C.has_cuda(), 'detectron2 was built without CUDA'; \
-assert torch.version.cuda, 'torch is a CPU build'; \
-print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'detectron2 CUDA', C.get_cuda_version())" \
+    && python -c "import torch, detectron2; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
     && megdet --version
 
 # ---------------------------------------------------------------------------------------------
 # controller: the MegDetRun operator. Python only: no torch, no CUDA.
-FROM python:${CONTROLLER_PYTHON}-slim-bookworm AS controller
+FROM ${CONTROLLER_BASE} AS controller
 ARG VERSION
 ARG VCS_REF
 ARG SOURCE_URL
@@ -101,10 +107,13 @@ LABEL org.opencontainers.image.title="megdet-controller" \
       org.opencontainers.image.source="${SOURCE_URL}" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:$PATH
 COPY . /src
-# The [controller] extra: kopf and the Kubernetes client at their pinned versions.
-RUN pip install --no-cache-dir "/src[controller]" \
+# The [controller] extra: kopf and the Kubernetes client at their pinned versions, in a venv
+# (the python image's interpreter, or Debian's with python3-venv: the same step on both bases).
+RUN python3 -m venv /opt/venv \
+    && pip install --no-cache-dir "/src[controller]" \
     && rm -rf /src \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin megdet
 # The run chart: the controller renders each MegDetRun's job with it, in process (one job builder).
@@ -119,7 +128,8 @@ CMD ["controller"]
 # train (the default target): the CUDA runtime, Python and the venv from the build stage.
 # No cuDNN flavour: torch's wheel carries its own cuDNN (and NCCL), a second copy would be dead
 # weight. The runtime flavour provides libcudart for detectron2's compiled ops.
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS train
+FROM ${RUNTIME_BASE} AS train
+ARG PYTHON
 ARG VERSION
 ARG VCS_REF
 ARG SOURCE_URL
@@ -134,13 +144,14 @@ ENV DEBIAN_FRONTEND=noninteractive \
     PYTHONUNBUFFERED=1 \
     HOME=/home/megdet
 
-# Same reason as in the build stage: the base image tag pins the Ubuntu package series.
-# libibverbs1 + ibverbs-providers (rdma-core's user space; Ubuntu 24.04 names): NCCL dlopens
+# Same reason as in the build stage: the base image pins the package series.
+# libibverbs1 + ibverbs-providers (rdma-core's user space; the names in Ubuntu 24.04 and
+# Debian 12): NCCL dlopens
 # libibverbs.so.1, which loads the HCA's provider (libmlx5-rdmav*.so); without them NCCL's
 # InfiniBand transport finds no device and falls back to TCP sockets. `megdet doctor` checks.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.12 tini libibverbs1 ibverbs-providers \
+    && apt-get install -y --no-install-recommends "${PYTHON}" tini libibverbs1 ibverbs-providers \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin megdet \
     && mkdir -p /data /output \

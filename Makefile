@@ -9,7 +9,7 @@ STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
 
 .PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
-	messages image-check cluster cluster-down cluster-build node-packages
+	messages image image-check cluster cluster-down cluster-build node-packages
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
@@ -24,6 +24,7 @@ help:
 	@echo "make overrides - regenerate the chart's list of detectron2 keys that values own"
 	@echo "make messages - regenerate the run chart's rule message templates from megdet/messages.py"
 	@echo "make generate - all generated files (overrides, messages, CRD, dashboards, policy), in dependency order"
+	@echo "make image - build the training and controller images from package registries only"
 	@echo "make image-check - compile detectron2's C++/CUDA ops at the pinned commit (no Docker)"
 
 setup: $(STAMP)
@@ -83,6 +84,13 @@ format: setup
 # Regenerate the committed Grafana dashboards and PrometheusRule template from monitoring/.
 dashboards: setup
 	$(BIN)/python -m megdet.monitoring generate
+
+# The training and controller images from the Dockerfile with Debian's podman, from package
+# registries only (megdet.image.build; docs/image.md): OCI archives in output/images/, cached by
+# their inputs' digest. Installs podman/buildah/mmdebstrap/runc from Debian when missing (root).
+# DETECTRON2_SRC=/path/to/detectron2.git compiles detectron2's ops from that source.
+image: setup
+	$(BIN)/python -m megdet.image.build controller train
 
 # The image's riskiest step without Docker: compile detectron2's extension (C++ and CUDA ops)
 # at the pinned commit against the venv's torch, in a folder under /tmp (docs/image.md).

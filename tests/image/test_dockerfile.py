@@ -99,6 +99,29 @@ def test_build_arg_pins_equal_the_pyproject_pins(global_args, pyproject):
     assert global_args["VERSION"] == pyproject["project"]["version"] == __version__
 
 
+def test_base_image_args_default_to_the_registry_build(global_args, pyproject):
+    # `docker build .` with a registry: NVIDIA's CUDA images at the pinned CUDA, PyTorch's
+    # index for its tag, detectron2 from git. `make image` overrides these (test_build.py).
+    cuda = pyproject["tool"]["megdet"]["cuda_version"]
+    assert global_args["BUILD_BASE"] == f"nvidia/cuda:{cuda}-devel-ubuntu24.04"
+    assert global_args["RUNTIME_BASE"] == f"nvidia/cuda:{cuda}-runtime-ubuntu24.04"
+    assert global_args["CONTROLLER_BASE"] == "python:3.12-slim-bookworm"
+    assert global_args["PYTHON"] == "python3.12"  # Ubuntu 24.04's and the python image's
+    tag = global_args["TORCH_CUDA_TAG"]
+    assert global_args["TORCH_INDEX_URL"] == f"https://download.pytorch.org/whl/{tag}"
+    assert global_args["DETECTRON2_SOURCE"] == "git"
+
+
+def test_every_build_arg_that_make_image_sets_exists(global_args):
+    from megdet.image import build
+
+    pins = build.image_pins(pyproject_data := load_pyproject(ROOT / "pyproject.toml"))
+    commit = pyproject_data["tool"]["megdet"]["detectron2_commit"]
+    for name, variant in build.VARIANTS.items():
+        for arg in build.build_args(variant, pins, "B", commit, 1):
+            assert arg in global_args or arg == "MAX_JOBS", f"{name}: {arg} is no Dockerfile ARG"
+
+
 def test_the_cuda_tag_matches_the_cuda_version(global_args):
     major, minor, *_ = global_args["CUDA_VERSION"].split(".")
     assert global_args["TORCH_CUDA_TAG"] == f"cu{major}{minor}"
@@ -140,9 +163,11 @@ def test_pins_script_lists_the_train_pins_without_torch(pyproject):
 def test_stages_and_bases(dockerfile, global_args):
     st = stages(dockerfile)
     assert list(st)[1:] == ["build", "controller", "train"], "train must be the default (last)"
-    assert st["build"][0][1].startswith("nvidia/cuda:${CUDA_VERSION}-devel-")
-    assert st["train"][0][1].startswith("nvidia/cuda:${CUDA_VERSION}-runtime-")
-    assert "FORCE_CUDA=1" in dockerfile and "TORCH_CUDA_ARCH_LIST=" in dockerfile
+    assert st["build"][0][1] == "${BUILD_BASE} AS build"
+    assert st["train"][0][1] == "${RUNTIME_BASE} AS train"
+    assert st["controller"][0][1] == "${CONTROLLER_BASE} AS controller"
+    runs = " ".join(rest for kw, rest in st["build"] if kw == "RUN")
+    assert '--archs "${TORCH_CUDA_ARCH_LIST}"' in runs and '--source "${DETECTRON2_SOURCE}"' in runs
 
 
 def _last(stage: list[tuple[str, str]], keyword: str) -> str:

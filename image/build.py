@@ -1,0 +1,521 @@
+"""`make image`: the project's images from the one Dockerfile, built from package registries only.
+
+The Dockerfile's defaults build on NVIDIA's CUDA images, PyTorch's cu126 index and GitHub (a
+user with a registry: ``docker build .``). This builds the same stages with Debian's podman
+(buildah inside) and nothing pulled from a container registry:
+
+- the base of every stage is a Debian image made here by ``mmdebstrap`` from Debian's packages
+  (``[tool.megdet.image]``), imported into the engine's store;
+- torch and its CUDA libraries come from PyPI (PyPI's torch is a CUDA build: its ``nvidia-*``
+  wheels carry the CUDA runtime, cuDNN and NCCL);
+- detectron2 comes from the pinned PyPI wheel's Python code (``DETECTRON2_SOURCE=pypi``: no
+  registry serves its C++/CUDA sources), or, given a git repository holding the pinned commit
+  (``--detectron2-src``, e.g. a bare clone), from that source with its ops compiled
+  (``DETECTRON2_SOURCE=git``; nvcc from NVIDIA's PyPI wheels).
+
+Each variant's OCI archive lands in ``output/images/`` under a name that carries the digest of
+its inputs (the Dockerfile, the build context, the build args, the base image's inputs), so a
+second call with the same inputs returns the archive at once::
+
+    python -m megdet.image.build controller train     # what `make image` runs
+    python -m megdet.image.build train-ci              # the e2e tests' variant
+
+    from megdet.image.build import build
+    archive = build("train-ci")                        # Path to the .oci.tar
+
+Engine settings that this machine needs (runc, cgroupfs, ulimits within the hard limits, the
+host's CA bundle for HTTPS to PyPI) are written to a containers.conf in the cache folder
+(``$MEGDET_IMAGE_CACHE``, default ``~/.cache/megdet/image``), which also holds the engine's own
+image store, so nothing touches the machine's default podman store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import fnmatch
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import tomllib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Where a git source given with --detectron2-src is mounted during the build.
+DETECTRON2_MOUNT = "/opt/detectron2-src.git"
+#: The host's CA bundle (also what pip is told to use inside the build).
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+#: Debian packages `make image` installs when missing (root only; CI machines are fresh).
+TOOLS = {"podman": "podman", "buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+#: Measured here: runc's setrlimit(RLIMIT_NPROC) fails above 32768 even under a hard limit of
+#: 96362 ("error setting rlimit type 6: operation not permitted"); 32768 works.
+NPROC_CAP = 32768
+EXTRA_PACKAGES = ("uidmap", "fuse-overlayfs", "slirp4netns", "containernetworking-plugins")
+
+
+class BuildError(Exception):
+    """A build that cannot go on; the message says why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One image the Dockerfile builds: its target stage and how its detectron2 is built."""
+
+    name: str
+    target: str
+    image: str  # repository, tagged with the project's version (+ suffix)
+    tag_suffix: str = ""
+    cuda_ops: bool = False  # with a detectron2 source: compile the CUDA ops (else C++ only)
+    description: str = ""
+
+
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("controller", "controller", "ghcr.io/megdet/megdet-controller",
+                description="the MegDetRun operator (no torch)"),
+        Variant("train", "train", "ghcr.io/megdet/megdet", cuda_ops=True,
+                description="the training image; detectron2's CUDA ops with a git source"),
+        Variant("train-ci", "train", "ghcr.io/megdet/megdet", tag_suffix="-ci",
+                description="the e2e tests' training image: the same stages, C++ ops only"),
+    )
+}  # fmt: skip
+
+
+def say(message: str) -> None:
+    print(f"image: {message}", flush=True)
+
+
+# ------------------------------------------------------------------------------------------
+# pins and settings
+
+
+def pyproject(root: Path = ROOT) -> dict:
+    with open(root / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)
+
+
+def image_pins(data: Mapping) -> dict:
+    """``[tool.megdet.image]``: the registry-only build's base, Python and CUDA archs."""
+    try:
+        return dict(data["tool"]["megdet"]["image"])
+    except KeyError as exc:
+        raise BuildError("pyproject.toml has no [tool.megdet.image] table") from exc
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MEGDET_IMAGE_CACHE", Path.home() / ".cache/megdet/image"))
+
+
+def containers_conf(nofile: int, nproc: int) -> str:
+    """The engine settings this machine needs (docs/image.md, "make image")."""
+    return (
+        "# Written by megdet.image.build. runc: crun refuses cgroup v1 hybrid hosts;\n"
+        "# ulimits no higher than this host's hard limits (root may lack CAP_SYS_RESOURCE).\n"
+        "[containers]\n"
+        f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
+        "[engine]\n"
+        'runtime = "runc"\n'
+        'cgroup_manager = "cgroupfs"\n'
+        'events_logger = "file"\n'
+    )
+
+
+def storage_conf(root: Path) -> str:
+    return (
+        "# Written by megdet.image.build: the image builds' own store.\n"
+        "[storage]\n"
+        'driver = "overlay"\n'
+        f'graphroot = "{root / "storage"}"\n'
+        f'runroot = "{root / "run"}"\n'
+    )
+
+
+def hard_limit(which: int, cap: int) -> int:
+    hard = resource.getrlimit(which)[1]
+    return cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+
+
+def engine_env(cache: Path) -> dict[str, str]:
+    """The environment for podman: our containers.conf and storage.conf."""
+    cache.mkdir(parents=True, exist_ok=True)
+    conf = cache / "containers.conf"
+    conf.write_text(
+        containers_conf(
+            hard_limit(resource.RLIMIT_NOFILE, 1 << 20),
+            hard_limit(resource.RLIMIT_NPROC, NPROC_CAP),
+        )
+    )
+    storage = cache / "storage.conf"
+    storage.write_text(storage_conf(cache))
+    pip_conf = cache / "pip.conf"
+    pip_conf.write_text(f"[global]\ncert = {CA_BUNDLE}\n")
+    return {**os.environ, "CONTAINERS_CONF": str(conf), "CONTAINERS_STORAGE_CONF": str(storage)}
+
+
+def ensure_tools() -> None:
+    """Install Debian's podman, buildah, mmdebstrap and runc when any is missing."""
+    missing = [pkg for tool, pkg in TOOLS.items() if not shutil.which(tool)]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise BuildError(
+            f"{', '.join(missing)} not installed and not root: run "
+            f"`sudo apt-get install {' '.join([*missing, *EXTRA_PACKAGES])}`"
+        )
+    say(f"installing Debian packages: {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, *EXTRA_PACKAGES],
+        check=True,
+        env=env,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# the build context and the inputs' digest
+
+
+def dockerignore_patterns(root: Path = ROOT) -> list[str]:
+    path = root / ".dockerignore"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def is_ignored(relpath: str, patterns: Sequence[str]) -> bool:
+    """Docker's .dockerignore rule: the last matching pattern wins; ``!`` re-includes.
+
+    A pattern matches a path or any folder above it (``tests`` drops ``tests/a.py``).
+    """
+    parts = relpath.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    ignored = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pat = pattern.removeprefix("!").strip("/")
+        if any(fnmatch.fnmatchcase(p, pat) for p in prefixes):
+            ignored = not negate
+    return ignored
+
+
+def context_files(root: Path = ROOT) -> list[str]:
+    """The build context: every file under ``root`` that .dockerignore keeps, sorted."""
+    patterns = dockerignore_patterns(root)
+    negated = [p.removeprefix("!").strip("/") for p in patterns if p.startswith("!")]
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = Path(dirpath).relative_to(root).as_posix()
+        rel = "" if rel == "." else rel + "/"
+        # Prune ignored folders unless a "!" pattern re-includes something below them.
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if not is_ignored(rel + d, patterns)
+            or any(n.startswith(rel + d + "/") for n in negated)
+        )
+        files += [rel + f for f in filenames if not is_ignored(rel + f, patterns)]
+    return sorted(files)
+
+
+def inputs_digest(
+    root: Path, target: str, build_args: Mapping[str, str], extra: Iterable[str] = ()
+) -> str:
+    """sha256 over the Dockerfile, .dockerignore and the context's files (names, modes, bytes),
+    the target, the build args and extras."""
+    h = hashlib.sha256()
+    for rel in ["Dockerfile", ".dockerignore", *context_files(root)]:
+        if not (root / rel).is_file():
+            continue
+        path = root / rel
+        h.update(f"file {rel} {path.stat().st_mode & 0o111:o}\n".encode())
+        h.update(hashlib.sha256(path.read_bytes()).digest())
+    h.update(f"target {target}\n".encode())
+    for key in sorted(build_args):
+        h.update(f"arg {key}={build_args[key]}\n".encode())
+    for item in extra:
+        h.update(f"extra {item}\n".encode())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------
+# the base image
+
+
+def base_command(pins: Mapping, out: Path, sources: Path) -> list[str]:
+    """mmdebstrap: a minimal Debian with what every stage needs before its own apt-get."""
+    return [
+        "mmdebstrap",
+        "--variant=minbase",
+        "--include=" + ",".join(pins["base_packages"]),
+        "--format=tar",
+        pins["debian_suite"],
+        str(out),
+        str(sources),
+    ]
+
+
+def apt_sources() -> Path:
+    """This machine's Debian sources (deb822 or one-line), handed to mmdebstrap as they are."""
+    for path in (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")):
+        if path.is_file():
+            return path
+    raise BuildError("no /etc/apt/sources.list.d/debian.sources or /etc/apt/sources.list")
+
+
+def base_image(pins: Mapping, cache: Path, env: Mapping[str, str]) -> str:
+    """The Debian base, imported into the engine's store as ``localhost/megdet-base:<digest>``."""
+    sources = apt_sources()
+    key = hashlib.sha256(
+        json.dumps(
+            {
+                "cmd": base_command(pins, Path("OUT"), Path("SOURCES")),
+                "sources": sources.read_text(),
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
+    name = f"localhost/megdet-base:{pins['debian_suite']}-{key}"
+    if image_exists(name, env):
+        return name
+    tar = cache / f"base-{key}.tar"
+    if not tar.exists():
+        start = time.monotonic()
+        tmp = tar.with_suffix(".tmp.tar")
+        say(f"making the Debian base with mmdebstrap ({pins['debian_suite']})")
+        subprocess.run(base_command(pins, tmp, sources), check=True)
+        tmp.rename(tar)
+        say(f"base made in {time.monotonic() - start:.0f} s: {tar.stat().st_size / 1e6:.0f} MB")
+    subprocess.run(
+        ["podman", "import", "--change", 'CMD ["/bin/bash"]', str(tar), name],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+    return name
+
+
+def image_exists(name: str, env: Mapping[str, str]) -> bool:
+    return (
+        subprocess.run(
+            ["podman", "image", "exists", name], env=env, capture_output=True, check=False
+        ).returncode
+        == 0
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# the build
+
+
+def build_args(
+    variant: Variant,
+    pins: Mapping,
+    base: str,
+    detectron2_commit: str | None,
+    jobs: int,
+) -> dict[str, str]:
+    """The Dockerfile's build args for a registry-only build of ``variant``."""
+    args = {"CONTROLLER_BASE": base} if variant.target == "controller" else {}
+    if variant.target == "train":
+        args.update(
+            BUILD_BASE=base,
+            RUNTIME_BASE=base,
+            PYTHON=pins["python"],
+            TORCH_INDEX_URL=pins["torch_index_url"],
+        )
+        if detectron2_commit:
+            args.update(
+                DETECTRON2_SOURCE="git",
+                DETECTRON2_REPO=DETECTRON2_MOUNT,
+                DETECTRON2_COMMIT=detectron2_commit,
+                TORCH_CUDA_ARCH_LIST=pins["cuda_arch_list"] if variant.cuda_ops else "",
+                MAX_JOBS=str(jobs),
+            )
+        else:
+            args.update(DETECTRON2_SOURCE="pypi")
+    return args
+
+
+def build_command(
+    variant: Variant,
+    args: Mapping[str, str],
+    tag: str,
+    cache: Path,
+    detectron2_src: Path | None,
+    root: Path = ROOT,
+) -> list[str]:
+    """``podman build`` of one target, with the host's CA bundle and pip.conf mounted read-only."""
+    cmd = ["podman", "build", "--layers", "--pull=never", "--format", "oci", "--target",
+           variant.target, "--tag", tag, "--file", str(root / "Dockerfile")]  # fmt: skip
+    for key in sorted(args):
+        cmd += ["--build-arg", f"{key}={args[key]}"]
+    cmd += ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
+    cmd += ["--volume", f"{cache / 'pip.conf'}:/etc/pip.conf:ro"]
+    if detectron2_src is not None:
+        cmd += ["--volume", f"{detectron2_src}:{DETECTRON2_MOUNT}:ro"]
+    return [*cmd, str(root)]
+
+
+def git_commit_in(src: Path, commit: str) -> None:
+    """Refuse a --detectron2-src that does not hold the pinned commit."""
+    out = subprocess.run(
+        ["git", "--git-dir", str(_git_dir(src)), "cat-file", "-t", commit],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.stdout.strip() != "commit":
+        raise BuildError(f"--detectron2-src: {src} does not hold the pinned commit {commit}")
+
+
+def _git_dir(src: Path) -> Path:
+    return src / ".git" if (src / ".git").exists() else src
+
+
+def tag_for(variant: Variant, version: str) -> str:
+    return f"{variant.image}:{version}{variant.tag_suffix}"
+
+
+def archive_path(output: Path, variant: Variant, digest: str) -> Path:
+    return output / f"megdet-{variant.name}-{digest[:16]}.oci.tar"
+
+
+def build(
+    variant_name: str,
+    *,
+    detectron2_src: Path | str | None = None,
+    output: Path | None = None,
+    jobs: int | None = None,
+    root: Path = ROOT,
+) -> Path:
+    """Build ``variant_name`` (unless its archive for these inputs exists); return the archive."""
+    if variant_name not in VARIANTS:
+        raise BuildError(f"variant {variant_name!r}: not one of {', '.join(VARIANTS)}")
+    variant = VARIANTS[variant_name]
+    data = pyproject(root)
+    pins = image_pins(data)
+    output = Path(output or root / "output" / "images")
+    src = Path(detectron2_src).resolve() if detectron2_src else None
+    commit = data["tool"]["megdet"]["detectron2_commit"] if src else None
+    if src is not None:
+        git_commit_in(src, commit)
+    jobs = jobs or int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))
+    # The base's inputs stand in for the base image's id, so the key is known before a build.
+    base_key = json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
+    provisional = build_args(variant, pins, "BASE", commit, jobs)
+    provisional.pop("MAX_JOBS", None)  # the job count does not change what is built
+    digest = inputs_digest(root, variant.target, provisional, [base_key])
+    archive = archive_path(output, variant, digest)
+    if archive.exists():
+        say(f"{variant.name}: up to date ({archive})")
+        return archive
+    ensure_tools()
+    cache = cache_dir()
+    env = engine_env(cache)
+    base = base_image(pins, cache, env)
+    tag = tag_for(variant, data["project"]["version"])
+    cmd = build_command(
+        variant, build_args(variant, pins, base, commit, jobs), tag, cache, src, root
+    )
+    say(f"{variant.name}: building {tag}")
+    say("$ " + " ".join(cmd))
+    start = time.monotonic()
+    subprocess.run(cmd, check=True, env=env)
+    built = time.monotonic() - start
+    output.mkdir(parents=True, exist_ok=True)
+    tmp = archive.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    subprocess.run(
+        ["podman", "save", "--format", "oci-archive", "--output", str(tmp), tag],
+        check=True,
+        env=env,
+    )
+    tmp.rename(archive)
+    info = describe(archive, env)
+    info.update(variant=variant.name, tag=tag, build_seconds=round(built, 1))
+    archive.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+    say(
+        f"{variant.name}: built in {built:.0f} s, saved in {time.monotonic() - start - built:.0f} s"
+    )
+    return archive
+
+
+def describe(archive: Path, env: Mapping[str, str] | None = None) -> dict:
+    """Size, manifest digest, user, entrypoint and cmd of an OCI archive (read from the tar)."""
+    with tarfile.open(archive) as tar:
+
+        def blob(digest: str) -> dict:
+            algo, _, hexd = digest.partition(":")
+            return json.load(tar.extractfile(f"blobs/{algo}/{hexd}"))
+
+        index = json.load(tar.extractfile("index.json"))
+        (entry,) = index["manifests"]
+        manifest = blob(entry["digest"])
+        config = blob(manifest["config"]["digest"])
+    cfg = config.get("config", {})
+    return {
+        "archive": str(archive),
+        "archive_bytes": archive.stat().st_size,
+        "layers_bytes": sum(layer["size"] for layer in manifest["layers"]),
+        "digest": entry["digest"],
+        "ref": entry.get("annotations", {}).get("org.opencontainers.image.ref.name"),
+        "user": cfg.get("User", ""),
+        "entrypoint": cfg.get("Entrypoint"),
+        "cmd": cfg.get("Cmd"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m megdet.image.build", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "variants", nargs="*", default=["controller", "train"], help=", ".join(VARIANTS)
+    )
+    parser.add_argument(
+        "--detectron2-src",
+        default=os.environ.get("DETECTRON2_SRC") or None,
+        help="a git repository (bare or not) holding the pinned detectron2 commit: compile its "
+        "ops (default: $DETECTRON2_SRC; without it detectron2 is the PyPI wheel's Python code)",
+    )
+    parser.add_argument("--output", type=Path, help="default: output/images")
+    parser.add_argument(
+        "--jobs", type=int, help="parallel compile jobs (default: $MAX_JOBS or CPUs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        unknown = [v for v in args.variants if v not in VARIANTS]
+        if unknown:
+            raise BuildError(f"variant {unknown[0]!r}: not one of {', '.join(VARIANTS)}")
+        archives = [
+            build(v, detectron2_src=args.detectron2_src, output=args.output, jobs=args.jobs)
+            for v in args.variants
+        ]
+    except BuildError as exc:
+        print(f"image: error: {exc}", file=sys.stderr)
+        return 2
+    except subprocess.CalledProcessError as exc:
+        print(
+            f"image: error: {' '.join(map(str, exc.cmd))} exited {exc.returncode}", file=sys.stderr
+        )
+        return 1
+    for archive in archives:
+        info = describe(archive)
+        print(
+            f"{archive}\n  ref {info['ref']}  digest {info['digest']}\n"
+            f"  archive {info['archive_bytes'] / 1e6:.0f} MB  user {info['user']}  "
+            f"entrypoint {json.dumps(info['entrypoint'])}  cmd {json.dumps(info['cmd'])}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
