@@ -7,6 +7,7 @@ every key). ``plan_config`` turns a loaded config and the actual world size into
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -88,7 +89,10 @@ def add_megdet_config(cfg: CfgNode) -> None:
     # pickle files (.pkl, .pickle, .pyth), which detectron2 loads with pickle and which can
     # therefore run code, and PyTorch files holding more than tensors. False: only empty, a
     # local PyTorch file of tensors, or the ImageNet weights a shipped config names
-    # (TRUSTED_WEIGHTS). The seam for the operator's policy; never set it for untrusted input.
+    # (TRUSTED_WEIGHTS). Also needed for MODEL.LOAD_PROPOSALS (detectron2 unpickles
+    # DATASETS.PROPOSAL_FILES_*) and for a URL _BASE_. Honoured from the command line only:
+    # a config file that sets it is refused. The seam for the operator's policy
+    # (policy.unsafeWeights); never set it for untrusted input.
     _C.MEGDET.ALLOW_UNSAFE_WEIGHTS = False
     # Continue in an output folder stamped by another run (.megdet-run.json): that run's uid or
     # name. "" = only the run that stamped the folder may write there (see ownership.py). The
@@ -116,6 +120,9 @@ def load_config(config: str, overrides: list[str] | tuple[str, ...] = ()) -> Cfg
     cfg = get_cfg()
     add_megdet_config(cfg)
     path = resolve_config_path(config)
+    # What the config file and its _BASE_ files may not do, before fvcore reads them (it
+    # fetches a URL _BASE_ itself): grant the unsafe-files key, or name a URL base.
+    _check_files(path, _granted(overrides))
     try:
         # allow_unsafe=False: detectron2's CfgNode defaults to True, which retries a file that
         # yaml.safe_load refuses (a Python tag such as !!python/object/apply) with
@@ -214,6 +221,79 @@ def validate_config(cfg: CfgNode) -> None:
     problem = weights_problem(cfg.MODEL.WEIGHTS, m.ALLOW_UNSAFE_WEIGHTS)
     if problem:
         raise ConfigError(f"MODEL.WEIGHTS: {problem}")
+    if cfg.MODEL.LOAD_PROPOSALS and not m.ALLOW_UNSAFE_WEIGHTS:
+        # detectron2's build_detection_{train,test}_loader pass DATASETS.PROPOSAL_FILES_* to
+        # load_proposals_into_dataset, which reads each with PathManager (URLs are downloaded)
+        # and pickle.load.
+        files = [*cfg.DATASETS.PROPOSAL_FILES_TRAIN, *cfg.DATASETS.PROPOSAL_FILES_TEST]
+        raise ConfigError(
+            f"MODEL.LOAD_PROPOSALS: True is refused: detectron2 then loads "
+            f"DATASETS.PROPOSAL_FILES_TRAIN/TEST ({', '.join(map(repr, files)) or 'none set'}) "
+            f"with pickle, which can run code, and downloads URLs; {UNSAFE_GRANT}"
+        )
+
+
+#: How the unsafe-files key is granted: on the command line only (the run chart passes it when
+#: the operator's policy.unsafeWeights allows), never by a config file.
+UNSAFE_GRANT = (
+    "MEGDET.ALLOW_UNSAFE_WEIGHTS True (on the command line; in a cluster, the operator's "
+    "policy.unsafeWeights) allows it, only for files you trust"
+)
+
+
+def _granted(overrides: list[str] | tuple[str, ...]) -> bool:
+    """Whether the command line grants MEGDET.ALLOW_UNSAFE_WEIGHTS (its last value wins)."""
+    granted = False
+    for key, value in zip(overrides[::2], overrides[1::2], strict=False):
+        if key == "MEGDET.ALLOW_UNSAFE_WEIGHTS":
+            granted = value == "True"
+    return granted
+
+
+def _check_files(path: Path, granted: bool, seen: tuple[str, ...] = ()) -> None:
+    """Refuse what a config file (and, recursively, its _BASE_ files) may not choose unless the
+    command line grants it: setting MEGDET.ALLOW_UNSAFE_WEIGHTS (a run's author writes
+    spec.config; the grant is the operator's), and a _BASE_ that is a URL (fvcore downloads it
+    through iopath). YAML errors are left to fvcore's own read, which reports them."""
+    name = str(path)
+    if os.path.realpath(name) in map(os.path.realpath, seen):
+        raise ConfigError(f"_BASE_: {name!r} includes itself (through {', '.join(seen)})")
+    try:
+        with open(name) as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return
+    if not isinstance(data, dict):
+        return
+    megdet = data.get("MEGDET")
+    if (
+        not granted
+        and isinstance(megdet, dict)
+        and "ALLOW_UNSAFE_WEIGHTS" in megdet
+        and megdet["ALLOW_UNSAFE_WEIGHTS"] is not False
+    ):
+        raise ConfigError(
+            f"MEGDET.ALLOW_UNSAFE_WEIGHTS: set to {megdet['ALLOW_UNSAFE_WEIGHTS']!r} in {name}; "
+            f"a config file cannot grant it: {UNSAFE_GRANT}"
+        )
+    bases = data.get("_BASE_")
+    for base in bases if isinstance(bases, list) else [bases] if bases is not None else []:
+        if not isinstance(base, str):
+            continue  # fvcore's own error
+        # fvcore: "~" expanded, then relative to the including file unless it starts with
+        # "/", "https://" or "http://" (so with a config in the working folder, a
+        # detectron2:// base stays a URL too).
+        resolved = os.path.expanduser(base) if base.startswith("~") else base
+        if not resolved.startswith(("/", "https://", "http://")):
+            resolved = os.path.join(os.path.dirname(name), resolved)
+        if is_url(resolved):
+            if granted:
+                continue
+            raise ConfigError(
+                f"_BASE_: {base!r} in {name} is refused: a URL (downloaded, so whoever serves "
+                f"it chooses the config); name a local file or a shipped config. {UNSAFE_GRANT}"
+            )
+        _check_files(Path(resolved), granted, (*seen, name))
 
 
 #: MODEL.WEIGHTS values loaded without MEGDET.ALLOW_UNSAFE_WEIGHTS although they are URLs of
