@@ -30,11 +30,14 @@ from megdet.plan import Plan, SpecError, plan_run
 
 __all__ = [
     "SHM_WARN_BYTES",
+    "Detectron2Info",
     "GpuInfo",
     "Report",
+    "arch_covers",
     "build_report",
     "format_report",
     "infiniband_devices",
+    "probe_detectron2",
     "probe_gpus",
     "shm_bytes",
     "shm_warning",
@@ -55,6 +58,8 @@ class GpuInfo:
     cuda_version: str | None
     names: tuple[str, ...] = ()
     nccl_version: str | None = None
+    capabilities: tuple[str, ...] = ()  # per visible GPU, e.g. "9.0"
+    torch_archs: tuple[str, ...] = ()  # what torch has kernels for, e.g. "sm_90", "compute_120"
 
     @property
     def count(self) -> int:
@@ -68,14 +73,128 @@ def probe_gpus() -> GpuInfo:
     except ImportError:
         return GpuInfo(torch_version=None, cuda_version=None)
     names: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
     nccl = None
+    # The archs torch was compiled for, known without a GPU (get_arch_list() needs one).
+    flags = getattr(torch._C, "_cuda_getArchFlags", lambda: "")() if torch.version.cuda else ""
     if torch.cuda.is_available():
-        names = tuple(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+        count = torch.cuda.device_count()
+        names = tuple(torch.cuda.get_device_name(i) for i in range(count))
+        capabilities = tuple(
+            "{}.{}".format(*torch.cuda.get_device_capability(i)) for i in range(count)
+        )
         try:
             nccl = ".".join(map(str, torch.cuda.nccl.version()))
         except (RuntimeError, AttributeError):  # a build without NCCL
             nccl = None
-    return GpuInfo(torch.__version__, torch.version.cuda, names, nccl)
+    return GpuInfo(
+        torch.__version__, torch.version.cuda, names, nccl, capabilities, tuple(flags.split())
+    )
+
+
+def _arch(entry: str) -> tuple[int, int, bool]:
+    """(major, minor, is_ptx) of "sm_80", "compute_90", "8.0" or "9.0+PTX"."""
+    ptx = entry.startswith("compute_") or entry.endswith("+PTX")
+    digits = entry.removesuffix("+PTX").removeprefix("sm_").removeprefix("compute_")
+    if "." in digits:
+        major, minor = digits.split(".")
+    else:
+        major, minor = digits[:-1], digits[-1]
+    return int(major), int(minor), ptx
+
+
+def arch_covers(archs: Sequence[str], capability: str) -> bool:
+    """Whether code built for ``archs`` runs on a GPU of compute ``capability`` (e.g. "8.6").
+
+    A cubin runs on GPUs of the same major version and an equal or higher minor (sm_80 on an
+    8.6 or 8.9 GPU); PTX is JIT-compiled by the driver for any equal or newer GPU.
+    """
+    major, minor, _ = _arch(capability)
+    for entry in archs:
+        a_major, a_minor, ptx = _arch(entry)
+        if ptx and (a_major, a_minor) <= (major, minor):
+            return True
+        if not ptx and a_major == major and a_minor <= minor:
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class Detectron2Info:
+    """Which detectron2 is installed and what its compiled ops (``detectron2._C``) can do."""
+
+    version: str
+    source: str  # from the install's marker file, e.g. "sal-detectron2==0.7.2"
+    ops: str  # "none", "cpu" or "cuda"
+    ops_cuda: str | None = None  # the CUDA version the ops were compiled with
+    archs: tuple[str, ...] = ()  # TORCH_CUDA_ARCH_LIST of a CUDA build, e.g. ("8.0", "9.0+PTX")
+
+
+def probe_detectron2() -> Detectron2Info | None:
+    """The installed detectron2 (None: not installed); imports it and its extension."""
+    try:
+        import detectron2
+    except ImportError:
+        return None
+    folder = Path(detectron2.__file__).parent
+    marker = folder / ".megdet-source"
+    source = marker.read_text().strip() if marker.is_file() else "unknown (no .megdet-source)"
+    archs: tuple[str, ...] = ()
+    if " archs=" in source:
+        source, _, arch_text = source.partition(" archs=")
+        archs = tuple(a for a in arch_text.split(";") if a)
+    try:
+        from detectron2 import _C
+    except ImportError:
+        return Detectron2Info(detectron2.__version__, source, "none")
+    if _C.has_cuda():
+        return Detectron2Info(detectron2.__version__, source, "cuda", _C.get_cuda_version(), archs)
+    return Detectron2Info(detectron2.__version__, source, "cpu")
+
+
+def detectron2_lines(info: Detectron2Info | None) -> list[str]:
+    if info is None:
+        return ["not installed"]
+    ops = {
+        "none": "none (no _C: NMS and ROIAlign from torchvision, CPU and CUDA; no rotated "
+        "boxes, no deformable convolution)",
+        "cpu": "C++ only (CPU; no CUDA kernels of its own: CUDA tensors need torchvision's ops)",
+        "cuda": f"C++ and CUDA (compiled with CUDA {info.ops_cuda}"
+        + (f" for {';'.join(info.archs)})" if info.archs else ")"),
+    }[info.ops]
+    return [f"detectron2 {info.version} from {info.source}", f"compiled ops: {ops}"]
+
+
+def gpu_arch_lines(gpus: GpuInfo, detectron2: Detectron2Info | None) -> tuple[list[str], list[str]]:
+    """Per GPU: does torch (and detectron2's CUDA ops) have code for it? (lines, warnings)."""
+    d2_archs = detectron2.archs if detectron2 is not None and detectron2.ops == "cuda" else ()
+    if not gpus.count:
+        torch_archs = " ".join(gpus.torch_archs) or "none: a CPU build"
+        line = (
+            f"on a GPU this checks its compute capability against torch's kernels ({torch_archs})"
+        )
+        if d2_archs:
+            line += f" and detectron2's CUDA ops ({';'.join(d2_archs)})"
+        return [line + ", and NCCL's version"], []
+    lines, warnings = [], []
+    for i, cap in enumerate(gpus.capabilities):
+        ok_torch = arch_covers(gpus.torch_archs, cap)
+        text = f"cuda:{i} compute {cap}: torch {'has' if ok_torch else 'has NO'} kernels for it"
+        if not ok_torch:
+            warnings.append(
+                f"cuda:{i} (compute {cap}) is not among torch's archs "
+                f"({' '.join(gpus.torch_archs)}): use an image built for this GPU"
+            )
+        if d2_archs:
+            ok_d2 = arch_covers(d2_archs, cap)
+            text += f"; detectron2's ops {'have' if ok_d2 else 'have NO'} code for it"
+            if not ok_d2:
+                warnings.append(
+                    f"cuda:{i} (compute {cap}) is not among detectron2's ops' archs "
+                    f"({';'.join(d2_archs)}): rebuild with TORCH_CUDA_ARCH_LIST including it"
+                )
+        lines.append(text)
+    return lines, warnings
 
 
 def infiniband_devices(root: Path = INFINIBAND_SYSFS) -> dict[str, list[str]]:
@@ -175,11 +294,15 @@ def build_report(
     infiniband_root: Path = INFINIBAND_SYSFS,
     plan_function: PlanFunction = default_plan,
     rdma: RdmaInfo | None = None,
+    detectron2: Callable[[], Detectron2Info | None] | None = None,
 ) -> Report:
-    """Collect the diagnostic for this pod (``rdma``: injected facts, else probed here)."""
+    """Collect the diagnostic for this pod (``gpus``, ``rdma``: injected facts, else probed
+    here; ``detectron2``: what finds the installed detectron2, default
+    :func:`probe_detectron2`)."""
     report = Report()
     gpus = gpus if gpus is not None else probe_gpus()
     rdma = rdma if rdma is not None else probe_rdma()
+    d2 = (detectron2 or probe_detectron2)() if gpus.torch_version is not None else None
 
     software = [f"megdet {__version__}, Python {platform.python_version()}"]
     if gpus.torch_version is None:
@@ -195,7 +318,13 @@ def build_report(
         gpu_lines += [f"  cuda:{i} {name}" for i, name in enumerate(gpus.names)]
     else:
         gpu_lines = ["no GPU visible (training runs on the CPU with the gloo backend)"]
+    if gpus.torch_version is not None:
+        arch_lines, arch_warnings = gpu_arch_lines(gpus, d2)
+        gpu_lines += arch_lines
+        report.warnings += arch_warnings
     report.sections.append(("GPUs", gpu_lines))
+    if gpus.torch_version is not None:
+        report.sections.append(("detectron2", detectron2_lines(d2)))
     if gpus.count and topology.nproc_per_node > gpus.count:
         report.warnings.append(
             f"{topology.nproc_per_node} processes per node but only {gpus.count} GPU(s) visible"

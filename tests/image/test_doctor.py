@@ -9,11 +9,14 @@ from pod_helpers import megdet
 
 from megdet.image.doctor import (
     SHM_WARN_BYTES,
+    Detectron2Info,
     GpuInfo,
     _parse_trainer_command,
+    arch_covers,
     build_report,
     format_report,
     infiniband_devices,
+    probe_detectron2,
     shm_bytes,
     shm_warning,
 )
@@ -123,3 +126,70 @@ def test_training_command_is_read_with_the_trainers_own_parser():
             "all"]  # fmt: skip
     assert _parse_trainer_command(args) == ("c.yaml", ["MEGDET.SYNC_BN", "all"])
     assert _parse_trainer_command(["plan", "--gpus", "8"]) is None
+
+
+@pytest.mark.parametrize(
+    ("archs", "capability", "covered"),
+    [
+        (["sm_80"], "8.0", True),
+        (["sm_80"], "8.6", True),  # a cubin runs on a newer minor of its major
+        (["sm_80"], "9.0", False),  # ...not on another major
+        (["sm_86"], "8.0", False),  # ...nor on an older minor
+        (["sm_75", "compute_90"], "12.0", True),  # PTX JIT-compiles for newer GPUs
+        (["compute_90"], "8.0", False),
+        (["7.5", "8.0", "9.0+PTX"], "7.0", False),  # V100 and a CUDA 13 image
+        (["7.0", "8.0", "9.0+PTX"], "7.0", True),
+        (["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "8.9", True),  # L4 on 8.6
+    ],
+)
+def test_arch_covers(archs, capability, covered):
+    assert arch_covers(archs, capability) is covered
+
+
+TORCH_ARCHS = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120")
+
+
+def test_without_a_gpu_doctor_says_what_it_would_check(tmp_path):
+    topology = topology_from_env({}, visible_gpus=0)
+    d2 = Detectron2Info("0.6", "repo@c", "cuda", "13.0", ("8.0", "9.0+PTX"))
+    report = build_report(
+        {}, topology, gpus=GpuInfo("2.14.1", "13.0", torch_archs=TORCH_ARCHS),
+        infiniband_root=tmp_path, detectron2=lambda: d2,
+    )  # fmt: skip
+    text = format_report(report)
+    assert "on a GPU this checks its compute capability against torch's kernels" in text
+    assert "(sm_75 sm_80 sm_86 sm_90 sm_100 sm_120)" in text
+    assert "detectron2's CUDA ops (8.0;9.0+PTX)" in text
+    assert "compiled ops: C++ and CUDA (compiled with CUDA 13.0 for 8.0;9.0+PTX)" in text
+    assert not [w for w in report.warnings if "compute" in w]
+
+
+def test_a_gpu_that_torch_or_detectron2_has_no_code_for_is_a_warning(tmp_path):
+    topology = topology_from_env({}, visible_gpus=2)
+    gpus = GpuInfo("2.14.1", "13.0", ("Tesla V100", "H100"), "2.28", ("7.0", "9.0"), TORCH_ARCHS)
+    d2 = Detectron2Info("0.6", "repo@c", "cuda", "13.0", ("8.0",))
+    report = build_report({}, topology, gpus=gpus, infiniband_root=tmp_path, detectron2=lambda: d2)
+    text = format_report(report)
+    assert "cuda:0 compute 7.0: torch has NO kernels for it; detectron2's ops have NO code" in text
+    assert "cuda:1 compute 9.0: torch has kernels for it; detectron2's ops have NO code" in text
+    warnings = " ".join(report.warnings)
+    assert "cuda:0 (compute 7.0) is not among torch's archs" in warnings
+    assert "cuda:1 (compute 9.0) is not among detectron2's ops' archs (8.0)" in warnings
+    assert "cuda:1 (compute 9.0) is not among torch's archs" not in warnings
+
+
+def test_detectron2_without_compiled_ops_says_what_is_missing(tmp_path):
+    topology = topology_from_env({}, visible_gpus=0)
+    d2 = Detectron2Info("0.7.2", "sal-detectron2==0.7.2", "none")
+    text = format_report(
+        build_report({}, topology, gpus=GpuInfo("x", None), infiniband_root=tmp_path,
+                     detectron2=lambda: d2)
+    )  # fmt: skip
+    assert "detectron2 0.7.2 from sal-detectron2==0.7.2" in text
+    assert "compiled ops: none (no _C: NMS and ROIAlign from torchvision" in text
+
+
+def test_doctor_here_reports_the_installed_detectron2(doctor_here):
+    info = probe_detectron2()
+    assert info is not None
+    assert f"detectron2 {info.version} from {info.source}" in doctor_here.stdout
