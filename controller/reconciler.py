@@ -52,7 +52,9 @@ from megdet.controller.status import (
     refused_at,
 )
 from megdet.controller.status_writer import (
+    POLICY_DENIED,
     StatusWriter,
+    condition_reason,
     count_transition,
     diff_touches,
     now_text,
@@ -152,6 +154,12 @@ class Reconciler:
             # was allowed when it was made: a stricter policy later does not stop it).
             if not finished(seen) and not self._allowed(run, generation, retry):
                 return
+        elif not finished(seen) and rechecks_policy(seen, reason, diff):
+            # A spec change (beyond suspend) of a run whose job exists: the policy as it is now.
+            if not self._change_allowed(run, generation, retry):
+                if reason == "update" and diff_touches(diff, SUSPEND_DIFF):
+                    self._sync_suspend(decision, job, retry)  # suspend always goes through
+                return
 
         job = self._create_missing(run, decision, job, finished(seen), retry)
         if job is None:
@@ -197,6 +205,24 @@ class Reconciler:
         if denied:
             self.writer.policy_denied(run, denied, generation, retry)
         return not denied
+
+    def _change_allowed(self, run: Mapping[str, Any], generation: Any, retry: int) -> bool:
+        """Whether the policy allows a changed spec of a run whose job exists. If not:
+        Valid=False (PolicyDenied) and one Warning event, the phase and the job left as they
+        are (the job was allowed when it was made), and the change is not applied."""
+        denied = [f"{p}: {m}" for p, m in check_policy(run.get("spec"), self.policy)]
+        if not denied:
+            return True
+
+        def kept(old: Mapping[str, Any], _run: Any) -> dict[str, Any]:
+            status = invalid_status(old, denied, self.now(), generation, reason=POLICY_DENIED)
+            return {k: v for k, v in status.items() if k != "phase"}
+
+        before = self.writer.write(run, kept, "", retry, phase_event=False)
+        metrics.RECONCILES.labels("denied").inc()
+        if before is not None and condition_reason(before, "Valid") != POLICY_DENIED:
+            kopf.warn(run, reason=POLICY_DENIED, message="; ".join(denied)[:1000])
+        return False
 
     def _create_missing(
         self,
@@ -459,3 +485,33 @@ class Reconciler:
 
 #: The kopf diff path of a run's suspend flag.
 SUSPEND_DIFF = ("spec", "runPolicy", "suspend")
+
+
+def rechecks_policy(seen: Mapping[str, Any], reason: str, diff: Any) -> bool:
+    """Whether a run whose job exists is checked against the policy again: on a spec change
+    other than suspend alone (its owner may always suspend and resume it), and while the run
+    is denied (until a spec inside the policy, or a looser policy, clears it)."""
+    if condition_reason(seen, "Valid") == POLICY_DENIED:
+        return True
+    if reason != "update":
+        return False
+    return any(not _suspend_alone(tuple(path), old, new) for _op, path, old, new in diff or ())
+
+
+def _suspend_alone(path: tuple[str, ...], old: Any, new: Any) -> bool:
+    """Whether one kopf diff item changes the suspend flag and nothing else (an item above
+    it, such as adding ``spec.runPolicy``, carries the values below its path)."""
+    if path[: len(SUSPEND_DIFF)] == SUSPEND_DIFF:
+        return True
+    if SUSPEND_DIFF[: len(path)] != path:
+        return False
+    rest = SUSPEND_DIFF[len(path) :]
+
+    def without_suspend(value: Any, keys: tuple[str, ...]) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        if len(keys) == 1:
+            return {k: v for k, v in value.items() if k != keys[0]}
+        return {**value, keys[0]: without_suspend(value.get(keys[0]), keys[1:])}
+
+    return without_suspend(old or {}, rest) == without_suspend(new or {}, rest)

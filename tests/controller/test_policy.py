@@ -18,10 +18,13 @@ from kmock_helpers import (
     PYTORCHJOBS,
     RUNS,
     apply,
+    condition,
     events_for,
     eventually,
     get,
     patch,
+    phase,
+    reconciled,
     requests_to,
     run_body,
     start_operator,
@@ -54,12 +57,33 @@ def test_the_charts_defaults_are_the_modules_defaults() -> None:
 
 
 def test_the_generated_admission_validations_are_current() -> None:
+    from megdet.controller.crd import spec_schema
+
     committed = yaml.safe_load((CHART / "files" / "policy-validations.yaml").read_text())
-    assert committed == policy_module.validations(), "run `make generate`"
-    # Every rule and every knob's grant, each naming its field in its message.
-    assert len(committed) == len(policy_module.RULES) + len(PRIVILEGED_KNOBS)
-    for validation, rule in zip(committed, policy_module.RULES, strict=False):
+    assert committed == policy_module.generated(spec_schema()), "run `make policy`"
+    validations = committed["validations"]
+    # Every rule and every way of using a knob with its grant, each naming its field.
+    assert len(validations) == len(policy_module.RULES) + len(policy_module.KNOB_USES)
+    assert {u.knob for u in policy_module.KNOB_USES} == set(PRIVILEGED_KNOBS)
+    for validation, rule in zip(validations, policy_module.RULES, strict=False):
         assert validation["messageExpression"].startswith(f"'{rule.path}: ' + ")
+
+
+def test_the_admission_policy_compares_every_spec_field_but_suspend() -> None:
+    """The matchCondition names each field of the CRD's spec (a field added to the CRD and
+    not compared would let its changes past the policy) and runPolicy's but suspend."""
+    from megdet.controller.crd import spec_schema
+
+    schema = spec_schema()
+    (condition,) = policy_module.match_conditions(schema)
+    expression = condition["expression"]
+    assert expression.startswith("request.operation == 'CREATE' || (object.spec != oldObject")
+    for field in schema["properties"]:
+        if field != "runPolicy":
+            assert f"object.spec.{field} == oldObject.spec.{field}" in expression, field
+    for field in schema["properties"]["runPolicy"]["properties"]:
+        compared = f"object.spec.runPolicy.{field} == oldObject.spec.runPolicy.{field}"
+        assert (compared in expression) == (field != "suspend"), field
 
 
 @pytest.mark.parametrize(
@@ -77,6 +101,12 @@ def test_the_generated_admission_validations_are_current() -> None:
             "policy.privileged.root: unknown key; allowed: hostNetwork",
         ),
         ({"privileged": []}, "policy.privileged: must be a mapping"),
+        ({"loaderEnv": "no"}, "policy.loaderEnv: must be true or false, got 'no'"),
+        ({"gpuResources": "nvidia.com/gpu"}, "policy.gpuResources: must be a list of strings"),
+        (
+            {"reservedNodeLabels": ["a=b=c"]},
+            "policy.reservedNodeLabels: 'a=b=c' is not a label key or key=value",
+        ),
         ([1], "policy: must be a mapping"),
     ],
 )
@@ -149,6 +179,32 @@ def test_the_chart_defaults_and_a_restricted_run_pass_the_default_policy() -> No
         ({"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}, "spec.podSecurityContext", "Unconfined"),
         ({"podSecurityContext": {"sysctls": [{"name": "net.core.somaxconn"}]}}, "spec.podSecurityContext", "sysctls"),
         ({"extraVolumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "spec.extraVolumes", "policy.privileged.hostPath"),
+        # AppArmor or seccomp unconfined by annotation, as by podSecurityContext (issue 22).
+        ({"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "unconfined"}}, "spec.podAnnotations", "policy.privileged.podSecurity: false"),
+        ({"podAnnotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}, "spec.podAnnotations", "AppArmor or seccomp"),
+        ({"podSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}}, "spec.podSecurityContext", "policy.privileged.podSecurity"),
+        # Multus: a replaced default network, another namespace's network, the JSON form.
+        ({"podAnnotations": {"v1.multus-cni.io/default-network": "kube-system/flat"}}, "spec.podAnnotations", "policy.multusDefaultNetwork: false"),
+        ({"network": {"multusNetworks": "own, kube-system/macvlan@net1"}}, "spec.network.multusNetworks", 'networks "kube-system/macvlan@net1" are not allowed'),
+        ({"network": {"multusNetworks": '[{"name": "n", "namespace": "x"}]'}}, "spec.network.multusNetworks", 'the JSON form needs "*"'),
+        # Loader variables, whatever the value.
+        ({"extraEnv": [{"name": "LD_PRELOAD", "value": "/cm/x.so"}]}, "spec.extraEnv", 'env "LD_PRELOAD" make the loader'),
+        ({"extraEnv": [{"name": "PYTHONPATH", "value": "/cm"}, {"name": "LD_LIBRARY_PATH", "value": "/cm"}]}, "spec.extraEnv", 'env "PYTHONPATH", "LD_LIBRARY_PATH"'),
+        ({"extraEnv": [{"name": "PYTHONSTARTUP", "value": "/cm/x.py"}]}, "spec.extraEnv", "policy.loaderEnv: false"),
+        ({"extraEnv": [{"name": "NCCL_NET_PLUGIN", "value": "/cm/x.so"}]}, "spec.extraEnv", "policy.loaderEnv"),
+        # Mounts that reach the output volume or /output.
+        ({"extraVolumeMounts": [{"name": "output", "mountPath": "/mnt/other", "subPath": "victim"}]}, "spec.extraVolumeMounts", 'volume mounts at "/mnt/other" reach the output volume'),
+        ({"extraVolumeMounts": [{"name": "cache", "mountPath": "/output/victim"}]}, "spec.extraVolumeMounts", "policy.outputMounts: false"),
+        ({"extraVolumeMounts": [{"name": "cache", "mountPath": "//output"}]}, "spec.extraVolumeMounts", '"//output"'),
+        ({"extraVolumeMounts": [{"name": "cache", "mountPath": "/x/../output"}]}, "spec.extraVolumeMounts", '"/x/../output"'),
+        ({"output": {"claimName": "shared"}, "extraVolumes": [{"name": "again", "persistentVolumeClaim": {"claimName": "shared"}}]}, "spec.extraVolumes", 'volumes "again" mount the output PVC "shared" again'),
+        # Device-plugin resources.
+        ({"gpuResource": "squat.ai/kvm"}, "spec.gpuResource", 'GPU resource "squat.ai/kvm" is not allowed'),
+        ({"nccl": {"ib": {"enabled": True, "rdmaResourceName": "smarter-devices/fuse"}}}, "spec.nccl.ib.rdmaResourceName", "policy.rdmaResources"),
+        # Reserved nodes.
+        ({"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}, "spec.nodeSelector", 'node labels "node-role.kubernetes.io/control-plane" select nodes'),
+        ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]}]}}}}, "spec.affinity", "policy.reservedNodeLabels"),
+        ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "In", "values": ["x"]}]}}]}}}, "spec.affinity", "node affinity selects nodes"),
     ],
 )  # fmt: skip
 def test_each_rule_names_its_field_and_the_allowed_values(
@@ -157,6 +213,70 @@ def test_each_rule_names_its_field_and_the_allowed_values(
     found = problems({**SECURE, **change})
     assert list(found) == [field]
     assert words in found[field] and "the cluster's MegDet policy" in found[field]
+
+
+def test_what_the_new_knobs_let_through_by_default_and_when_opened() -> None:
+    """The safe side of each gap of issue 22 passes the default policy; each value opens its
+    gap, and only that one."""
+    fine = {
+        **SECURE,
+        "podAnnotations": {
+            "container.apparmor.security.beta.kubernetes.io/pytorch": "localhost/train",
+            "seccomp.security.alpha.kubernetes.io/pod": "runtime/default",
+            "example.com/team": "vision",
+        },
+        "network": {"multusNetworks": "rdma-net, rdma-net2@net2"},
+        "extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG"}],
+        "extraVolumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache"}}],
+        "extraVolumeMounts": [
+            {"name": "cache", "mountPath": "/cache", "subPath": "mine"},
+            {"name": "cache", "mountPath": "/outputs-old"},
+        ],
+        "output": {"claimName": "out"},
+        "gpuResource": "nvidia.com/gpu",
+        "nccl": {"ib": {"enabled": False, "rdmaResourceName": "anything/else"}},
+        "nodeSelector": {"nvidia.com/gpu.product": "H100", "node-role.kubernetes.io/worker": ""},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"},
+                                {"key": "node-role.kubernetes.io/master", "operator": "NotIn", "values": [""]},
+                            ]
+                        }
+                    ]
+                }
+            }
+        },
+    }  # fmt: skip
+    assert problems(fine) == {}
+    opened = {
+        "multusNamespaces": (["*"], {"network": {"multusNetworks": '[{"name": "n"}]'}}),
+        "multusDefaultNetwork": (True, {"podAnnotations": {"v1.multus-cni.io/default-network": "n"}}),
+        "loaderEnv": (True, {"extraEnv": [{"name": "LD_PRELOAD", "value": "/x.so"}]}),
+        "outputMounts": (True, {"extraVolumeMounts": [{"name": "output", "mountPath": "/o", "subPath": "v"}]}),
+        "gpuResources": (["nvidia.com/gpu", "amd.com/gpu"], {"gpuResource": "amd.com/gpu"}),
+        "rdmaResources": (["*"], {"nccl": {"ib": {"enabled": True, "rdmaResourceName": "x/y"}}}),
+        "reservedNodeLabels": ([], {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}),
+    }  # fmt: skip
+    for key, (value, change) in opened.items():
+        spec = {**SECURE, **change}
+        assert problems(spec), key
+        assert problems(spec, Policy.from_values({key: value})) == {}, key
+    # key=value entries reserve only that value; other namespaces can be listed by name.
+    dedicated = Policy.from_values({"reservedNodeLabels": ["dedicated=infra"]})
+    assert problems({**SECURE, "nodeSelector": {"dedicated": "training"}}, dedicated) == {}
+    assert "spec.nodeSelector" in problems(
+        {**SECURE, "nodeSelector": {"dedicated": "infra"}}, dedicated
+    )
+    shared = Policy.from_values({"multusNamespaces": ["", "net-shared"]})
+    assert problems({**SECURE, "network": {"multusNetworks": "net-shared/ib, own"}}, shared) == {}
+    # The AppArmor annotation is the podSecurity knob, with the grant like podSecurityContext.
+    assert privileged_knobs(
+        {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/c": "unconfined"}}
+    ) == ["podSecurity"]
 
 
 def test_queues_when_the_policy_names_them_or_requires_one() -> None:
@@ -295,3 +415,80 @@ def test_a_run_carrying_an_operator_value_is_refused_not_rendered(key) -> None:
     decision = plan_children(run_body("o", {"gpus": 8, key: value}))
     assert isinstance(decision, Invalid)
     assert [p.path for p in decision.problems] == [f"spec.{key}"]
+
+
+async def test_a_stricter_policy_applies_at_the_next_spec_change_and_suspend_goes_through(
+    cluster,
+) -> None:
+    """Issue 22, item 13: a run made under a looser policy keeps its job; its owner can still
+    suspend and resume it; any other spec change is checked against the policy as it is now
+    (Valid=False, PolicyDenied, the phase and the job kept, the change not applied)."""
+    allowing = Policy.from_values({"privileged": {"hostNetwork": True}})
+    op = await start_operator(str(cluster.url), policy=allowing)
+    try:
+        await apply(cluster, run_body("old", {"gpus": 8, "network": {"hostNetwork": True}}))
+        await eventually(lambda: get(cluster, PYTORCHJOBS, "old"), message="the job")
+        await eventually(lambda: phase(cluster, "old") not in (None, "Invalid"), message="phase")
+    finally:
+        await stop_operator(op)
+    # The platform tightens the policy: the controller restarts with the defaults.
+    op = await start_operator(str(cluster.url))
+    try:
+        await reconciled(cluster, "old")
+        assert condition(cluster, "old", "Valid")["status"] == "True"  # untouched: it stands
+        before = phase(cluster, "old")
+
+        def suspended() -> bool | None:
+            return get(cluster, PYTORCHJOBS, "old")["spec"]["runPolicy"].get("suspend")
+
+        await patch(
+            cluster,
+            RUNS,
+            "old",
+            {"metadata": {"generation": 2}, "spec": {"runPolicy": {"suspend": True}}},
+        )
+        await eventually(lambda: suspended() is True, message="the job suspended")
+        assert condition(cluster, "old", "Valid")["status"] == "True"
+        # Another spec change: checked against the policy as it is now.
+        await patch(
+            cluster,
+            RUNS,
+            "old",
+            {"metadata": {"generation": 3}, "spec": {"podLabels": {"team": "vision"}}},
+        )
+
+        def denied() -> dict[str, Any] | None:
+            valid = condition(cluster, "old", "Valid") or {}
+            return valid if valid.get("reason") == "PolicyDenied" else None
+
+        valid = await eventually(denied, message="Valid=False, PolicyDenied")
+        assert valid["status"] == "False" and valid["observedGeneration"] == 3
+        assert "spec.network.hostNetwork: host networking" in valid["message"]
+        assert phase(cluster, "old") == before  # the job runs on, its phase mirrored as before
+        assert get(cluster, PYTORCHJOBS, "old") is not None
+        await eventually(
+            lambda: [e for e in events_for(cluster, "old") if e.get("reason") == "PolicyDenied"],
+            message="a PolicyDenied Warning event",
+        )
+        # Resuming still goes through, and the run stays denied.
+        await patch(
+            cluster,
+            RUNS,
+            "old",
+            {"metadata": {"generation": 4}, "spec": {"runPolicy": {"suspend": False}}},
+        )
+        await eventually(lambda: suspended() is False, message="the job resumed")
+        assert (denied() or {}).get("status") == "False"
+        # Brought inside the policy: valid again.
+        await patch(
+            cluster,
+            RUNS,
+            "old",
+            {"metadata": {"generation": 5}, "spec": {"network": {"hostNetwork": False}}},
+        )
+        await eventually(
+            lambda: (condition(cluster, "old", "Valid") or {}).get("status") == "True",
+            message="Valid=True again",
+        )
+    finally:
+        await stop_operator(op)
