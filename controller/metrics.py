@@ -28,11 +28,13 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 # Values of the ``phase`` label of RUNS: the MegDetRun status phases, owned by status.py.
+from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixin, Limits
 from megdet.controller.job_state import PHASES
 
 _log = logging.getLogger(__name__)
 
 __all__ = [
+    "HTTP_REFUSED",
     "JOBS_CREATED",
     "JOBS_DELETED",
     "JOBS_FAILED",
@@ -40,6 +42,7 @@ __all__ = [
     "JOBS_SUCCESSFUL",
     "PHASES",
     "PROGRESS_REPORTS",
+    "PROGRESS_WRITES",
     "RECONCILES",
     "RECONCILE_DURATION",
     "REGISTRY",
@@ -122,11 +125,29 @@ RUN_INFO = Gauge(
 )
 #: Training progress reports to the controller's endpoint (target pytorchjob; progress.py), by
 #: result: accepted, unauthenticated (no token), forbidden (a token not of the run's pods),
-#: invalid (422/411/413), not_found (no such run, or target trainjob), error (API failure).
+#: invalid (422/411/413), not_found (no such run, or target trainjob), rate_limited (429: too
+#: many TokenReviews from the source address), busy (503: the hub holds its most runs), error
+#: (API failure).
 PROGRESS_REPORTS = Counter(
     "megdet_controller_progress_reports",
     "Progress reports POSTed to the controller's status endpoint, by result.",
     ["result"],
+    registry=REGISTRY,
+)
+PROGRESS_WRITES = Counter(
+    "megdet_controller_progress_writes",
+    "status.progress writes of the progress endpoint, by result: written, refused (the API "
+    "server refused the value with 400/422: dropped, never retried), error (tried again after "
+    "an interval), gone (the run no longer exists).",
+    ["result"],
+    registry=REGISTRY,
+)
+HTTP_REFUSED = Counter(
+    "megdet_controller_http_refused",
+    "Connections to the controller's servers (server: metrics, progress) closed unserved, by "
+    "reason: busy (over the connection cap, in all or of one source address), deadline (the "
+    "request did not arrive in full within the request timeout).",
+    ["server", "reason"],
     registry=REGISTRY,
 )
 
@@ -191,7 +212,9 @@ class MetricsServer:
         self._thread.join(10)
 
 
-class _Server(ThreadingMixIn, WSGIServer):
+class _Server(BoundedServerMixin, ThreadingMixIn, WSGIServer):
+    """Connections capped, each request within a deadline (http_limits.py)."""
+
     daemon_threads = True  # a stuck scrape must not keep the process alive
     allow_reuse_address = True
 
@@ -203,10 +226,9 @@ class _Server(ThreadingMixIn, WSGIServer):
         _log.debug("metrics: connection from %s failed: %s", client_address, sys.exc_info()[1])
 
 
-class _QuietHandler(WSGIRequestHandler):
-    # Bounds a client that connects and never sends (or never finishes the TLS handshake,
-    # which happens here, in the request's own thread, not in the accept loop).
-    timeout = 30
+class _QuietHandler(BoundedHandlerMixin, WSGIRequestHandler):
+    # The TLS handshake and the whole request within the server's request deadline, in the
+    # request's own thread, not in the accept loop (http_limits.py).
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -214,7 +236,12 @@ class _QuietHandler(WSGIRequestHandler):
 
 def _guarded(app: Callable[..., Any], authorizer: Any) -> Callable[..., Any]:
     """``app`` behind ``authorizer`` (a TokenAuthorizer): 401/403/500 as plain text."""
-    reasons = {401: "401 Unauthorized", 403: "403 Forbidden", 500: "500 Internal Server Error"}
+    reasons = {
+        401: "401 Unauthorized",
+        403: "403 Forbidden",
+        429: "429 Too Many Requests",
+        500: "500 Internal Server Error",
+    }
 
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -224,7 +251,9 @@ def _guarded(app: Callable[..., Any], authorizer: Any) -> Callable[..., Any]:
         if method not in ("GET", "HEAD"):
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
             return iter([b""])
-        verdict = authorizer.check(environ.get("HTTP_AUTHORIZATION"), "get", "/metrics")
+        verdict = authorizer.check(
+            environ.get("HTTP_AUTHORIZATION"), "get", "/metrics", environ.get("REMOTE_ADDR", "")
+        )
         if not verdict.allowed:
             headers = [("Content-Type", "text/plain; charset=utf-8")]
             if verdict.status == 401:
@@ -242,13 +271,15 @@ def serve(
     *,
     authorizer: Any = None,
     ssl_context: ssl.SSLContext | None = None,
+    limits: Limits | None = None,
 ) -> MetricsServer:
     """Serve :data:`REGISTRY` on ``addr:port/metrics`` from a background thread.
 
     With ``ssl_context`` it speaks HTTPS; with ``authorizer`` (a
     :class:`megdet.controller.metrics_auth.TokenAuthorizer`) every request needs a bearer
     token the authorizer accepts. Neither: plain HTTP for anyone who reaches the port.
-    ``port`` 0 picks a free port (see :attr:`MetricsServer.port`).
+    ``port`` 0 picks a free port (see :attr:`MetricsServer.port`). ``limits``: the connection
+    cap and request deadline (:class:`~megdet.controller.http_limits.Limits`; safe defaults).
     """
     app = make_wsgi_app(REGISTRY)
     if authorizer is not None:
@@ -259,6 +290,7 @@ def serve(
 
         server_class.address_family = socket.AF_INET6
     httpd = make_server(addr, port, app, server_class=server_class, handler_class=_QuietHandler)
+    httpd.init_limits(limits, lambda why: HTTP_REFUSED.labels("metrics", why).inc())
     if ssl_context is not None:
         httpd.socket = ssl_context.wrap_socket(
             httpd.socket, server_side=True, do_handshake_on_connect=False

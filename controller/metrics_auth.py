@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from megdet.controller.tls import context_from_dir, context_from_pem, self_signed
-from megdet.controller.tokenauth import VerdictCache, bearer_token
+from megdet.controller.tokenauth import SourceLimiter, VerdictCache, bearer_token
 
 __all__ = [
     "AuthError",
@@ -60,7 +60,7 @@ class User:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The answer to one request: an HTTP status (200, 401, 403 or 500) and why."""
+    """The answer to one request: an HTTP status (200, 401, 403, 429 or 500) and why."""
 
     status: int
     reason: str
@@ -93,17 +93,28 @@ class TokenAuthorizer:
     #: Tokens remembered at most; the least recently used goes first.
     max_entries: int = 1024
     clock: Callable[[], float] = time.monotonic
+    #: Reviews one source address may cause (cache misses): a burst, then a rate a second.
+    reviews_per_second: float = 1.0
+    review_burst: int = 10
     _cache: VerdictCache = field(init=False, repr=False)
+    limiter: SourceLimiter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # Grants and refusals in separate pools: a flood of bad tokens never evicts a grant.
         self._cache = VerdictCache(self.max_entries, self.clock)
+        self.limiter = SourceLimiter(self.reviews_per_second, self.review_burst, clock=self.clock)
         if self.allow_ttl < 0 or self.deny_ttl < 0:
             raise ValueError("allow_ttl and deny_ttl must be >= 0")
 
     def check(
-        self, authorization: str | None, verb: str = "get", path: str = "/metrics"
+        self,
+        authorization: str | None,
+        verb: str = "get",
+        path: str = "/metrics",
+        source: str = "",
     ) -> Verdict:
-        """The verdict for a request with this ``Authorization`` header value."""
+        """The verdict for a request with this ``Authorization`` header value, from the
+        address ``source`` (429 when it caused too many reviews lately)."""
         token = bearer_token(authorization)
         if token is None:
             return Verdict(401, "no bearer token")
@@ -112,10 +123,12 @@ class TokenAuthorizer:
         hit = self._cache.get(key, now)
         if hit is not None:
             return hit
+        if not self.limiter.take(source):
+            return Verdict(429, "too many token reviews from this address")
         verdict = self._review(token, verb, path)
         if verdict.status in (200, 401, 403):  # an API failure is asked again next time
             ttl = self.allow_ttl if verdict.allowed else self.deny_ttl
-            self._cache.put(key, verdict, now + ttl)
+            self._cache.put(key, verdict, now + ttl, allowed=verdict.allowed)
         return verdict
 
     def cached(self) -> int:

@@ -26,7 +26,11 @@ from typing import Any
 from megdet.controller.kubeapi import Cluster
 from megdet.controller.progress_auth import RunAuthenticator, kubernetes_review
 from megdet.controller.progress_ca import ServingCert, register, service_hosts
-from megdet.controller.progress_hub import ProgressHub, kubernetes_event_poster
+from megdet.controller.progress_hub import (
+    ProgressHub,
+    kubernetes_event_poster,
+    register_forget,
+)
 from megdet.controller.progress_server import ProgressServer
 
 __all__ = ["ProgressService", "start"]
@@ -90,6 +94,7 @@ def start(
         interval=interval,
         checkpoint_every=checkpoint_every,
     )
+    register_forget(registry, hub)  # a deleted run's progress state goes with it
     # The audience is the run's own, so only pods whose spec asks for it hold such a token;
     # like Trainer's status server, no pod is read (the controller needs no `get pods`).
     auth = RunAuthenticator(kubernetes_review(api_client, timeout))

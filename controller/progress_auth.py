@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megdet import progress as protocol
-from megdet.controller.tokenauth import VerdictCache, bearer_token
+from megdet.controller.tokenauth import SourceLimiter, VerdictCache, bearer_token
 
 __all__ = [
     "POD_NAME_EXTRA",
@@ -37,7 +37,8 @@ POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 
 @dataclass(frozen=True)
 class Verdict:
-    """200 (the run's own pod), 401 (no token), 403 (any other token), 500 (could not ask)."""
+    """200 (the run's own pod), 401 (no token), 403 (any other token), 429 (too many reviews
+    from the client's address), 500 (could not ask)."""
 
     status: int
     reason: str
@@ -57,12 +58,20 @@ class RunAuthenticator:
     deny_ttl: float = 10.0
     max_entries: int = 4096
     clock: Callable[[], float] = time.monotonic
+    #: TokenReviews one source address may cause (cache misses): a burst, then a rate.
+    reviews_per_second: float = 1.0
+    review_burst: int = 10
     _cache: VerdictCache = field(init=False, repr=False)
+    limiter: SourceLimiter = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # Grants and refusals in separate pools: bad tokens never evict a pod's grant.
         self._cache = VerdictCache(self.max_entries, self.clock)
+        self.limiter = SourceLimiter(self.reviews_per_second, self.review_burst, clock=self.clock)
 
-    def check(self, authorization: str | None, namespace: str, name: str) -> Verdict:
+    def check(
+        self, authorization: str | None, namespace: str, name: str, source: str = ""
+    ) -> Verdict:
         token = bearer_token(authorization)
         if token is None:
             return Verdict(401, "no bearer token")
@@ -71,10 +80,12 @@ class RunAuthenticator:
         hit = self._cache.get(key, now)
         if hit is not None:
             return hit
+        if not self.limiter.take(source):  # nothing cached: the next try asks again
+            return Verdict(429, f"too many token reviews from {source or 'this client'}")
         verdict = self._decide(token, namespace, name)
         if verdict.status in (200, 403):  # 500 (the API could not be asked) is asked again
             ttl = self.allow_ttl if verdict.status == 200 else self.deny_ttl
-            self._cache.put(key, verdict, now + ttl)
+            self._cache.put(key, verdict, now + ttl, allowed=verdict.status == 200)
         return verdict
 
     def cached(self) -> int:

@@ -11,28 +11,44 @@ Events: a Normal ``Evaluated`` event for each new evaluation (AP, AP50, iteratio
 ``Checkpointed`` event every K-th checkpoint (:class:`Milestones`), through a per-run token
 bucket (at most :data:`EVENT_BURST` at once, :data:`EVENTS_PER_HOUR` an hour). The TrainJob
 mirror (:mod:`megdet.controller.reconciler`) uses the same :class:`Milestones`.
+
+Bounded: values outside their ranges are refused before they are kept (:func:`out_of_range`);
+at most ``max_runs`` runs are held (:class:`HubFull` beyond); a run is forgotten when it is
+deleted (:func:`register_forget`: a kopf handler for the run's DELETED event), and a run not
+reported for ``idle_forget`` seconds is forgotten too (its next report reads it again). A
+status write the API server refuses (400, 422) is dropped and counted, never retried
+(``megdet_controller_progress_writes_total{result}``).
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from megdet.controller.api import KIND, RUN_API_VERSION
+from megdet.controller import metrics
+from megdet.controller.api import GROUP, KIND, PLURAL, RUN_API_VERSION, VERSION
 
 __all__ = [
     "EVENTS_PER_HOUR",
     "EVENT_BURST",
+    "MAX_INT64",
+    "RANGES",
+    "WRITE_RESULTS",
+    "HubFull",
+    "InvalidProgress",
     "Milestones",
     "ProgressHub",
     "TokenBucket",
     "UnknownRun",
     "kubernetes_event_poster",
+    "out_of_range",
+    "register_forget",
 ]
 
 logger = logging.getLogger(__name__)
@@ -40,6 +56,55 @@ logger = logging.getLogger(__name__)
 #: Per-run event budget: a bucket of EVENT_BURST tokens refilled at EVENTS_PER_HOUR.
 EVENT_BURST = 3
 EVENTS_PER_HOUR = 6
+
+MAX_INT64 = 2**63 - 1
+#: ``status.progress`` field -> (kind, lowest, highest) it may hold: what the CRD's schema
+#: (``format: int64``, ``percent`` 0-100) and the field's meaning allow. AP is in percent.
+RANGES: dict[str, tuple[type, float, float]] = {
+    "iteration": (int, 0, MAX_INT64),
+    "maxIter": (int, 0, MAX_INT64),
+    "imagesSeen": (int, 0, MAX_INT64),
+    "plannedImages": (int, 0, MAX_INT64),
+    "evalIteration": (int, 0, MAX_INT64),
+    "checkpointIteration": (int, 0, MAX_INT64),
+    "etaSeconds": (int, 0, MAX_INT64),
+    "percent": (int, 0, 100),
+    "imagesPerSecond": (float, 0, float("inf")),
+    "ap": (float, 0, 100),
+    "ap50": (float, 0, 100),
+}
+#: Values of the ``result`` label of ``megdet_controller_progress_writes_total``.
+WRITE_RESULTS = ("written", "refused", "error", "gone")
+
+
+def out_of_range(progress: Mapping[str, Any]) -> list[str]:
+    """What in a ``status.progress`` dict is outside its :data:`RANGES`, one message per
+    field, naming it and the range ([] when all is well)."""
+    problems = []
+    for key, (kind, low, high) in RANGES.items():
+        if key not in progress:
+            continue
+        value = progress[key]
+        if kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+            allowed = f"an integer {low}..{high}"
+        else:
+            ok = (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and low <= value <= high
+            )
+            allowed = (
+                f"a finite number {low:g}..{high:g}"
+                if high != float("inf")
+                else (f"a finite number >= {low:g}")
+            )
+        if not ok:
+            text = repr(value)
+            text = text if len(text) <= 40 else text[:37] + "..."
+            problems.append(f"{key}: {text} is not {allowed}")
+    return problems
 
 
 @dataclass
@@ -120,10 +185,20 @@ class _Run:
     written: dict[str, Any] = field(default_factory=dict)
     last_write: float | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
+    reported: float = 0.0
 
 
 class UnknownRun(Exception):
-    """The run does not exist (404), or is not served here (target trainjob)."""
+    """The run does not exist (404), is being deleted, or is not served here (target
+    trainjob)."""
+
+
+class HubFull(Exception):
+    """The hub holds ``max_runs`` runs already (503: the reporter retries later)."""
+
+
+class InvalidProgress(ValueError):
+    """A value outside its range (:func:`out_of_range`); the message names them."""
 
 
 #: (namespace, name) -> the run object, or None.
@@ -146,7 +221,13 @@ class ProgressHub:
         interval: float = 30.0,
         checkpoint_every: int = 5,
         clock: Callable[[], float] = time.monotonic,
+        max_runs: int = 10_000,
+        idle_forget: float = 3600.0,
     ) -> None:
+        if max_runs < 1:
+            raise ValueError(f"max_runs must be >= 1, got {max_runs}")
+        if idle_forget <= 0:
+            raise ValueError(f"idle_forget must be > 0, got {idle_forget}")
         if interval <= 0:
             raise ValueError(f"interval must be > 0, got {interval}")
         if checkpoint_every < 1:
@@ -157,28 +238,52 @@ class ProgressHub:
         self.interval = interval
         self.checkpoint_every = checkpoint_every
         self.clock = clock
+        self.max_runs = max_runs
+        self.idle_forget = idle_forget
         self.runs: dict[tuple[str, str], _Run] = {}
         self.lock = threading.Lock()
         self.writes = 0
+        # Bumped by every forget: a report that read its run before a forget reads it again.
+        self._forgets = 0
 
     def report(self, namespace: str, name: str, progress: Mapping[str, Any]) -> None:
         """Remember ``progress`` (a ``status.progress`` dict) as the run's latest. Raises
-        :class:`UnknownRun` for a run that does not exist or is not ``target: pytorchjob``."""
+        :class:`UnknownRun` for a run that does not exist, is being deleted or is not ``target:
+        pytorchjob``, :class:`InvalidProgress` for a value out of its range, :class:`HubFull`
+        when ``max_runs`` other runs are held."""
+        outside = out_of_range(progress)
+        if outside:
+            raise InvalidProgress("; ".join(outside))
         key = (namespace, name)
-        with self.lock:
-            run = self.runs.get(key)
-        if run is None:
-            run = self._load(namespace, name)
-        with self.lock:
-            run = self.runs.setdefault(key, run)
-            merged = {**(run.latest or run.written), **progress}
-            run.latest = merged
-            self._note_events(run, merged)
+        for _attempt in range(3):
+            with self.lock:
+                run = self.runs.get(key)
+                forgets = self._forgets
+            if run is None:
+                with self.lock:
+                    full = len(self.runs) >= self.max_runs
+                if full:
+                    raise HubFull(f"progress of {self.max_runs} runs held already; retry later")
+                run = self._load(namespace, name)
+            with self.lock:
+                if key not in self.runs and self._forgets != forgets:
+                    continue  # forgotten while it was read: perhaps deleted; read it again
+                if key not in self.runs and len(self.runs) >= self.max_runs:
+                    raise HubFull(f"progress of {self.max_runs} runs held already; retry later")
+                run = self.runs.setdefault(key, run)
+                merged = {**(run.latest or run.written), **progress}
+                run.latest = merged
+                run.reported = self.clock()
+                self._note_events(run, merged)
+                return
+        raise UnknownRun(f"MegDetRun {namespace}/{name} is being deleted")
 
     def _load(self, namespace: str, name: str) -> _Run:
         body = self.get_run(namespace, name)
         if body is None:
             raise UnknownRun(f"MegDetRun {namespace}/{name} not found")
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            raise UnknownRun(f"MegDetRun {namespace}/{name} is being deleted")
         spec = body.get("spec") or {}
         if spec.get("target") == "trainjob":
             raise UnknownRun(
@@ -213,23 +318,39 @@ class ProgressHub:
         return out
 
     def flush(self) -> int:
-        """Write every due run's progress and post queued events; returns the writes made."""
+        """Write every due run's progress and post queued events; returns the writes made.
+
+        A write the API server refuses (400, 422: the value can never be stored) is dropped
+        and counted, never retried; the next report starts again from what was written. A
+        404 forgets the run; any other failure is tried again after a full interval."""
         done = 0
         for namespace, name, patch in self.due():
             try:
                 self.patch_status(namespace, name, {"progress": patch})
             except Exception as err:
-                if getattr(err, "status", None) == 404:
-                    with self.lock:
-                        self.runs.pop((namespace, name), None)
+                code = getattr(err, "status", None)
+                if code == 404:
+                    metrics.PROGRESS_WRITES.labels("gone").inc()
+                    self.forget(namespace, name)
                     continue
-                logger.warning("progress: status write of %s/%s failed: %s", namespace, name, err)
+                refused = code in (400, 422)
+                metrics.PROGRESS_WRITES.labels("refused" if refused else "error").inc()
+                logger.warning(
+                    "progress: status write of %s/%s %s: %s",
+                    namespace,
+                    name,
+                    "refused, dropped" if refused else "failed",
+                    str(err)[:500],
+                )
                 with self.lock:  # try again after a full interval, not in a tight loop
                     run = self.runs.get((namespace, name))
                     if run is not None:
                         run.last_write = self.clock()
+                        if refused:
+                            run.latest = None  # never written again
                 continue
             done += 1
+            metrics.PROGRESS_WRITES.labels("written").inc()
             with self.lock:
                 self.writes += 1
                 run = self.runs.get((namespace, name))
@@ -245,6 +366,15 @@ class ProgressHub:
             ]
             for run in self.runs.values():
                 run.events = []
+            now = self.clock()
+            idle = [
+                key
+                for key, run in self.runs.items()
+                if now - run.reported > self.idle_forget
+                and (run.latest is None or run.latest == run.written)
+            ]
+            for key in idle:
+                del self.runs[key]
         for namespace, name, uid, events in pending:
             for reason, message in events:
                 try:
@@ -254,8 +384,24 @@ class ProgressHub:
         return done
 
     def forget(self, namespace: str, name: str) -> None:
+        """Drop everything held for the run (it was deleted): a run re-created under the same
+        name starts clean, with its own uid, progress and milestones."""
         with self.lock:
             self.runs.pop((namespace, name), None)
+            self._forgets += 1
+
+
+def register_forget(registry: Any, hub: ProgressHub) -> None:
+    """A kopf handler on ``registry`` that forgets a run in ``hub`` when it is deleted (its
+    watch's DELETED event, after the finalizer's cleanup). An event handler: no finalizer of
+    its own, no annotation written, and async, so it costs no thread per event."""
+    import kopf
+
+    async def forget(event: Mapping[str, Any], name: str, namespace: str, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            hub.forget(namespace, name)
+
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-forget")(forget)
 
 
 def _num(value: Any) -> str:

@@ -3,8 +3,17 @@
 ``POST /apis/megdet.io/v1alpha1/namespaces/<ns>/megdetruns/<name>/status`` with Kubeflow
 Trainer's runtime-status body (``{"trainerStatus": {...}}``), answered as Trainer v2.3.0's
 status server answers (``pkg/statusserver/``): the body back on 200, a ``metav1.Status`` on a
-failure. Refusals are logged once per run a minute and every report is counted
-(``megdet_controller_progress_reports_total{result}``, :data:`RESULTS`).
+failure. Every report is counted (``megdet_controller_progress_reports_total{result}``,
+:data:`RESULTS`); refusals of a reviewed token are logged once per run a minute.
+
+Reachable by every pod, so bounded before anything else (docs/operations.md, "Progress
+reporting"): connections, whole-request time and bytes (:mod:`~megdet.controller.http_limits`);
+the path's names to what Kubernetes allows (a namespace is a DNS-1123 label, at most 63
+characters; a run's name a DNS-1123 subdomain, at most 253); TokenReviews per source address
+(429). A request without a well-formed bearer token, or for a path that names no possible run,
+leaves nothing behind: no cache entry, no log entry, no run state. Report values are checked
+against their ranges (:func:`~megdet.controller.progress_hub.out_of_range`) before the hub
+keeps them: 422 names the field and the range.
 """
 
 from __future__ import annotations
@@ -14,44 +23,80 @@ import json
 import logging
 import re
 import ssl
+import threading
 import time
 import urllib.parse
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.api import GROUP, PLURAL, VERSION
+from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixin, Limits
 from megdet.controller.progress_auth import RunAuthenticator, Verdict
-from megdet.controller.progress_hub import ProgressHub, UnknownRun
+from megdet.controller.progress_hub import (
+    HubFull,
+    ProgressHub,
+    TokenBucket,
+    UnknownRun,
+    out_of_range,
+)
 
-__all__ = ["MAX_BODY", "RESULTS", "ProgressServer"]
+__all__ = ["MAX_BODY", "MAX_LOGGED", "RESULTS", "ProgressServer", "run_of_path"]
 
 logger = logging.getLogger(__name__)
 
 #: Largest request body accepted (Trainer's status server: 1 << 16).
 MAX_BODY = 64 * 1024
+#: Runs whose refusals are remembered (to log each once a minute); the oldest goes first.
+MAX_LOGGED = 1024
+#: Refusal log lines in all: at most LOG_BURST at once, LOGS_PER_MINUTE a minute.
+LOG_BURST = 20
+LOGS_PER_MINUTE = 10
 #: Values of the ``result`` label of ``megdet_controller_progress_reports_total``.
-RESULTS = ("accepted", "unauthenticated", "forbidden", "invalid", "not_found", "error")
-_PATH = re.compile(
-    rf"^/apis/{re.escape(GROUP)}/{re.escape(VERSION)}"
-    r"/namespaces/(?P<ns>[a-z0-9]([-a-z0-9]*[a-z0-9])?)"
-    rf"/{re.escape(PLURAL)}/(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)/status$"
+RESULTS = (
+    "accepted",
+    "unauthenticated",
+    "forbidden",
+    "invalid",
+    "not_found",
+    "rate_limited",
+    "busy",
+    "error",
 )
+_PREFIX = f"/apis/{GROUP}/{VERSION}/namespaces/"
+_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_PATH = re.compile(
+    rf"^{re.escape(_PREFIX)}(?P<ns>{_LABEL})/{re.escape(PLURAL)}"
+    rf"/(?P<name>{_LABEL}(?:\.{_LABEL})*)/status$"
+)
+#: The longest path that can name a run: a 63-character namespace, a 253-character name.
+MAX_PATH = len(_PREFIX) + 63 + len(f"/{PLURAL}/") + 253 + len("/status")
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+def run_of_path(path: str) -> tuple[str, str] | None:
+    """(namespace, name) of a run's status path, or None when the path cannot name one: a
+    namespace that is not a DNS-1123 label of at most 63 characters, a name that is not a
+    DNS-1123 subdomain of at most 253. The length is checked before any pattern is tried."""
+    if len(path) > MAX_PATH:
+        return None
+    found = _PATH.match(path)
+    if found is None or len(found["name"]) > 253:
+        return None
+    return found["ns"], found["name"]
+
+
+class _Handler(BoundedHandlerMixin, http.server.BaseHTTPRequestHandler):
     server: ProgressServer
     protocol_version = "HTTP/1.1"
-    timeout = 30
 
-    def setup(self) -> None:
-        super().setup()
-        try:
-            self.connection.do_handshake()  # in this thread, so a slow client blocks no other
-        except (OSError, ssl.SSLError):
-            self.close_connection = True
-            raise
+    def handle(self) -> None:
+        self.close_connection = True
+        self.handle_one_request()
+        while not self.close_connection:
+            self.next_request()  # a kept-alive connection: a new deadline for the next one
+            self.handle_one_request()
 
     def log_message(self, format: str, *args: Any) -> None:
         logger.debug("progress: %s " + format, self.address_string(), *args)
@@ -67,6 +112,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self.headers.get("Authorization"),
             self.headers.get("Content-Length"),
             self.rfile,
+            self.client_address[0] if self.client_address else "",
         )
         self._send(code, body)
 
@@ -75,6 +121,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        if code in (429, 503):
+            self.send_header("Retry-After", "1" if code == 503 else "10")
         if code >= 400:
             self.send_header("Connection", "close")
             self.close_connection = True
@@ -94,8 +142,9 @@ def _status_body(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
-class ProgressServer(http.server.ThreadingHTTPServer):
-    """The endpoint: authenticates, hands the progress to the hub, answers."""
+class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
+    """The endpoint: authenticates, hands the progress to the hub, answers. ``limits``: its
+    connection cap and request deadline (:class:`~megdet.controller.http_limits.Limits`)."""
 
     daemon_threads = True
 
@@ -106,7 +155,9 @@ class ProgressServer(http.server.ThreadingHTTPServer):
         auth: RunAuthenticator,
         context: ssl.SSLContext | None,
         clock: Callable[[], float] = time.monotonic,
+        limits: Limits | None = None,
     ) -> None:
+        self.init_limits(limits, lambda why: metrics.HTTP_REFUSED.labels("progress", why).inc())
         super().__init__(address, _Handler)
         if context is not None:
             self.socket = context.wrap_socket(
@@ -115,25 +166,28 @@ class ProgressServer(http.server.ThreadingHTTPServer):
         self.hub = hub
         self.auth = auth
         self.clock = clock
-        self._logged: dict[tuple[str, str], float] = {}
+        #: (namespace, run) -> when its last refusal was logged; at most MAX_LOGGED runs.
+        self.logged: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._log_lock = threading.Lock()
+        self._log_budget = TokenBucket(LOG_BURST, LOGS_PER_MINUTE * 60, LOG_BURST)
+        self._unlogged = 0
 
     def handle(
-        self, path: str, authorization: str | None, length: str | None, rfile: Any
+        self,
+        path: str,
+        authorization: str | None,
+        length: str | None,
+        rfile: Any,
+        source: str = "",
     ) -> tuple[int, dict[str, Any]]:
-        found = _PATH.match(path)
-        if found is None:
+        run = run_of_path(path)
+        if run is None:
+            metrics.PROGRESS_REPORTS.labels("not_found").inc()
             return 404, _status_body(404, "NotFound", f"no endpoint {path[:200]}")
-        namespace, name = found["ns"], found["name"]
-        verdict = self.auth.check(authorization, namespace, name)
+        namespace, name = run
+        verdict = self.auth.check(authorization, namespace, name, source)
         if verdict.status != 200:
-            if verdict.status == 500:
-                metrics.PROGRESS_REPORTS.labels("error").inc()
-                return 500, _status_body(500, "InternalError", verdict.reason)
-            result = "unauthenticated" if verdict.status == 401 else "forbidden"
-            metrics.PROGRESS_REPORTS.labels(result).inc()
-            self._log_refusal(namespace, name, verdict)
-            reason = "Unauthorized" if verdict.status == 401 else "Forbidden"
-            return verdict.status, _status_body(verdict.status, reason, reason)
+            return self._refused(namespace, name, verdict)
         try:
             size = int(length or "")
         except ValueError:
@@ -141,13 +195,13 @@ class ProgressServer(http.server.ThreadingHTTPServer):
             return 411, _status_body(411, "LengthRequired", "Content-Length required")
         if size < 0 or size > MAX_BODY:
             metrics.PROGRESS_REPORTS.labels("invalid").inc()
-            if 0 < size <= 16 * MAX_BODY:
+            if 0 < size <= 2 * MAX_BODY:
                 rfile.read(size)  # drained, so that the client reads the answer, not a reset
             return 413, _status_body(413, "RequestEntityTooLarge", f"body over {MAX_BODY} bytes")
         raw = rfile.read(size)
         try:
             body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("trainerStatus"), Mapping):
             metrics.PROGRESS_REPORTS.labels("invalid").inc()
@@ -158,6 +212,10 @@ class ProgressServer(http.server.ThreadingHTTPServer):
         if not progress:
             metrics.PROGRESS_REPORTS.labels("invalid").inc()
             return 422, _status_body(422, "Invalid", "Invalid payload: " + "; ".join(problems))
+        outside = out_of_range(progress)
+        if outside:
+            metrics.PROGRESS_REPORTS.labels("invalid").inc()
+            return 422, _status_body(422, "Invalid", "Invalid payload: " + "; ".join(outside))
         if problems:
             logger.info("progress: %s/%s: parts left out: %s", namespace, name, problems[:5])
         try:
@@ -165,6 +223,9 @@ class ProgressServer(http.server.ThreadingHTTPServer):
         except UnknownRun as err:
             metrics.PROGRESS_REPORTS.labels("not_found").inc()
             return 404, _status_body(404, "NotFound", str(err))
+        except HubFull as err:
+            metrics.PROGRESS_REPORTS.labels("busy").inc()
+            return 503, _status_body(503, "ServiceUnavailable", str(err))
         except Exception as err:
             metrics.PROGRESS_REPORTS.labels("error").inc()
             logger.error("progress: %s/%s: %s: %s", namespace, name, type(err).__name__, err)
@@ -172,17 +233,42 @@ class ProgressServer(http.server.ThreadingHTTPServer):
         metrics.PROGRESS_REPORTS.labels("accepted").inc()
         return 200, body
 
+    def _refused(self, namespace: str, name: str, verdict: Verdict) -> tuple[int, dict[str, Any]]:
+        if verdict.status == 500:
+            metrics.PROGRESS_REPORTS.labels("error").inc()
+            return 500, _status_body(500, "InternalError", verdict.reason)
+        if verdict.status == 429:
+            metrics.PROGRESS_REPORTS.labels("rate_limited").inc()
+            return 429, _status_body(429, "TooManyRequests", verdict.reason)
+        if verdict.status == 401:
+            # No well-formed token: nothing is remembered of it (not even to log it).
+            metrics.PROGRESS_REPORTS.labels("unauthenticated").inc()
+            return 401, _status_body(401, "Unauthorized", "Unauthorized")
+        metrics.PROGRESS_REPORTS.labels("forbidden").inc()
+        self._log_refusal(namespace, name, verdict)
+        return 403, _status_body(403, "Forbidden", "Forbidden")
+
     def _log_refusal(self, namespace: str, name: str, verdict: Verdict) -> None:
+        """Log a refusal once per run a minute, and at most :data:`LOG_BURST` lines at once
+        (:data:`LOGS_PER_MINUTE` a minute) in all: a flood of names does not flood the log."""
         now = self.clock()
         key = (namespace, name)
-        if now - self._logged.get(key, -1e18) >= 60:
-            self._logged[key] = now
-            if len(self._logged) > 10000:
-                self._logged.clear()
-            logger.warning(
-                "progress: report for MegDetRun %s/%s refused (%d): %s",
-                namespace,
-                name,
-                verdict.status,
-                verdict.reason,
-            )
+        with self._log_lock:
+            if now - self.logged.get(key, -1e18) < 60:
+                return
+            self.logged[key] = now
+            self.logged.move_to_end(key)
+            while len(self.logged) > MAX_LOGGED:
+                self.logged.popitem(last=False)
+            if not self._log_budget.take(now):
+                self._unlogged += 1
+                return
+            unlogged, self._unlogged = self._unlogged, 0
+        logger.warning(
+            "progress: report for MegDetRun %s/%s refused (%d): %s%s",
+            namespace,
+            name,
+            verdict.status,
+            verdict.reason,
+            f" ({unlogged} more refusals not logged)" if unlogged else "",
+        )

@@ -534,11 +534,43 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             "Progress reports by result",
             "Training pods' progress reports to the controller's endpoint (target pytorchjob): "
             "accepted, or refused (unauthenticated, forbidden: a token not of that run; "
-            "invalid payload, not_found, error).",
+            "invalid payload or value out of range, not_found, rate_limited: too many token "
+            "reviews from one address, busy, error).",
             [
                 (
                     f"sum by (result) (rate(megdet_controller_progress_reports_total[{RATE}]))",
                     "{{result}}",
+                )
+            ],
+            unit="reqps",
+            width=6,
+        ),
+        _timeseries(
+            ids,
+            "Progress status writes by result",
+            "status.progress writes of the progress endpoint: written, refused (the API server "
+            "refused the value: dropped, never retried), error (retried), gone (run deleted).",
+            [
+                (
+                    f"sum by (result) (rate(megdet_controller_progress_writes_total[{RATE}]))",
+                    "{{result}}",
+                )
+            ],
+            unit="reqps",
+            width=6,
+        ),
+        _timeseries(
+            ids,
+            "Connections refused",
+            "Connections to the controller's /metrics and progress servers closed unserved: "
+            "busy (over the connection cap) or deadline (the request did not arrive in full in "
+            "time). A steady rate is a client holding connections open (slowloris) or too many "
+            "reporters for the cap.",
+            [
+                (
+                    "sum by (server, reason) "
+                    f"(rate(megdet_controller_http_refused_total[{RATE}]))",
+                    "{{server}} {{reason}}",
                 )
             ],
             unit="reqps",

@@ -125,7 +125,8 @@ def test_the_cache_is_bounded_and_evicts_the_least_recently_used() -> None:
     auth = TokenAuthorizer(reviewer, max_entries=3)
     for token in ("reader", "stranger", "a", "reader", "b", "c"):
         auth.check(f"Bearer {token}")
-    assert auth.cached() == 3
+    # Grants and refusals in pools of 3 each: the four refusals evicted only one another.
+    assert auth._cache.sizes() == (1, 3) and auth.cached() == 4
     calls = reviewer.token_reviews
     auth.check("Bearer c")  # still cached
     assert reviewer.token_reviews == calls

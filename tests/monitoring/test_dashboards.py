@@ -118,6 +118,8 @@ def test_no_hard_coded_namespace_and_run_panels_select_the_run(name):
                         "megdet_controller_reconcile",
                         "megdet_controller_reconciles",
                         "megdet_controller_progress_reports",
+                        "megdet_controller_progress_writes",
+                        "megdet_controller_http_refused",
                     )
                 ), query
                 continue

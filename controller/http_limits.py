@@ -1,0 +1,286 @@
+"""Bounded HTTP serving for the controller's two servers (``/metrics`` and the progress endpoint).
+
+Both are reachable by every pod of the cluster, so neither may let a client hold what the
+controller needs (threads, memory) for long. :class:`BoundedServerMixin` (for a
+``socketserver.ThreadingMixIn`` server) and :class:`BoundedHandlerMixin` (for its
+``StreamRequestHandler``) give them, as :class:`Limits` says:
+
+- **a cap on connections**, in all and per source address: a connection over the cap is
+  closed at once by the accept loop (plain HTTP first gets a ``503``; over TLS nothing can be
+  said before a handshake), never queued, and counted;
+- **a whole-request deadline**: the TLS handshake, the request line, the headers and the body
+  of one request must all arrive within ``request_timeout`` seconds of the connection's
+  accept (or of the previous answer on a kept-alive connection). Unlike a socket timeout,
+  which restarts with every byte that arrives, a client that sends one byte every few seconds
+  is cut off at the deadline;
+- **a byte budget per request** (``max_request_bytes``): what a request may send in all, so a
+  hundred 64 KiB header lines cannot sit in memory;
+- **a deadline for the answer** (``write_timeout``): a client that does not read cannot hold
+  the thread either.
+
+What Go's ``net/http`` calls ``ReadTimeout`` / ``WriteTimeout`` / ``MaxHeaderBytes``, and
+controller-runtime's servers set; Python's ``http.server`` has only the per-read timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "REFUSALS",
+    "BoundedHandlerMixin",
+    "BoundedServerMixin",
+    "ConnectionGate",
+    "Limits",
+]
+
+#: Why a connection was cut (the ``reason`` label of ``megdet_controller_http_refused_total``):
+#: over the connection cap (all, or of its source), or past its request deadline.
+REFUSALS = ("busy", "deadline")
+
+_log = logging.getLogger(__name__)
+
+_BUSY_ANSWER = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nRetry-After: 1\r\n"
+    b"Content-Length: 27\r\nConnection: close\r\n\r\ntoo many connections, retry"
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one server allows. The defaults fit the controller's 1 Gi limit with room."""
+
+    #: Connections served at once, in all; more are closed at once.
+    max_connections: int = 64
+    #: Connections served at once from one source address.
+    per_source: int = 8
+    #: Seconds for the handshake and the whole request (line, headers, body) to arrive.
+    request_timeout: float = 10.0
+    #: Seconds for the answer to be taken by the client.
+    write_timeout: float = 10.0
+    #: Bytes one request may send in all (request line, headers and body).
+    max_request_bytes: int = 128 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "per_source", "max_request_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("request_timeout", "write_timeout"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a number of seconds > 0, got {value}")
+
+
+class ConnectionGate:
+    """Counts the connections being served, in all and by source; thread-safe. A source is
+    held only while it has a connection, so the map is never larger than the cap."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._by_source: dict[str, int] = {}
+        self._total = 0
+
+    def enter(self, source: str) -> bool:
+        """Take a place for a connection from ``source``; False when over a cap."""
+        with self._lock:
+            held = self._by_source.get(source, 0)
+            if self._total >= self.limits.max_connections or held >= self.limits.per_source:
+                return False
+            self._by_source[source] = held + 1
+            self._total += 1
+            return True
+
+    def leave(self, source: str) -> None:
+        with self._lock:
+            held = self._by_source.get(source, 0) - 1
+            if held > 0:
+                self._by_source[source] = held
+            else:
+                self._by_source.pop(source, None)
+            self._total = max(0, self._total - 1)
+
+    @property
+    def active(self) -> int:
+        with self._lock:
+            return self._total
+
+    def sources(self) -> int:
+        with self._lock:
+            return len(self._by_source)
+
+
+class _Deadline:
+    """The deadline and byte budget of the request being read; :meth:`reset` per request."""
+
+    def __init__(
+        self, limits: Limits, clock: Callable[[], float], on_expired: Callable[[], None]
+    ) -> None:
+        self.limits = limits
+        self.clock = clock
+        self.on_expired = on_expired
+        self.reset()
+
+    def reset(self) -> None:
+        self.at = self.clock() + self.limits.request_timeout
+        self.budget = self.limits.max_request_bytes
+        self.expired = False
+
+    def remaining(self) -> float:
+        left = self.at - self.clock()
+        if left <= 0:
+            if not self.expired:
+                self.expired = True
+                self.on_expired()
+            raise TimeoutError("request deadline passed")
+        return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The connection's reads, each given only what is left of the request's deadline, and
+    at most the request's byte budget in all (then end of file)."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        want = min(len(buffer), self._deadline.budget)
+        if want <= 0:
+            return 0
+        self._sock.settimeout(self._deadline.remaining())
+        try:
+            got = self._sock.recv_into(memoryview(buffer)[:want])
+        except TimeoutError:
+            self._deadline.remaining()  # counts it once the deadline has passed
+            raise
+        self._deadline.budget -= got
+        return got
+
+
+class _DeadlineWriter(io.BufferedIOBase):
+    """``sendall`` with ``write_timeout`` for the whole answer (CPython's sendall timeout is a
+    deadline for the call, not per chunk)."""
+
+    def __init__(self, sock: socket.socket, timeout: float) -> None:
+        self._sock = sock
+        self._timeout = timeout
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._sock.settimeout(self._timeout)
+        self._sock.sendall(data)
+        with memoryview(data) as view:
+            return view.nbytes
+
+
+class BoundedServerMixin:
+    """Put before ``socketserver.ThreadingMixIn`` in a server's bases; call
+    :meth:`init_limits` in its ``__init__``."""
+
+    request_queue_size = 128  # the kernel's accept queue; the accept loop drains it quickly
+    limits: Limits
+    gate: ConnectionGate
+    #: Called with a :data:`REFUSALS` reason for each connection refused or cut.
+    on_refused: Callable[[str], None]
+    clock: Callable[[], float]
+
+    def init_limits(
+        self,
+        limits: Limits | None,
+        on_refused: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.gate = ConnectionGate(self.limits)
+        self.on_refused = on_refused
+        self.deadline_clock = clock
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-handshake, speaks plain HTTP to the HTTPS port or is cut
+        # at its deadline: one debug line, not a traceback on stderr per connection.
+        import sys
+
+        _log.debug("connection from %s failed: %s", client_address, sys.exc_info()[1])
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        source = str(client_address[0]) if client_address else ""
+        if not self.gate.enter(source):
+            self.on_refused("busy")
+            _refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # type: ignore[misc]
+        except BaseException:
+            self.gate.leave(source)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
+        finally:
+            self.gate.leave(str(client_address[0]) if client_address else "")
+
+
+def _refuse(request: Any) -> None:
+    """Close an over-the-cap connection without waiting for anything from it."""
+    try:
+        if not isinstance(request, ssl.SSLSocket):
+            request.setblocking(False)
+            request.send(_BUSY_ANSWER)
+            request.recv(65536)  # what already came, so that closing does not reset the answer
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        request.close()
+
+
+class BoundedHandlerMixin:
+    """Put before the ``StreamRequestHandler`` subclass in a handler's bases. Its ``setup``
+    does the TLS handshake (when the socket is TLS) within the request deadline and reads and
+    writes through the deadline; :meth:`next_request` restarts the deadline for the next
+    request of a kept-alive connection."""
+
+    server: Any
+    request: Any
+    connection: Any
+    rbufsize = io.DEFAULT_BUFFER_SIZE
+
+    def setup(self) -> None:
+        self.connection = self.request
+        limits: Limits = self.server.limits
+        self.deadline = _Deadline(
+            limits, self.server.deadline_clock, lambda: self.server.on_refused("deadline")
+        )
+        try:
+            if isinstance(self.connection, ssl.SSLSocket):
+                self.connection.settimeout(self.deadline.remaining())
+                try:
+                    self.connection.do_handshake()  # here, so a slow client blocks no other
+                except TimeoutError:
+                    self.deadline.remaining()
+                    raise
+        except (OSError, ssl.SSLError):
+            self.close_connection = True
+            raise
+        self.rfile = io.BufferedReader(
+            _DeadlineReader(self.connection, self.deadline), self.rbufsize
+        )
+        self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
+
+    def next_request(self) -> None:
+        self.deadline.reset()

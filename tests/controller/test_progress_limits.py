@@ -1,0 +1,361 @@
+"""The progress endpoint cannot be used to take the controller down (issue 22, items 1, 2, 4):
+names bounded to what Kubernetes allows, nothing remembered for a request without a token,
+every cache and set bounded, TokenReviews rate-limited per source, grants never evicted by
+refusals, report values checked against their ranges, a refused status write dropped.
+
+The token decision itself (audience, pod binding) is faked here (``_decide``), so these tests
+exercise only what lies around it: tests/controller/test_progress_endpoint.py has the
+decision, tests/e2e/test_progress.py the real API server."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import random
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from megdet import progress as protocol
+from megdet.controller import metrics
+from megdet.controller.progress_auth import RunAuthenticator, Verdict
+from megdet.controller.progress_hub import (
+    MAX_INT64,
+    HubFull,
+    InvalidProgress,
+    ProgressHub,
+    UnknownRun,
+    out_of_range,
+)
+from megdet.controller.progress_server import MAX_LOGGED, ProgressServer, run_of_path
+from megdet.controller.tokenauth import MAX_TOKEN_LENGTH, SourceLimiter, VerdictCache
+
+NS = "vision"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Authenticator(RunAuthenticator):
+    """The real cache and limiter around a fake decision: ``good`` tokens are their run's."""
+
+    def __init__(self, good: Mapping[str, str], **kwargs: Any) -> None:
+        # The run lookup and pod binding the decision may take are never asked: _decide is
+        # the fake's (only what the dataclass declares is passed).
+        around = {
+            "runs": lambda namespace, name: SimpleNamespace(name=name, uid=f"uid-{name}"),
+            "binding": None,
+        }
+        declared = {f.name for f in dataclasses.fields(RunAuthenticator)}
+        super().__init__(
+            review=self._no_review,
+            **{k: v for k, v in around.items() if k in declared},
+            **kwargs,
+        )
+        self.good = dict(good)
+        self.decisions = 0
+
+    @staticmethod
+    def _no_review(token: str, audiences: list[str]) -> Mapping[str, Any]:
+        raise AssertionError("the fake decides without a TokenReview")
+
+    def _decide(self, token: str, namespace: str, run: Any, *_: Any, **__: Any) -> Verdict:
+        self.decisions += 1
+        name = getattr(run, "name", run)
+        if self.good.get(token) == name:
+            return Verdict(200, "the run's pod", f"{name}-worker-0")
+        return Verdict(403, "not this run's token")
+
+
+class FakeAPI:
+    def __init__(self, runs: dict[tuple[str, str], dict[str, Any]]) -> None:
+        self.runs = runs
+        self.patches: list[tuple[str, str, dict[str, Any]]] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.fail: list[Exception] = []
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.runs.get((namespace, name))
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        if self.fail:
+            raise self.fail.pop(0)
+        self.patches.append((namespace, name, json.loads(json.dumps(status))))
+
+    def post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
+        self.events.append((name, reason, message))
+
+
+def run_obj(name: str, **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", **meta},
+        "spec": {"target": "pytorchjob"},
+        "status": {},
+    }
+
+
+def body(iteration: int = 10, **metrics_: str) -> bytes:
+    p = protocol.Progress(iteration=iteration, max_iter=1000, updated_time="2026-01-01T00:00:00Z")
+    req = protocol.to_request(p)
+    for name, value in metrics_.items():
+        req["trainerStatus"]["metrics"].append({"name": name, "value": value})
+    return json.dumps(req).encode()
+
+
+def make(clock: Clock, good: Mapping[str, str] | None = None, **auth_kwargs: Any):
+    api = FakeAPI({(NS, "r1"): run_obj("r1"), (NS, "r2"): run_obj("r2")})
+    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    auth = Authenticator(good or {}, clock=clock, **auth_kwargs)
+    # Not started: handle() is called directly (the HTTP plumbing: test_http_limits.py).
+    server = ProgressServer(("127.0.0.1", 0), hub, auth, None, clock=clock)
+    return server, hub, auth, api
+
+
+def post(server: ProgressServer, path: str, token: str | None, data: bytes = b"", source: str = ""):
+    authorization = None if token is None else f"Bearer {token}"
+    return server.handle(path, authorization, str(len(data)), io.BytesIO(data), source)
+
+
+def random_name(rng: random.Random, length: int) -> str:
+    """``length`` random lower-case hex digits (a valid DNS-1123 label up to 63)."""
+    return format(rng.getrandbits(4 * length), "x").zfill(length)[:length]
+
+
+def test_paths_are_bounded_to_kubernetes_names() -> None:
+    prefix = "/apis/megdet.io/v1alpha1/namespaces/"
+    ok_ns, ok_name = "n" * 63, ".".join(["a" * 63] * 3) + "." + "b" * 61  # 253 characters
+    assert len(ok_name) == 253
+    assert run_of_path(protocol.run_status_path(ok_ns, ok_name)) == (ok_ns, ok_name)
+    assert run_of_path(protocol.run_status_path("vision", "r1")) == ("vision", "r1")
+    for ns, name in [
+        ("n" * 64, "r1"),  # a namespace is a DNS-1123 label: at most 63
+        ("vision", ok_name + "c"),  # a name a DNS-1123 subdomain: at most 253
+        ("vision", "r" * 30_000),
+        ("Vision", "r1"),
+        ("vision", "a..b"),
+        ("vision", "-a"),
+        ("vision", "a."),
+        ("-vision", "r1"),
+    ]:
+        assert run_of_path(protocol.run_status_path(ns, name)) is None, (ns, name[:80])
+    assert run_of_path(prefix + "vision/megdetruns/r1/status/x") is None
+
+
+def test_a_flood_without_tokens_remembers_nothing() -> None:
+    """20,000 POSTs with long random names and no, malformed or oversized tokens: every
+    structure of the endpoint stays empty, and no token is reviewed."""
+    clock = Clock()
+    server, hub, auth, _api = make(clock)
+    rng = random.Random(22)
+    tokens = [None, "", "Basic dXNlcjpwYXNz", "Bearer", "Bearer a b", "Bearer \x00x",
+              "Bearer " + "t" * (MAX_TOKEN_LENGTH + 1)]  # fmt: skip
+    before = metrics.sample("megdet_controller_progress_reports_total", {"result": "not_found"})
+    for i in range(20_000):
+        name = random_name(rng, 30_000 if i % 2 else rng.randint(1, 60))
+        path = protocol.run_status_path(NS if i % 3 else random_name(rng, 100), name)
+        authorization = tokens[i % len(tokens)]
+        code, _ = server.handle(path, authorization, "2", io.BytesIO(b"{}"))
+        assert code in (401, 404)
+    assert server.logged == {}
+    assert auth.cached() == 0 and auth.decisions == 0
+    assert len(auth.limiter) == 0
+    assert hub.runs == {}
+    after = metrics.sample("megdet_controller_progress_reports_total", {"result": "not_found"})
+    assert after - before > 0  # invalid paths are counted, not remembered
+
+
+def test_a_flood_of_random_tokens_stays_bounded_and_keeps_the_grants() -> None:
+    """Random well-formed tokens for valid names from many addresses: reviews are limited per
+    address (429), refusals kept in their own bounded pool and log set, grants never evicted."""
+    clock = Clock()
+    server, hub, auth, _api = make(clock, {"good": "r1"}, max_entries=64, review_burst=5)
+    assert post(server, protocol.run_status_path(NS, "r1"), "good", body(), "10.0.0.1")[0] == 200
+    rng = random.Random(7)
+    codes: dict[int, int] = {}
+    for i in range(20_000):
+        clock.now += 0.001
+        name = ".".join(random_name(rng, rng.randint(1, 63)) for _ in range(rng.randint(1, 4)))
+        token = random_name(rng, 40)
+        code, _ = post(server, protocol.run_status_path(NS, name), token, b"{}", f"10.1.{i % 50}.1")
+        codes[code] = codes.get(code, 0) + 1
+    assert set(codes) == {403, 429}
+    # At most a burst per address, plus what 20 s of refill at 1/s gives each of 50 addresses.
+    assert auth.decisions <= 1 + 50 * (5 + 21)
+    allowed, denied = auth._cache.sizes()
+    assert allowed == 1 and denied <= 64
+    assert len(server.logged) <= MAX_LOGGED
+    assert len(auth.limiter) <= auth.limiter.max_sources
+    assert set(hub.runs) == {(NS, "r1")}
+    decisions = auth.decisions
+    assert post(server, protocol.run_status_path(NS, "r1"), "good", body(11), "10.0.0.1")[0] == 200
+    assert auth.decisions == decisions  # the grant was still cached: no new review
+
+
+def test_reviews_are_rate_limited_per_source_address() -> None:
+    clock = Clock()
+    server, _hub, auth, _api = make(clock, {"good": "r1"}, review_burst=3, reviews_per_second=0.5)
+    path = protocol.run_status_path(NS, "r2")
+    before = metrics.sample("megdet_controller_progress_reports_total", {"result": "rate_limited"})
+    codes = [post(server, path, f"bad-{i}", b"{}", "10.0.0.9")[0] for i in range(5)]
+    assert codes == [403, 403, 403, 429, 429]
+    code, status = post(server, path, "bad-x", b"{}", "10.0.0.9")
+    assert code == 429 and status["reason"] == "TooManyRequests"
+    # Another address is not held back by this one; a cached verdict costs no token at all.
+    assert post(server, path, "bad-y", b"{}", "10.0.0.10")[0] == 403
+    assert post(server, path, "bad-0", b"{}", "10.0.0.9")[0] == 403  # cached refusal
+    clock.now += 2  # refilled: one more review
+    assert post(server, path, "bad-z", b"{}", "10.0.0.9")[0] == 403
+    assert post(server, path, "bad-w", b"{}", "10.0.0.9")[0] == 429
+    after = metrics.sample("megdet_controller_progress_reports_total", {"result": "rate_limited"})
+    assert after - before == 4
+    assert auth.decisions == 5
+
+
+def test_refusals_never_evict_grants() -> None:
+    clock = Clock()
+    cache = VerdictCache(4, clock, max_denied=8)
+    for i in range(4):
+        cache.put(VerdictCache.key(f"good-{i}", "r"), "ok", clock() + 300, allowed=True)
+    for i in range(10_000):
+        cache.put(VerdictCache.key(f"bad-{i}", "r"), "no", clock() + 10, allowed=False)
+    assert cache.sizes() == (4, 8)
+    assert all(cache.get(VerdictCache.key(f"good-{i}", "r"), clock()) == "ok" for i in range(4))
+    # A token refused then granted (or the reverse) is kept once, in the pool of its verdict.
+    key = VerdictCache.key("flip", "r")
+    cache.put(key, "no", clock() + 10, allowed=False)
+    cache.put(key, "ok", clock() + 300, allowed=True)
+    assert cache.get(key, clock()) == "ok" and cache.sizes() == (4, 7)
+
+
+def test_source_limiter_is_bounded_and_refills() -> None:
+    clock = Clock()
+    limiter = SourceLimiter(rate=1.0, burst=2, max_sources=100, clock=clock)
+    assert [limiter.take("a") for _ in range(3)] == [True, True, False]
+    for i in range(1000):
+        limiter.take(f"s{i}")
+    assert len(limiter) == 100
+    clock.now += 1.0
+    assert limiter.take("s999") is True
+
+
+def test_out_of_range_values_are_refused_with_the_field_and_range() -> None:
+    clock = Clock()
+    server, hub, _auth, _api = make(clock, {"good": "r1"})
+    path = protocol.run_status_path(NS, "r1")
+    cases = {
+        "iteration": ("9300000000000000000", f"0..{MAX_INT64}"),  # 19 digits, above int64
+        "imagesSeen": ("9223372036854775808", f"0..{MAX_INT64}"),
+        "ap": ("100.5", "0..100"),
+        "ap50": ("-1", "0..100"),
+        "imagesPerSecond": ("-3.5", ">= 0"),
+    }
+    for field, (value, allowed) in cases.items():
+        data = json.loads(body())
+        data["trainerStatus"]["metrics"] = [
+            m for m in data["trainerStatus"]["metrics"] if m["name"] != field
+        ] + [{"name": field, "value": value}]
+        code, status = post(server, path, "good", json.dumps(data).encode())
+        assert code == 422, field
+        assert status["kind"] == "Status" and status["reason"] == "Invalid"
+        assert field in status["message"] and allowed in status["message"], status["message"]
+    assert hub.runs == {}  # nothing of a refused report was kept
+    ok = post(server, path, "good", body(5, ap="0", ap50="100", imagesPerSecond="0"))
+    assert ok[0] == 200
+    assert out_of_range({"percent": 101, "ap": float("nan"), "etaSeconds": -1}) == [
+        "etaSeconds: -1 is not an integer 0..9223372036854775807",
+        "percent: 101 is not an integer 0..100",
+        "ap: nan is not a finite number 0..100",
+    ]
+    with pytest.raises(InvalidProgress, match="iteration"):
+        hub.report(NS, "r1", {"iteration": MAX_INT64 + 1})
+
+
+class ApiError(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+def _writes(result: str) -> float:
+    return metrics.sample("megdet_controller_progress_writes_total", {"result": result})
+
+
+def test_a_status_write_the_api_server_refuses_is_dropped_not_retried() -> None:
+    clock = Clock()
+    api = FakeAPI({(NS, "r1"): run_obj("r1")})
+    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    refused, errors = _writes("refused"), _writes("error")
+    hub.report(NS, "r1", {"iteration": 5})
+    api.fail.append(ApiError(422))
+    assert hub.flush() == 0
+    assert _writes("refused") - refused == 1
+    for _ in range(5):  # however long one waits, the refused value is not written again
+        clock.now += 31
+        assert hub.flush() == 0
+    assert api.patches == [] and _writes("refused") - refused == 1
+    # A new report is written (from what was written before, not the refused value).
+    hub.report(NS, "r1", {"iteration": 6})
+    assert hub.flush() == 1 and api.patches[-1][2] == {"progress": {"iteration": 6}}
+    # Any other failure is tried again, after an interval.
+    hub.report(NS, "r1", {"iteration": 7})
+    api.fail.append(ApiError(500))
+    clock.now += 31
+    assert hub.flush() == 0 and _writes("error") - errors == 1
+    assert hub.flush() == 0  # not in a tight loop
+    clock.now += 31
+    assert hub.flush() == 1 and api.patches[-1][2]["progress"]["iteration"] == 7
+
+
+def test_the_hub_holds_at_most_max_runs_and_forgets_idle_runs() -> None:
+    clock = Clock()
+    api = FakeAPI({(NS, f"r{i}"): run_obj(f"r{i}") for i in range(10)})
+    hub = ProgressHub(
+        api.get_run, api.patch_status, api.post_event, clock=clock, max_runs=3, idle_forget=600
+    )
+    for i in range(3):
+        hub.report(NS, f"r{i}", {"iteration": i})
+    with pytest.raises(HubFull):
+        hub.report(NS, "r3", {"iteration": 1})
+    hub.report(NS, "r0", {"iteration": 9})  # a held run still reports
+    assert len(hub.runs) == 3
+    hub.flush()
+    clock.now += 601
+    hub.report(NS, "r0", {"iteration": 10})
+    hub.flush()  # r1 and r2 were written and are idle: forgotten; r0 has a pending write
+    assert set(hub.runs) == {(NS, "r0")}
+    hub.report(NS, "r3", {"iteration": 1})
+    assert set(hub.runs) == {(NS, "r0"), (NS, "r3")}
+
+
+def test_a_run_being_deleted_is_not_loaded_and_a_forget_in_between_reloads() -> None:
+    clock = Clock()
+    api = FakeAPI({(NS, "gone"): run_obj("gone", deletionTimestamp="2026-01-01T00:00:00Z")})
+    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, clock=clock)
+    with pytest.raises(UnknownRun, match="being deleted"):
+        hub.report(NS, "gone", {"iteration": 1})
+    assert hub.runs == {}
+    # A forget while a report reads its run: the report reads the run again, so the old
+    # incarnation (its uid, its milestones) is not kept for a new one.
+    api.runs[(NS, "r")] = run_obj("r")
+    reads = []
+
+    def get_run(namespace: str, name: str) -> dict[str, Any] | None:
+        reads.append(name)
+        if len(reads) == 1:
+            found = api.get_run(namespace, name)
+            hub.forget(namespace, name)  # deleted meanwhile ...
+            api.runs[(NS, "r")] = {**run_obj("r"), "metadata": {"name": "r", "uid": "new"}}
+            return found
+        return api.get_run(namespace, name)
+
+    hub.get_run = get_run
+    hub.report(NS, "r", {"iteration": 1})
+    assert reads == ["r", "r"] and hub.runs[(NS, "r")].uid == "new"
