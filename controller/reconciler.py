@@ -489,13 +489,17 @@ SUSPEND_DIFF = ("spec", "runPolicy", "suspend")
 
 def rechecks_policy(seen: Mapping[str, Any], reason: str, diff: Any) -> bool:
     """Whether a run whose job exists is checked against the policy again: on a spec change
-    other than suspend alone (its owner may always suspend and resume it), and while the run
-    is denied (until a spec inside the policy, or a looser policy, clears it)."""
+    other than suspend alone (its owner may always suspend and resume it; labels and
+    annotations are no spec change), and while the run is denied (until a spec inside the
+    policy, or a looser policy, clears it)."""
     if condition_reason(seen, "Valid") == POLICY_DENIED:
         return True
     if reason != "update":
         return False
-    return any(not _suspend_alone(tuple(path), old, new) for _op, path, old, new in diff or ())
+    return any(
+        tuple(path)[:1] == ("spec",) and not _suspend_alone(tuple(path), old, new)
+        for _op, path, old, new in diff or ()
+    )
 
 
 def _suspend_alone(path: tuple[str, ...], old: Any, new: Any) -> bool:

@@ -231,10 +231,12 @@ def _allowed(name: str, allowed: Iterable[str]) -> bool:
 
 
 def _join(values: Iterable[str]) -> str:
-    return ", ".join(json.dumps(v) for v in values) or "none"
+    # Quoted as the CEL message builds it ('"' + x + '"'): not json.dumps, which escapes the
+    # quotes inside a value (Multus' JSON form) and non-ASCII, and would differ from the server.
+    return ", ".join(f'"{v}"' for v in values) or "none"
 
 
-# CEL: the same rendering of a list of names as _join (JSON strings, or "none").
+# CEL: the same rendering of a list of names as _join (each in double quotes, or "none").
 def _cel_join(expr: str) -> str:
     return f"({expr}.size() == 0 ? 'none' : {expr}.map(x, '\"' + x + '\"').join(', '))"
 

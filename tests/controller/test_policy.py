@@ -19,12 +19,14 @@ from kmock_helpers import (
     RUNS,
     apply,
     condition,
+    counted,
     events_for,
     eventually,
     get,
     patch,
     phase,
     reconciled,
+    reconciles,
     requests_to,
     run_body,
     start_operator,
@@ -441,6 +443,11 @@ async def test_a_stricter_policy_applies_at_the_next_spec_change_and_suspend_goe
         def suspended() -> bool | None:
             return get(cluster, PYTORCHJOBS, "old")["spec"]["runPolicy"].get("suspend")
 
+        # Metadata is no spec change (kopf's diff has it too): not checked.
+        before_reconciles = reconciles()
+        await patch(cluster, RUNS, "old", {"metadata": {"labels": {"team": "vision"}}})
+        await counted(before_reconciles)
+        assert condition(cluster, "old", "Valid")["status"] == "True"
         await patch(
             cluster,
             RUNS,

@@ -97,7 +97,7 @@ SAMPLE = [
     ({"extraOverrides": {"TEST.EVAL_PERIOD": 5}}, "free-override"),
     ({"extraOverrides": {"lower.case": 1}}, "bad-override-key"),
     ({"nccl": {"ib": {"enabled": True, "rdmaResourceName": ""}}}, "ib-no-resource"),
-    ({"nccl": {"ib": {"enabled": True, "rdmaResourceName": "rdma/ib"}}}, "ib"),
+    ({"nccl": {"ib": {"enabled": True, "rdmaResourceName": "rdma/rdma_shared_device_a"}}}, "ib"),
     ({"kueue": {"queueName": "q"}, "runPolicy": {"suspend": True}}, "kueue-suspend"),
     ({"target": "trainjob", "gpus": 16}, "trainjob"),
     ({"resources": {"qos": "Burstable", "cpu": "500m"}}, "burstable"),
