@@ -4,14 +4,18 @@
   (``CustomObjectsApi``), as kopf's own examples do from sync handlers; reads answer ``None``
   for 404.
 - :func:`retryable` and :class:`Backoff`: which failures kopf retries, and after how long.
-- A refused create: :class:`KindNotServed` (404: the cluster lacks the kind) and
-  :class:`JobRefused` (a 4xx that retrying does not fix, outside :data:`NOT_REFUSALS`), with
-  the server's own words (:func:`refusal_message`).
+- A refused create: :class:`KindNotServed` (404: the cluster lacks the kind),
+  :class:`RefusalHeals` (a refusal that heals by itself or by an admin, not by the run's
+  spec: a ResourceQuota without room, an admission check that looks up an object it does not
+  see yet, the controller's own RBAC; :func:`heal_reason`) and :class:`JobRefused` (any other
+  4xx outside :data:`NOT_REFUSALS`: only a spec edit fixes it), with the server's own words
+  (:func:`refusal_message`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,15 +41,46 @@ __all__ = [
     "Cluster",
     "JobRefused",
     "KindNotServed",
+    "RefusalHeals",
+    "classify_refusal",
+    "heal_reason",
     "refusal_message",
     "retryable",
 ]
 
 #: HTTP statuses of a refused create that are not the job's fault, so are retried (401: the
 #: controller's credentials; 404: the kind is not served; 408: a timeout; 409: the name is
-#: taken; 429: throttling). Any other 4xx is the server refusing this job (schema, admission
-#: webhook, ResourceQuota): see :class:`JobRefused`.
+#: taken; 429: throttling). Any other 4xx is the server refusing this job: retried if it heals
+#: (:func:`heal_reason`: quota, an admission check's cache, RBAC), else final until the spec
+#: changes (schema, an admission webhook's verdict): see :class:`JobRefused`.
 NOT_REFUSALS = frozenset({401, 404, 408, 409, 429})
+
+#: A refusal that heals (HTTP 403 only: what admission and authorization answer), by what its
+#: Status message says -> the hint the run's condition gives. The quota admission plugin's
+#: "exceeded quota: <name>, requested: ..." (kubernetes plugin/pkg/admission/resourcequota);
+#: an admission webhook or plugin that looks up an object and does not find it, as Trainer's
+#: TrainJob webhook does for the TrainingRuntime the controller created a moment before
+#: (``TrainingRuntime "r" not found: specified trainingRuntime must be created before the
+#: TrainJob is created``: its informer cache has not seen it yet), or a namespace default an
+#: admin has not created yet; RBAC's "cannot create resource" (the operator's ClusterRole).
+HEALING_REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"exceeded quota", re.IGNORECASE),
+        "the namespace's ResourceQuota has no room for it now; created once other objects "
+        "free it or the quota is raised",
+    ),
+    (
+        re.compile(r"\bnot found\b|must be created before", re.IGNORECASE),
+        "an admission check looks up an object it does not see yet (an object the controller "
+        "has just created, which a webhook's cache sees a moment later, or a namespace default "
+        "an admin has yet to create); created once it is visible",
+    ),
+    (
+        re.compile(r"cannot create resource", re.IGNORECASE),
+        "the controller's ServiceAccount may not create it (the operator chart's ClusterRole); "
+        "created once an admin grants it",
+    ),
+)
 
 #: Who serves each kind the controller creates (for the message when a cluster lacks it).
 KIND_PROVIDERS = {
@@ -78,14 +113,60 @@ MAX_SERVER_MESSAGE = 2000
 class JobRefused(Exception):
     """The API server refused to create an object for a reason that retrying does not fix."""
 
-    def __init__(self, obj: Mapping[str, Any], err: k8s.ApiException, generation: Any) -> None:
+    def __init__(
+        self, obj: Mapping[str, Any], err: k8s.ApiException, generation: Any, verb: str = "create"
+    ) -> None:
         self.code = err.status
-        self.message = refusal_message(obj, err, generation)
+        self.message = refusal_message(obj, err, generation, verb)
         super().__init__(self.message)
 
 
-def refusal_message(obj: Mapping[str, Any], err: k8s.ApiException, generation: Any) -> str:
-    """The server's own words (its Status ``message`` and ``details.causes``) and the fix."""
+class RefusalHeals(Exception):
+    """The API server refused to create an object for a reason that heals without a spec edit
+    (:func:`heal_reason`): retried with backoff, the run Pending with ``Retrying`` meanwhile."""
+
+    def __init__(
+        self, obj: Mapping[str, Any], err: k8s.ApiException, hint: str, verb: str = "create"
+    ) -> None:
+        self.code = err.status
+        meta = obj.get("metadata") or {}
+        reason, server = _server_words(err)
+        self.message = (
+            f"the API server refused to {verb} {obj.get('kind')} {meta.get('name')} for now "
+            f"(HTTP {err.status} {reason}): {server}. Not final: {hint}. Retried with backoff"
+        )
+        super().__init__(self.message)
+
+
+def classify_refusal(
+    obj: Mapping[str, Any], err: k8s.ApiException, generation: Any, verb: str = "create"
+) -> JobRefused | RefusalHeals | None:
+    """A 4xx answer to writing ``obj`` outside :data:`NOT_REFUSALS` as the refusal it is: one
+    that heals (:func:`heal_reason`) or a final one; None for anything else (retried as an
+    API error, or sorted by the caller: 404, 409)."""
+    status = err.status or 0
+    if not 400 <= status < 500 or status in NOT_REFUSALS:
+        return None
+    hint = heal_reason(err)
+    if hint is not None:
+        return RefusalHeals(obj, err, hint, verb)
+    return JobRefused(obj, err, generation, verb)
+
+
+def heal_reason(err: k8s.ApiException) -> str | None:
+    """The hint of a refusal that heals without a spec edit (:data:`HEALING_REFUSALS`); None
+    for one that only a spec edit fixes (schema, a webhook's or policy's verdict on the spec)."""
+    if err.status != 403:
+        return None
+    _reason, server = _server_words(err)
+    for pattern, hint in HEALING_REFUSALS:
+        if pattern.search(server):
+            return hint
+    return None
+
+
+def _server_words(err: k8s.ApiException) -> tuple[str, str]:
+    """(the Status reason, its message and ``details.causes``), bounded."""
     body: Any = None
     try:
         body = json.loads(err.body) if isinstance(err.body, str | bytes) else err.body
@@ -108,9 +189,17 @@ def refusal_message(obj: Mapping[str, Any], err: k8s.ApiException, generation: A
     server = text + (f" (causes: {'; '.join(said)})" if said else "")
     if len(server) > MAX_SERVER_MESSAGE:
         server = server[: MAX_SERVER_MESSAGE - 3] + "..."
+    return str(reason), server
+
+
+def refusal_message(
+    obj: Mapping[str, Any], err: k8s.ApiException, generation: Any, verb: str = "create"
+) -> str:
+    """The server's own words (its Status ``message`` and ``details.causes``) and the fix."""
+    reason, server = _server_words(err)
     meta = obj.get("metadata") or {}
     return (
-        f"the API server refused to create {obj.get('kind')} {meta.get('name')} "
+        f"the API server refused to {verb} {obj.get('kind')} {meta.get('name')} "
         f"(HTTP {err.status} {reason}): {server}. Not retried until the MegDetRun's spec "
         f"changes (metadata.generation {generation}): fix what the server names (the run's "
         "spec, or the namespace's ResourceQuota or admission policy) and edit the spec, or "
@@ -151,6 +240,20 @@ class Cluster:
         namespace = obj["metadata"]["namespace"]
         return self.api.create_namespaced_custom_object(
             group, version, namespace, plural, dict(obj), _request_timeout=self.timeout
+        )
+
+    def replace(self, obj: Mapping[str, Any]) -> dict:
+        """PUT ``obj`` whole (with ``metadata.resourceVersion``: only over that version)."""
+        group, version, plural = self._ref(obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        return self.api.replace_namespaced_custom_object(
+            group,
+            version,
+            meta["namespace"],
+            plural,
+            meta["name"],
+            dict(obj),
+            _request_timeout=self.timeout,
         )
 
     def patch(self, api_version: str, kind: str, namespace: str, name: str, body: Mapping) -> dict:

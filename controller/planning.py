@@ -11,7 +11,10 @@ to create, or the field-named problems that stop it.
 
 from __future__ import annotations
 
+import copy
 import functools
+import hashlib
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,15 +36,18 @@ from megdet.controller.render import RenderedRun, default_renderer, render_run
 from megdet.controller.status import TERMINAL_PHASES, had_job
 
 __all__ = [
+    "DIGEST_ANNOTATION",
     "PROGRESS_URL",
     "RUN_ENV",
     "Invalid",
     "OutputClaim",
     "Planned",
     "controlled_by",
+    "digest_of",
     "expected_job_name",
     "is_runs_job",
     "may_own",
+    "merge_patch",
     "operator_value_problems",
     "output_claim",
     "output_holder",
@@ -52,6 +58,7 @@ __all__ = [
     "run_owner",
     "suspend_of",
     "suspend_patch",
+    "with_digest",
     "with_progress",
     "with_run_env",
 ]
@@ -256,6 +263,57 @@ def expected_job_name(run: Mapping[str, Any]) -> str | None:
     status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
     name = status.get("jobName") or (run.get("metadata") or {}).get("name")
     return name if isinstance(name, str) else None
+
+
+# ------------------------------------------------------------------------------------------
+# The run's objects that follow its spec after creation (the NetworkPolicy).
+
+#: The annotation with the digest of what the controller rendered for an object that follows
+#: the spec: a changed render changes it; fields the API server defaults do not.
+DIGEST_ANNOTATION = "megdet.io/rendered-digest"
+
+
+def _digest(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata") or {}
+    essence = {
+        "labels": meta.get("labels") or {},
+        "annotations": {
+            k: v for k, v in (meta.get("annotations") or {}).items() if k != DIGEST_ANNOTATION
+        },
+        "spec": obj.get("spec"),
+    }
+    text = json.dumps(essence, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def with_digest(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` with :data:`DIGEST_ANNOTATION` set to the digest of its labels, annotations and
+    spec (a copy)."""
+    meta = dict(obj.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), DIGEST_ANNOTATION: _digest(obj)}
+    return {**obj, "metadata": meta}
+
+
+def digest_of(obj: Mapping[str, Any]) -> str | None:
+    """The digest an object carries (None: none, or not a string)."""
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
+    annotations = meta.get("annotations") if isinstance(meta.get("annotations"), Mapping) else {}
+    value = annotations.get(DIGEST_ANNOTATION)
+    return value if isinstance(value, str) else None
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns ``old`` into ``new``: keys ``new`` lacks are
+    set to null (removed), objects are patched key by key, anything else is replaced whole."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return copy.deepcopy(new)
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if key not in old:
+            patch[key] = copy.deepcopy(value)
+        elif old[key] != value:
+            patch[key] = merge_patch(old[key], value)
+    return patch
 
 
 # ------------------------------------------------------------------------------------------

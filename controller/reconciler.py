@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -24,15 +25,24 @@ from kubernetes import client as k8s
 from megdet.controller import metrics
 from megdet.controller.api import OWNED_KINDS, TARGET_BY_KIND
 from megdet.controller.job_state import TERMINAL_PHASES, job_state, trainjob_progress
-from megdet.controller.kubeapi import NOT_REFUSALS, Backoff, Cluster, JobRefused, KindNotServed
+from megdet.controller.kubeapi import (
+    Backoff,
+    Cluster,
+    JobRefused,
+    KindNotServed,
+    RefusalHeals,
+    classify_refusal,
+)
 from megdet.controller.planning import (
     Invalid,
     OutputClaim,
     Planned,
     controlled_by,
+    digest_of,
     expected_job_name,
     is_runs_job,
     may_own,
+    merge_patch,
     output_claim,
     output_holder,
     output_in_use_message,
@@ -40,9 +50,13 @@ from megdet.controller.planning import (
     run_owner,
     suspend_of,
     suspend_patch,
+    with_digest,
 )
 from megdet.controller.progress_hub import Milestones
 from megdet.controller.status import (
+    CHILD_REFUSED,
+    RETRYING,
+    conflict_message,
     finished,
     had_job,
     invalid_status,
@@ -71,6 +85,40 @@ logger = logging.getLogger(__name__)
 
 #: The kopf index of MegDetRuns by output folder (also the handlers' keyword argument).
 OUTPUTS_INDEX = "megdet_outputs"
+
+#: The run's objects (other than its job) that follow its spec after they are created: merge-
+#: patched when the render changes, deleted when the spec no longer renders them (the spec
+#: field that renders each). A TrainingRuntime is not: Trainer reads it when it makes the
+#: TrainJob's JobSet, so a change could not reach a running job anyway.
+SYNCED_CHILDREN = {("networking.k8s.io/v1", "NetworkPolicy"): ("spec", "networkPolicy")}
+
+
+@dataclass(frozen=True)
+class Trouble:
+    """Why one of the run's objects is not as its spec says: the condition's reason and
+    message, and the delay of the next try (None: final until the spec changes)."""
+
+    reason: str
+    message: str
+    delay: float | None
+    kind: str = ""
+    name: str = ""
+
+
+def trouble_of(
+    err: KindNotServed | JobRefused | RefusalHeals, backoff: Backoff, retry: int
+) -> Trouble:
+    """A refused create (or update) as a :class:`Trouble`."""
+    if isinstance(err, KindNotServed):
+        return Trouble("JobKindNotInstalled", err.message, backoff.conflict_delay)
+    if isinstance(err, RefusalHeals):
+        return Trouble(RETRYING, err.message, backoff.delay(retry))
+    return Trouble(CHILD_REFUSED, err.message, None)
+
+
+def _meta_part(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata the controller renders for an object (labels, annotations)."""
+    return {key: dict(meta.get(key) or {}) for key in ("labels", "annotations")}
 
 
 class Reconciler:
@@ -161,12 +209,14 @@ class Reconciler:
                     self._sync_suspend(decision, job, retry)  # suspend always goes through
                 return
 
-        job = self._create_missing(run, decision, job, finished(seen), retry)
+        job, troubles = self._create_missing(run, decision, job, finished(seen), retry)
         if job is None:
             return  # the API server refused the job
         if reason == "update" and not finished(seen) and diff_touches(diff, SUSPEND_DIFF):
             self._sync_suspend(decision, job, retry)
-        self._write_planned(run, decision, retry)
+        if not finished(seen) and (reason == "resume" or diff_touches(diff, ("spec",))):
+            self._delete_unplanned(run, decision, retry)
+        self._write_planned(run, decision, retry, troubles)
 
     def _write_invalid(
         self, run: Mapping[str, Any], decision: Invalid, generation: Any, retry: int
@@ -231,37 +281,131 @@ class Reconciler:
         job: dict[str, Any] | None,
         done: bool,
         retry: int,
-    ) -> dict[str, Any] | None:
-        """Create what the run lacks: helpers (the TrainingRuntime) first, the job last (it
-        refers to them); a finished run (``done``) creates nothing. Returns the job, or None
-        when the API server refused it."""
+    ) -> tuple[dict[str, Any] | None, list[Trouble]]:
+        """Create what the run lacks and bring its other objects to the spec: those (the
+        TrainingRuntime the TrainJob refers to, the NetworkPolicy) first, the job last; a
+        finished run (``done``) creates nothing. Returns the job (None when the API server
+        refused it) and the troubles of the other objects once the job exists.
+
+        Before the job exists, a trouble with another object stops the job: it is not created
+        without what it refers to or the isolation the spec asks for (the run's status says
+        why, as for the job itself). Once the job exists, a trouble with another object is that
+        object's (``ChildrenReady=False``): the job stays the run's, Created=True.
+        """
         _namespace, _name, uid, generation = run_meta(run)
         wanted = decision.job
-        creates = [] if done else list(decision.objects[1:])
+        troubles: list[Trouble] = []
+        for obj in [] if done else decision.objects[1:]:
+            trouble = self._ensure_child(obj, uid, generation, retry)
+            if trouble is None:
+                continue
+            if job is None:
+                self._stop_for(run, trouble, generation, retry)
+                return None, []
+            troubles.append(trouble)
         if job is None:
-            creates.append(wanted)
-        for obj in creates:
-            found = job if obj is wanted else self._get(obj, retry)
+            try:
+                job = self._create(wanted, generation, retry)
+            except (KindNotServed, JobRefused, RefusalHeals) as err:
+                self._stop_for(run, trouble_of(err, self.backoff, retry), generation, retry)
+                return None, []
+            if not controlled_by(job, uid):
+                self.writer.conflict(
+                    run, wanted["kind"], wanted["metadata"]["name"], generation, retry
+                )
+        return job, troubles
+
+    def _stop_for(
+        self, run: Mapping[str, Any], trouble: Trouble, generation: Any, retry: int
+    ) -> None:
+        """The run's job is not created because of ``trouble``: say so on the run, and raise
+        kopf.TemporaryError when it is retried (a refusal that heals, a kind not installed,
+        a name taken); a final refusal returns (the spec's next change retries)."""
+        if trouble.delay is None:
+            self.writer.refused(run, trouble.message, generation, retry)
+            return
+        if trouble.reason == "JobNameConflict":
+            self.writer.conflict(run, trouble.kind, trouble.name, generation, retry)
+        self.writer.not_created(run, trouble.reason, trouble.message, generation, retry)
+        metrics.RECONCILES.labels("error").inc()
+        raise kopf.TemporaryError(trouble.message, delay=trouble.delay)
+
+    def _ensure_child(
+        self, obj: Mapping[str, Any], uid: str | None, generation: Any, retry: int
+    ) -> Trouble | None:
+        """One of the run's other objects as the spec says: created if missing, brought to
+        the spec if it is of a kind that follows it (:data:`SYNCED_CHILDREN`); the trouble
+        when the API server refuses, or the name holds an object the run does not control."""
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        wanted = with_digest(obj) if (obj["apiVersion"], kind) in SYNCED_CHILDREN else obj
+        try:
+            found = self._get(obj, retry)
             if found is None:
-                try:
-                    found = self._create(obj, generation, retry)
-                except KindNotServed as err:
-                    self.writer.not_created(
-                        run, "JobKindNotInstalled", err.message, generation, retry
-                    )
-                    metrics.RECONCILES.labels("error").inc()
-                    raise kopf.TemporaryError(
-                        err.message, delay=self.backoff.conflict_delay
-                    ) from err
-                except JobRefused as err:
-                    self.writer.refused(run, err.message, generation, retry)
-                    return None
+                self._create(wanted, generation, retry)
+                return None
             if not controlled_by(found, uid):
-                self.writer.conflict(run, obj["kind"], obj["metadata"]["name"], generation, retry)
-            if obj is wanted:
-                job = found
-        assert job is not None
-        return job
+                return Trouble(
+                    "JobNameConflict",
+                    conflict_message(kind, name),
+                    self.backoff.conflict_delay,
+                    kind,
+                    name,
+                )
+            if wanted is not obj and digest_of(found) != digest_of(wanted):
+                self._update(found, wanted, generation, retry)
+        except (KindNotServed, JobRefused, RefusalHeals) as err:
+            return trouble_of(err, self.backoff, retry)
+        return None
+
+    def _update(
+        self, found: Mapping[str, Any], wanted: Mapping[str, Any], generation: Any, retry: int
+    ) -> None:
+        """Merge-patch ``found`` into ``wanted``'s labels, annotations and spec (fields that
+        ``wanted`` lacks are removed), only over the version read."""
+        meta = found["metadata"]
+        body = merge_patch(
+            {k: found.get(k) for k in ("spec",)} | {"metadata": _meta_part(meta)},
+            {k: wanted.get(k) for k in ("spec",)} | {"metadata": _meta_part(wanted["metadata"])},
+        )
+        body.setdefault("metadata", {})["resourceVersion"] = meta.get("resourceVersion")
+        try:
+            self.cluster.patch(
+                found["apiVersion"], found["kind"], meta["namespace"], meta["name"], body
+            )
+        except k8s.ApiException as err:
+            refusal = classify_refusal(found, err, generation, verb="update")
+            if refusal is not None:
+                raise refusal from err
+            self.api_call(f"update {found['kind']} {meta['name']}", raiser(err), retry)
+            raise
+        except Exception as err:
+            self.api_call(f"update {found['kind']} {meta['name']}", raiser(err), retry)
+            raise
+
+    def _delete_unplanned(self, run: Mapping[str, Any], decision: Planned, retry: int) -> None:
+        """Delete the run's objects of a kind that follows the spec (:data:`SYNCED_CHILDREN`)
+        which its spec no longer renders (``networkPolicy.enabled: false``): by the run's name
+        (the chart's name for them), only if the run controls it, only that incarnation."""
+        namespace, name, uid, _generation = run_meta(run)
+        planned = {(o["apiVersion"], o["kind"]) for o in decision.objects}
+        for (api_version, kind), _path in SYNCED_CHILDREN.items():
+            if (api_version, kind) in planned:
+                continue
+            found = self.api_call(
+                f"get {kind} {name}",
+                lambda a=api_version, k=kind: self.cluster.get(a, k, namespace, name),
+                retry,
+            )
+            if found is None or not controlled_by(found, uid):
+                continue
+            found_uid = (found.get("metadata") or {}).get("uid")
+            self.api_call(
+                f"delete {kind} {name}",
+                lambda a=api_version, k=kind, u=found_uid: self.cluster.delete(
+                    a, k, namespace, name, u
+                ),
+                retry,
+            )
 
     def _get(self, obj: Mapping[str, Any], retry: int) -> dict[str, Any] | None:
         meta = obj["metadata"]
@@ -280,8 +424,9 @@ class Reconciler:
         except k8s.ApiException as err:
             if err.status == 404:  # the run's namespace exists, so the kind is what is missing
                 raise KindNotServed(obj) from err
-            if 400 <= (err.status or 0) < 500 and err.status not in NOT_REFUSALS:
-                raise JobRefused(obj, err, generation) from err
+            refusal = classify_refusal(obj, err, generation)
+            if refusal is not None:
+                raise refusal from err
             if err.status != 409:
                 self.api_call(f"create {obj['kind']} {obj_name}", raiser(err), retry)
             # Someone (an earlier try whose answer was lost, or another object) holds the name.
@@ -315,10 +460,17 @@ class Reconciler:
             retry,
         )
 
-    def _write_planned(self, run: Mapping[str, Any], decision: Planned, retry: int) -> None:
+    def _write_planned(
+        self,
+        run: Mapping[str, Any],
+        decision: Planned,
+        retry: int,
+        troubles: list[Trouble] | None = None,
+    ) -> None:
         namespace, name, uid, generation = run_meta(run)
         wanted = decision.job
         kind, job_name = wanted["kind"], wanted["metadata"]["name"]
+        children = [(t.reason, t.message) for t in troubles or ()]
 
         def status_with_job(old: Mapping[str, Any], _run: Any) -> dict[str, Any] | None:
             # Level-triggered: the job as it is now, read under the run's lock, not as this
@@ -334,13 +486,22 @@ class Reconciler:
                 self.now(),
                 generation,
                 job_uid=(current.get("metadata") or {}).get("uid"),
+                children=children,
             )
 
-        self.writer.write(run, status_with_job, f"{kind} {job_name}", retry)
+        before = self.writer.write(run, status_with_job, f"{kind} {job_name}", retry)
+        self.writer.children_event(run, before, children)
         plan = decision.rendered.plan
         metrics.record_run_info(
             namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
         )
+        delays = [t.delay for t in troubles or () if t.delay is not None]
+        if delays:
+            # An object of the run that is retried (a refusal that heals, a name taken, a kind
+            # not installed): the job is recorded, the rest is tried again.
+            metrics.RECONCILES.labels("error").inc()
+            retried = [t.message for t in troubles or () if t.delay is not None]
+            raise kopf.TemporaryError("; ".join(retried), delay=min(delays))
         metrics.RECONCILES.labels("success").inc()
 
     # -- cleanup: delete ---------------------------------------------------------------------

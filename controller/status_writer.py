@@ -30,9 +30,11 @@ from megdet.controller.api import TARGET_BY_KIND
 from megdet.controller.job_state import TERMINAL_PHASES, JobState
 from megdet.controller.kubeapi import Backoff, Cluster, retryable
 from megdet.controller.status import (
+    CHILDREN_READY,
     FOREIGN_JOB,
     JOB_DELETED,
     JOB_REFUSED,
+    condition_of,
     conflict_message,
     finished,
     foreign_job_status,
@@ -278,6 +280,25 @@ class StatusWriter:
         if before is not None:
             kopf.warn(run, reason=JOB_REFUSED, message=message[:1000])
             logger.warning("run %s/%s: %s", *run_meta(run)[:2], message)
+
+    def children_event(
+        self,
+        run: Mapping[str, Any],
+        before: Mapping[str, Any] | None,
+        children: list[tuple[str, str]],
+    ) -> None:
+        """One Warning event when the run's other objects turn not ready (``ChildrenReady``
+        False, or False for another reason); ``before``: the status the write replaced."""
+        if before is None or not children:
+            return
+        reasons = {reason for reason, _ in children}
+        reason = reasons.pop() if len(reasons) == 1 else "ChildrenNotReady"
+        old = condition_of(before, CHILDREN_READY)
+        if old is not None and old.get("status") == "False" and old.get("reason") == reason:
+            return
+        message = "; ".join(text for _, text in children)
+        kopf.warn(run, reason=reason, message=message[:1000])
+        logger.warning("run %s/%s: %s", *run_meta(run)[:2], message)
 
     def foreign_job(
         self, run: Mapping[str, Any], job: Mapping[str, Any], present: bool, retry: int

@@ -215,12 +215,13 @@ SCHEMA = (
         ],
     },
 )
-QUOTA = (
+#: A verdict on the spec that is a 403 too (a ValidatingAdmissionPolicy with reason Forbidden):
+#: final, unlike the 403s that heal (tests/controller/test_operator_refusals.py).
+POLICY = (
     403,
     "Forbidden",
-    'pytorchjobs.kubeflow.org "r" is forbidden: exceeded quota: gpu-quota, '
-    "requested: count/pytorchjobs.kubeflow.org=1, used: count/pytorchjobs.kubeflow.org=4, "
-    "limited: count/pytorchjobs.kubeflow.org=4",
+    'pytorchjobs.kubeflow.org "r" is forbidden: ValidatingAdmissionPolicy "gpu-cap" with '
+    'binding "gpu-cap" denied request: at most 64 GPUs per job',
     {"name": "r", "group": "kubeflow.org", "kind": "pytorchjobs"},
 )
 WEBHOOK = (
@@ -232,7 +233,7 @@ WEBHOOK = (
 )
 
 
-@pytest.mark.parametrize("answer", [SCHEMA, QUOTA, WEBHOOK], ids=["422", "403", "400"])
+@pytest.mark.parametrize("answer", [SCHEMA, POLICY, WEBHOOK], ids=["422", "403", "400"])
 async def test_a_job_the_server_refuses_fails_the_run_until_the_spec_changes(
     cluster, answer
 ) -> None:

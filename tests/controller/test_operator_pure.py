@@ -161,3 +161,46 @@ def test_an_index_entry_says_whether_the_run_holds_its_folder() -> None:
     assert not entry({"phase": "Invalid"}).live
     assert entry({"phase": "Invalid", "conditions": [created]}).live
     assert not entry({}, deletionTimestamp="2026-01-01T00:00:00Z").live
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "heals"),
+    [
+        (403, 'pytorchjobs.kubeflow.org "r" is forbidden: exceeded quota: q, requested: ...', True),
+        (403, 'admission webhook "x" denied the request: TrainingRuntime "r" not found', True),
+        (403, 'pytorchjobs.kubeflow.org is forbidden: User "u" cannot create resource "x"', True),
+        (403, 'ValidatingAdmissionPolicy "cap" with binding "cap" denied request: too big', False),
+        (422, 'PyTorchJob "r" is invalid: spec.x: not found', False),  # a verdict on the spec
+        (400, 'admission webhook "x" denied the request: queue is immutable', False),
+    ],
+    ids=["quota", "webhook-cache", "rbac", "policy", "schema", "webhook-verdict"],
+)
+def test_only_refusals_that_heal_are_retried(code, message, heals) -> None:
+    from megdet.controller.kubeapi import JobRefused, RefusalHeals, classify_refusal, heal_reason
+
+    err = api_error(code, {"kind": "Status", "code": code, "reason": "X", "message": message})
+    assert (heal_reason(err) is not None) is heals
+    refusal = classify_refusal(JOB, err, 3)
+    assert isinstance(refusal, RefusalHeals if heals else JobRefused)
+    assert message in refusal.message
+    assert ("Not final" in refusal.message) is heals
+    assert ("Not retried until" in refusal.message) is not heals
+    for code in (401, 404, 408, 409, 429, 500):  # not refusals: sorted elsewhere
+        assert classify_refusal(JOB, api_error(code, {"message": message}), 3) is None
+
+
+def test_merge_patch_turns_the_old_object_into_the_new_one() -> None:
+    from megdet.controller.planning import digest_of, merge_patch, with_digest
+
+    old = {"spec": {"policyTypes": ["Ingress", "Egress"], "egress": [1], "podSelector": {"a": 1}}}
+    new = {"spec": {"policyTypes": ["Ingress"], "podSelector": {"b": 2}}}
+    patch = merge_patch(old, new)
+    assert patch == {"spec": {"egress": None, "policyTypes": ["Ingress"],
+                              "podSelector": {"a": None, "b": 2}}}  # fmt: skip
+    assert merge_patch(new, new) == {}
+    policy = {"kind": "NetworkPolicy", "metadata": {"labels": {"x": "1"}}, "spec": new["spec"]}
+    assert digest_of(policy) is None
+    digested = with_digest(policy)
+    assert digest_of(digested) and digest_of(digested) == digest_of(with_digest(digested))
+    assert digest_of(with_digest({**policy, "spec": old["spec"]})) != digest_of(digested)
+    assert "annotations" not in policy["metadata"]  # a copy

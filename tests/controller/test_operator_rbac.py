@@ -139,6 +139,17 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         await apply(cluster, run_body("np", {"gpus": 8, "networkPolicy": {"enabled": True}}))
         await eventually(lambda: get(cluster, PYTORCHJOBS, "pj") and get(cluster, TRAINJOBS, "tj"))
         await eventually(lambda: get(cluster, NETWORKPOLICIES, "np"), message="NetworkPolicy")
+        # The NetworkPolicy follows the spec (patched), and goes when the spec drops it.
+        egress = {"networkPolicy": {"restrictEgress": True}}
+        await patch(cluster, RUNS, "np", {"metadata": {"generation": 2}, "spec": egress})
+        await eventually(
+            lambda: "egress" in get(cluster, NETWORKPOLICIES, "np")["spec"], message="patched"
+        )
+        await apply(cluster, run_body("np-off", {"gpus": 8, "networkPolicy": {"enabled": True}}))
+        await eventually(lambda: get(cluster, NETWORKPOLICIES, "np-off"), message="np-off policy")
+        off = {"networkPolicy": {"enabled": False}}
+        await patch(cluster, RUNS, "np-off", {"metadata": {"generation": 2}, "spec": off})
+        await eventually(lambda: get(cluster, NETWORKPOLICIES, "np-off") is None, message="gone")
         running = [{"type": "Running", "status": "True", "reason": "Running", "message": ""}]
         await patch(cluster, PYTORCHJOBS, "pj", {"status": {"conditions": running}}, status=True)
         await eventually(

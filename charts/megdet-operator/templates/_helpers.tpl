@@ -96,11 +96,11 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
   verbs: ["get", "create", "delete"]
-# A run's NetworkPolicy (spec.networkPolicy.enabled): created next to its job, never changed,
-# deleted by name with the run.
+# A run's NetworkPolicy (spec.networkPolicy.enabled): created next to its job, patched when
+# the spec changes it, deleted by name when the spec drops it or with the run.
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 # kopf posts an Event on every phase transition and for refused specs.
 - apiGroups: [""]
   resources: ["events"]
