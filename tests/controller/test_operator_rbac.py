@@ -27,19 +27,21 @@ from kmock_helpers import (
     patch,
     run_body,
     settle,
-    start_operator,
     stop_operator,
 )
+from progress_kmock import apost, review_tokens, run_with_pod, start_progress_operator
+
+from megdet.controller.progress_ca import CA_CONFIG_MAP, CA_KEY
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "megdet-operator"
 #: Needed although no call shows it: setting blockOwnerDeletion on an owner reference requires
 #: update on the owner's finalizers under the OwnerReferencesPermissionEnforcement admission
 #: plugin, which kmock does not run.
 NOT_CALLED = {("megdet.io", "megdetruns/finalizers", "update")}
-#: The progress endpoint's CA ConfigMap: published by controller/progress.py, which these
-#: kmock operators do not start; tests/e2e/test_progress.py runs it under the chart's
-#: ServiceAccount on the real API server, which enforces these rules.
-NOT_CALLED |= {("", "configmaps", verb) for verb in ("create", "get", "patch")}
+#: The progress endpoint (these operators serve it): its CA ConfigMap is created, patched back
+#: and watched here; the create handler's read of an existing one happens only when another
+#: run's namespace has one already (tests/e2e/test_progress.py, under the chart's RBAC).
+NOT_CALLED |= {("", "configmaps", "get")}
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
@@ -63,12 +65,13 @@ def granted(values: dict[str, Any]) -> set[Permission]:
         for doc in yaml.safe_load_all(text)
         if doc
         and doc.get("kind") in ("ClusterRole", "Role")
-        # The run rules: the ClusterRole or Roles named after the release. The metrics
-        # server's TokenReview/SubjectAccessReview role, the user-facing megdet-edit/-view
-        # and the scrapers' reader role are checked in
+        # The run rules: the ClusterRole or Roles named after the release, and the progress
+        # endpoint's (TokenReviews; the shared CA Secret and its pod label in the release
+        # namespace). The metrics server's TokenReview/SubjectAccessReview role, the
+        # user-facing megdet-edit/-view and the scrapers' reader role are checked in
         # tests/operator_chart/test_operator_chart_roles.py and against a real API server in
         # tests/e2e/test_e2e_metrics_auth.py.
-        and doc["metadata"]["name"] == "megdet-operator"
+        and doc["metadata"]["name"] in ("megdet-operator", "megdet-operator-progress")
     ]
     return {
         (role["metadata"].get("namespace") if role["kind"] == "Role" else None, group, res, verb)
@@ -128,12 +131,22 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
             "kind": "ClusterKopfPeering",
             "metadata": {"name": PEERING_NAME},
         }
-    op = await start_operator(
-        str(cluster.url), peering=PEERING_NAME, priority=1, namespaces=namespaces
-    )
+    tokens: dict[str, tuple[str, str, str]] = {}
+    review_tokens(cluster, tokens)
+    op = await start_progress_operator(cluster, 1, PEERING_NAME, namespaces=namespaces)
     try:
-        # Everything the controller does: create (both targets), refuse, mirror, suspend, delete.
-        await apply(cluster, run_body("pj"))
+        # Everything the controller does: create (both targets), refuse, mirror, suspend, delete;
+        # serve a progress report (its pod read), write back an edited CA ConfigMap.
+        token = await run_with_pod(cluster, "pj", tokens)
+        assert (await apost(op, token, "pj", 10))[0] == 200
+        await eventually(lambda: (get(cluster, RUNS, "pj").get("status") or {}).get("progress"))
+        ca = op.progress_service.cert.ca_pem
+        forged = {"data": {CA_KEY: "forged"}}
+        await patch(cluster, "v1/configmaps", CA_CONFIG_MAP, forged)
+        await eventually(
+            lambda: get(cluster, "v1/configmaps", CA_CONFIG_MAP)["data"][CA_KEY] == ca,
+            message="the CA ConfigMap written back",
+        )
         await apply(cluster, run_body("tj", {"gpus": 8, "target": "trainjob"}))
         await apply(cluster, run_body("bad", {"gpus": 12, "gpusPerNode": 8}))
         await apply(cluster, run_body("np", {"gpus": 8, "networkPolicy": {"enabled": True}}))

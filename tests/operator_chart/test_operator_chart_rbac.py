@@ -16,7 +16,7 @@ EXPECTED_RULES = {
     ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
     ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create", "delete"},
-    ("networking.k8s.io", "networkpolicies"): {"get", "create", "delete"},
+    ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "events"): {"create"},
     # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace.
     ("", "configmaps"): {"create"},
