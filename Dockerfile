@@ -45,12 +45,6 @@ ARG PYTHON
 ARG TORCH_INDEX_URL
 ARG TORCH_VERSION
 ARG TORCHVISION_VERSION
-ARG DETECTRON2_SOURCE
-ARG DETECTRON2_REPO
-ARG DETECTRON2_COMMIT
-ARG TORCH_CUDA_ARCH_LIST
-# Parallel nvcc jobs; each can take several GB of RAM.
-ARG MAX_JOBS=8
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -78,6 +72,14 @@ RUN python /src/pins.py /src/pyproject.toml train --exclude torch torchvision \
         > /tmp/constraints.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt -c /tmp/constraints.txt
 
+# Declared here, not at the top of the stage, so that builds which differ only in their
+# detectron2 share the cached layers above (the torch install).
+ARG DETECTRON2_SOURCE
+ARG DETECTRON2_REPO
+ARG DETECTRON2_COMMIT
+ARG TORCH_CUDA_ARCH_LIST
+# Parallel nvcc jobs; each can take several GB of RAM.
+ARG MAX_JOBS=8
 # detectron2 (image/detectron2_install.py). git: the pinned commit, verified, with its ops
 # compiled for TORCH_CUDA_ARCH_LIST (FORCE_CUDA: no GPU is visible during a build; nvcc from
 # the base image, else NVIDIA's PyPI wheels pinned in pyproject.toml), checked by importing

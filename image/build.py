@@ -54,6 +54,10 @@ DETECTRON2_MOUNT = "/opt/detectron2-src.git"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 #: Debian packages `make image` installs when missing (root only; CI machines are fresh).
 TOOLS = {"podman": "podman", "buildah": "buildah", "mmdebstrap": "mmdebstrap", "runc": "runc"}
+#: podman build's flags that shape the image (part of the inputs' digest). --format docker:
+#: buildah ignores SHELL (the build stage's pipefail) in its OCI format; `podman save` writes
+#: an OCI archive either way.
+ENGINE_FLAGS = ("--layers", "--pull=never", "--format", "docker")
 #: Measured here: runc's setrlimit(RLIMIT_NPROC) fails above 32768 even under a hard limit of
 #: 96362 ("error setting rlimit type 6: operation not permitted"); 32768 works.
 NPROC_CAP = 32768
@@ -114,7 +118,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MEGDET_IMAGE_CACHE", Path.home() / ".cache/megdet/image"))
 
 
-def containers_conf(nofile: int, nproc: int) -> str:
+def containers_conf(nofile: int, nproc: int, tmp: Path) -> str:
     """The engine settings this machine needs (docs/image.md, "make image")."""
     return (
         "# Written by megdet.image.build. runc: crun refuses cgroup v1 hybrid hosts;\n"
@@ -125,6 +129,7 @@ def containers_conf(nofile: int, nproc: int) -> str:
         'runtime = "runc"\n'
         'cgroup_manager = "cgroupfs"\n'
         'events_logger = "file"\n'
+        f'image_copy_tmp_dir = "{tmp}"\n'
     )
 
 
@@ -147,11 +152,10 @@ def engine_env(cache: Path) -> dict[str, str]:
     """The environment for podman: our containers.conf and storage.conf."""
     cache.mkdir(parents=True, exist_ok=True)
     conf = cache / "containers.conf"
+    (cache / "tmp").mkdir(exist_ok=True)
+    nofile = hard_limit(resource.RLIMIT_NOFILE, 1 << 20)
     conf.write_text(
-        containers_conf(
-            hard_limit(resource.RLIMIT_NOFILE, 1 << 20),
-            hard_limit(resource.RLIMIT_NPROC, NPROC_CAP),
-        )
+        containers_conf(nofile, hard_limit(resource.RLIMIT_NPROC, NPROC_CAP), cache / "tmp")
     )
     storage = cache / "storage.conf"
     storage.write_text(storage_conf(cache))
@@ -353,8 +357,8 @@ def build_command(
     root: Path = ROOT,
 ) -> list[str]:
     """``podman build`` of one target, with the host's CA bundle and pip.conf mounted read-only."""
-    cmd = ["podman", "build", "--layers", "--pull=never", "--format", "oci", "--target",
-           variant.target, "--tag", tag, "--file", str(root / "Dockerfile")]  # fmt: skip
+    cmd = ["podman", "build", *ENGINE_FLAGS, "--target", variant.target, "--tag", tag,
+           "--file", str(root / "Dockerfile")]  # fmt: skip
     for key in sorted(args):
         cmd += ["--build-arg", f"{key}={args[key]}"]
     cmd += ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
@@ -412,7 +416,7 @@ def build(
     base_key = json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
     provisional = build_args(variant, pins, "BASE", commit, jobs)
     provisional.pop("MAX_JOBS", None)  # the job count does not change what is built
-    digest = inputs_digest(root, variant.target, provisional, [base_key])
+    digest = inputs_digest(root, variant.target, provisional, [base_key, *ENGINE_FLAGS])
     archive = archive_path(output, variant, digest)
     if archive.exists():
         say(f"{variant.name}: up to date ({archive})")
@@ -425,13 +429,21 @@ def build(
     cmd = build_command(
         variant, build_args(variant, pins, base, commit, jobs), tag, cache, src, root
     )
+    iidfile = cache / f"iid-{digest[:16]}"
+    iidfile.unlink(missing_ok=True)
+    cmd[2:2] = ["--iidfile", str(iidfile)]
     say(f"{variant.name}: building {tag}")
     say("$ " + " ".join(cmd))
     start = time.monotonic()
     subprocess.run(cmd, check=True, env=env)
     built = time.monotonic() - start
+    # Save exactly the image this build made (an interrupted build may leave the tag on an
+    # older one): the id podman wrote, tagged again.
+    if not iidfile.is_file() or not iidfile.read_text().strip():
+        raise BuildError(f"podman build wrote no image id ({iidfile}): the build did not finish")
+    subprocess.run(["podman", "tag", iidfile.read_text().strip(), tag], check=True, env=env)
     output.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_suffix(".tmp")
+    tmp = archive.with_name(archive.name + ".tmp")
     tmp.unlink(missing_ok=True)
     subprocess.run(
         ["podman", "save", "--format", "oci-archive", "--output", str(tmp), tag],
@@ -439,16 +451,46 @@ def build(
         env=env,
     )
     tmp.rename(archive)
-    info = describe(archive, env)
+    info = describe(archive)
     info.update(variant=variant.name, tag=tag, build_seconds=round(built, 1))
-    archive.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+    archive.with_name(archive.name.removesuffix(".tar") + ".json").write_text(
+        json.dumps(info, indent=2) + "\n"
+    )
     say(
         f"{variant.name}: built in {built:.0f} s, saved in {time.monotonic() - start - built:.0f} s"
     )
     return archive
 
 
-def describe(archive: Path, env: Mapping[str, str] | None = None) -> dict:
+def load(archive: Path) -> tuple[str, dict[str, str]]:
+    """Make sure ``archive``'s image is in the build store; return its ref and the engine env."""
+    env = engine_env(cache_dir())
+    ref = describe(archive)["ref"]
+    if not ref or not image_exists(ref, env):
+        out = subprocess.run(
+            ["podman", "load", "--input", str(archive)], env=env, capture_output=True, text=True
+        )
+        if out.returncode:
+            raise BuildError(f"podman load {archive}: {out.stderr.strip()}")
+        ref = ref or out.stdout.strip().rpartition(" ")[2]
+    return ref, env
+
+
+def run_in_image(
+    archive: Path, args: Sequence[str], *, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """Run the image's entrypoint with ``args`` (podman, runc, no network); output captured."""
+    ref, env = load(archive)
+    return subprocess.run(
+        ["podman", "run", "--rm", "--network", "none", ref, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def describe(archive: Path) -> dict:
     """Size, manifest digest, user, entrypoint and cmd of an OCI archive (read from the tar)."""
     with tarfile.open(archive) as tar:
 

@@ -105,6 +105,7 @@ def test_build_command(tmp_path, pins):
     cmd = b.build_command(variant, args, "t:1", tmp_path, Path("/src/d2.git"), ROOT)
     assert cmd[:2] == ["podman", "build"]
     assert "--pull=never" in cmd  # nothing from a registry
+    assert cmd[cmd.index("--format") + 1] == "docker"  # OCI format would drop SHELL
     assert cmd[cmd.index("--target") + 1] == "train"
     assert cmd[cmd.index("--file") + 1] == str(ROOT / "Dockerfile")
     assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--build-arg"] == ["A=1", "B=2"]
@@ -129,7 +130,8 @@ def test_base_command(pins, tmp_path):
 
 
 def test_engine_settings_this_machine_needs():
-    conf = b.containers_conf(20000, 32768)
+    conf = b.containers_conf(20000, 32768, Path("/c/tmp"))
+    assert 'image_copy_tmp_dir = "/c/tmp"' in conf
     assert 'runtime = "runc"' in conf and 'cgroup_manager = "cgroupfs"' in conf
     assert '"nofile=20000:20000", "nproc=32768:32768"' in conf
     assert b.hard_limit(b.resource.RLIMIT_NPROC, b.NPROC_CAP) <= b.NPROC_CAP
@@ -159,7 +161,7 @@ def test_a_cached_archive_is_returned_without_an_engine(tmp_path, monkeypatch):
     pins = b.image_pins(b.pyproject(ROOT))
     args = b.build_args(b.VARIANTS["controller"], pins, "BASE", None, 1)
     key = b.json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
-    digest = b.inputs_digest(ROOT, "controller", args, [key])
+    digest = b.inputs_digest(ROOT, "controller", args, [key, *b.ENGINE_FLAGS])
     archive = b.archive_path(tmp_path, b.VARIANTS["controller"], digest)
     archive.write_bytes(b"")
     monkeypatch.setattr(b, "ensure_tools", lambda: pytest.fail("built again"))
