@@ -57,7 +57,8 @@ NOT_REFUSALS = frozenset({401, 404, 408, 409, 429})
 
 #: A refusal that heals (HTTP 403 only: what admission and authorization answer), by what its
 #: Status message says -> the hint the run's condition gives. The quota admission plugin's
-#: "exceeded quota: <name>, requested: ..." (kubernetes plugin/pkg/admission/resourcequota);
+#: "exceeded quota: <name>, requested: ..." and "status unknown for quota" (a quota whose usage
+#: the controller-manager has not computed yet; kubernetes plugin/pkg/admission/resourcequota);
 #: an admission webhook or plugin that looks up an object and does not find it, as Trainer's
 #: TrainJob webhook does for the TrainingRuntime the controller created a moment before
 #: (``TrainingRuntime "r" not found: specified trainingRuntime must be created before the
@@ -65,7 +66,7 @@ NOT_REFUSALS = frozenset({401, 404, 408, 409, 429})
 #: admin has not created yet; RBAC's "cannot create resource" (the operator's ClusterRole).
 HEALING_REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
-        re.compile(r"exceeded quota", re.IGNORECASE),
+        re.compile(r"exceeded quota|status unknown for quota", re.IGNORECASE),
         "the namespace's ResourceQuota has no room for it now; created once other objects "
         "free it or the quota is raised",
     ),

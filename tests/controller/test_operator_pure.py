@@ -167,13 +167,14 @@ def test_an_index_entry_says_whether_the_run_holds_its_folder() -> None:
     ("code", "message", "heals"),
     [
         (403, 'pytorchjobs.kubeflow.org "r" is forbidden: exceeded quota: q, requested: ...', True),
+        (403, '"r" is forbidden: status unknown for quota: q, resource: count/pytorchjobs', True),
         (403, 'admission webhook "x" denied the request: TrainingRuntime "r" not found', True),
         (403, 'pytorchjobs.kubeflow.org is forbidden: User "u" cannot create resource "x"', True),
         (403, 'ValidatingAdmissionPolicy "cap" with binding "cap" denied request: too big', False),
         (422, 'PyTorchJob "r" is invalid: spec.x: not found', False),  # a verdict on the spec
         (400, 'admission webhook "x" denied the request: queue is immutable', False),
     ],
-    ids=["quota", "webhook-cache", "rbac", "policy", "schema", "webhook-verdict"],
+    ids=["quota", "quota-unknown", "webhook-cache", "rbac", "policy", "schema", "webhook-verdict"],
 )
 def test_only_refusals_that_heal_are_retried(code, message, heals) -> None:
     from megdet.controller.kubeapi import JobRefused, RefusalHeals, classify_refusal, heal_reason
