@@ -7,7 +7,8 @@ kopf's health endpoint on ``--health-port`` (``/healthz``, plain HTTP, for the p
 
 High availability: every replica joins the kopf peering object ``--peering`` with a priority
 (``random`` by default, so replicas differ); kopf pauses a replica while a live peer with a
-higher priority exists, so exactly one acts. See docs/operations.md.
+higher priority exists, so exactly one acts. The progress endpoint follows the same peering
+(controller/progress_leader.py): only the active replica serves it. See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import logging
 import os
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,8 @@ __all__ = ["build_parser_args", "positive_seconds", "priority_value", "register"
 
 #: The highest priority ``random`` draws; kopf compares priorities as plain integers.
 MAX_RANDOM_PRIORITY = 2**31 - 1
+#: ``--progress-ca-secret``: a namespace (DNS label) / a Secret name (DNS subdomain).
+_DNS_PAIR = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?/[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 
 
 def priority_value(text: str) -> int:
@@ -139,7 +143,7 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         default="",
         metavar="URL",
         help="base URL the runs' pods reach the progress endpoint at, e.g. "
-        "https://megdet-operator-metrics.megdet-system.svc:8443 (default: '' = no progress "
+        "https://megdet-operator-progress.megdet-system.svc:8443 (default: '' = no progress "
         "endpoint, nothing injected into runs)",
     )
     progress.add_argument(
@@ -153,6 +157,15 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="folder with the endpoint's tls.crt, tls.key and ca.crt (default: a self-signed "
         "CA and certificate generated at start)",
+    )
+    progress.add_argument(
+        "--progress-ca-secret",
+        default="",
+        metavar="NAMESPACE/NAME",
+        help="Secret holding the endpoint's CA and certificate, shared by the replicas: the "
+        "first replica that finds none creates it, so the CA the pods trust survives restarts "
+        "and failovers (default: '' = a CA of this process's own; ignored with "
+        "--progress-cert-dir)",
     )
     progress.add_argument(
         "--progress-interval",
@@ -223,6 +236,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--progress-port {args.progress_port} must be <= 65535")
         if args.progress_port in (args.metrics_port, args.health_port):
             raise UsageError("--progress-port must differ from --metrics-port and --health-port")
+        if args.progress_ca_secret and not _DNS_PAIR.fullmatch(args.progress_ca_secret):
+            raise UsageError(
+                f"--progress-ca-secret {args.progress_ca_secret!r} must be NAMESPACE/NAME "
+                "(lower-case DNS names)"
+            )
     if args.metrics_cert_dir is not None and not args.metrics_secure:
         raise UsageError("--metrics-cert-dir needs --metrics-secure (it is plain HTTP now)")
     if args.metrics_secure:
@@ -275,9 +293,34 @@ def run(args: argparse.Namespace) -> int:
             KubernetesReviewer(api, timeout=args.api_timeout)
         )
     metrics.serve(args.metrics_port, **metrics_options)
+    # kopf's own identity in the peering object (the pod name, POD_ID), fixed here so that the
+    # progress endpoint's leadership reads the same entry kopf writes.
+    from kopf._core.engines.peering import detect_own_id
+
+    identity = detect_own_id(manual=False)
     if args.progress_url:
         from megdet.controller import planning, progress
+        from megdet.controller.progress_leader import (
+            Always,
+            PeeringLeadership,
+            PodLabel,
+            kubernetes_pod_labeller,
+        )
 
+        if args.standalone:
+            active = Always().active
+        else:
+            leadership = PeeringLeadership(
+                identity, args.priority, [None] if not args.namespace else list(args.namespace)
+            ).watch(api, args.peering, args.api_timeout)
+            active = leadership.active
+        # In a pod (the chart sets both): label it while active, for the progress Service.
+        pod_ns, pod_name = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
+        label = None
+        if pod_ns and pod_name:
+            label = PodLabel(
+                kubernetes_pod_labeller(api, pod_ns, pod_name, args.api_timeout), active
+            )
         try:
             progress.start(
                 api,
@@ -285,19 +328,28 @@ def run(args: argparse.Namespace) -> int:
                 url=args.progress_url,
                 port=args.progress_port,
                 cert_dir=args.progress_cert_dir,
+                ca_secret=args.progress_ca_secret,
                 interval=args.progress_interval,
                 checkpoint_every=args.progress_checkpoint_events,
                 timeout=args.api_timeout,
                 instance=settings.posting.reporting_instance,
+                active=active,
+                namespaces=list(args.namespace),
+                label=label,
             )
         except ValueError as err:
             raise UsageError(str(err)) from None
+        except k8s.ApiException as err:  # the shared Secret could not be read or created
+            raise UsageError(
+                f"--progress-ca-secret {args.progress_ca_secret}: {err.status} {err.reason}"
+            ) from None
         except OSError as err:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
         planning.PROGRESS_URL = args.progress_url
     kopf.run(
         registry=registry,
         settings=settings,
+        identity=identity,
         clusterwide=not args.namespace,
         namespaces=args.namespace,
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",

@@ -1,29 +1,33 @@
 """Who may report a run's progress: the run's own pods, by a token bound to the run.
 
-The bearer token is a projected ServiceAccount token whose audience is the run's
+The run must be one the controller serves (``target: pytorchjob``, known from its watch:
+:class:`~megdet.controller.progress_binding.RunDirectory`; no read, no review otherwise). The
+bearer token is a projected ServiceAccount token whose audience is the run's, its uid in it
 (:func:`megdet.progress.run_audience`). A ``TokenReview`` with ``spec.audiences=[that
 audience]`` must say authenticated, list the audience, name a ServiceAccount of the run's
-namespace and carry the pod the token is bound to (``authentication.kubernetes.io/pod-name``),
-named as the training operator names the run's pods (``<run>-master-0``, ``<run>-worker-<i>``;
-no pod is read: the controller holds no ``get pods``). Anything else is 403 (401: no token
-at all). Verdicts are cached per token (its SHA-256) for a short time, in a bounded cache
-(:class:`~megdet.controller.tokenauth.VerdictCache`).
+namespace and carry the pod the token is bound to (``authentication.kubernetes.io/pod-name``
+and ``pod-uid``), and that pod must be one of the run's job
+(:class:`~megdet.controller.progress_binding.PodBinding`: named as the training operator names
+them and controlled by the job this controller created). Anything else is 403 (401: no token
+at all). Verdicts are cached per token (its SHA-256) and run uid for a short time, in a
+bounded cache (:class:`~megdet.controller.tokenauth.VerdictCache`).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from megdet import progress as protocol
+from megdet.controller.progress_binding import PodBinding, RunRef
 from megdet.controller.tokenauth import SourceLimiter, VerdictCache, bearer_token
 
 __all__ = [
     "POD_NAME_EXTRA",
+    "POD_UID_EXTRA",
     "RunAuthenticator",
     "Verdict",
     "kubernetes_review",
@@ -33,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: TokenReview ``status.user.extra`` key naming the pod a bound token belongs to.
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+#: ... and its uid (the API server checked that the pod with this name has this uid).
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class Verdict:
 
 #: (token, audiences) -> the TokenReview's ``status`` as a plain dict; raises on API errors.
 TokenReviewFn = Callable[[str, list[str]], Mapping[str, Any]]
+#: (namespace, name) -> the served run, or None (not a ``target: pytorchjob`` run known here).
+RunLookupFn = Callable[[str, str], RunRef | None]
 
 
 @dataclass
@@ -54,6 +62,8 @@ class RunAuthenticator:
     """Token -> :class:`Verdict` for one run, with a time- and size-bounded cache."""
 
     review: TokenReviewFn
+    runs: RunLookupFn
+    binding: PodBinding
     allow_ttl: float = 300.0
     deny_ttl: float = 10.0
     max_entries: int = 4096
@@ -75,14 +85,17 @@ class RunAuthenticator:
         token = bearer_token(authorization)
         if token is None:
             return Verdict(401, "no bearer token")
-        key = VerdictCache.key(token, namespace, name)
+        run = self.runs(namespace, name)
+        if run is None:  # nothing asked, nothing cached
+            return Verdict(403, f"no MegDetRun {namespace}/{name} with target pytorchjob")
+        key = VerdictCache.key(token, namespace, name, run.uid)
         now = self.clock()
         hit = self._cache.get(key, now)
         if hit is not None:
             return hit
         if not self.limiter.take(source):  # nothing cached: the next try asks again
             return Verdict(429, f"too many token reviews from {source or 'this client'}")
-        verdict = self._decide(token, namespace, name)
+        verdict = self._decide(token, namespace, run)
         if verdict.status in (200, 403):  # 500 (the API could not be asked) is asked again
             ttl = self.allow_ttl if verdict.status == 200 else self.deny_ttl
             self._cache.put(key, verdict, now + ttl, allowed=verdict.status == 200)
@@ -91,8 +104,8 @@ class RunAuthenticator:
     def cached(self) -> int:
         return len(self._cache)
 
-    def _decide(self, token: str, namespace: str, name: str) -> Verdict:
-        audience = protocol.run_audience(namespace, name)
+    def _decide(self, token: str, namespace: str, run: RunRef) -> Verdict:
+        audience = protocol.run_audience(namespace, run.name, run.uid)
         try:
             status = self.review(token, [audience]) or {}
         except Exception as err:
@@ -106,15 +119,19 @@ class RunAuthenticator:
         username = str(user.get("username") or "")
         if not username.startswith(f"system:serviceaccount:{namespace}:"):
             return Verdict(403, f"{username or 'the user'} is not a ServiceAccount of {namespace}")
-        pods = (user.get("extra") or {}).get(POD_NAME_EXTRA) or []
+        extra = user.get("extra") or {}
+        pods, uids = extra.get(POD_NAME_EXTRA) or [], extra.get(POD_UID_EXTRA) or []
         if not pods:
             return Verdict(403, "the token is not bound to a pod")
         pod = str(pods[0])
-        # The training operator names a PyTorchJob's pods <job>-master-0 and <job>-worker-<i>,
-        # and the job is named after the run: another pod's token is refused without reading
-        # any pod (the controller holds no `get pods`).
-        if not re.fullmatch(rf"{re.escape(name)}-(master|worker)-\d+", pod):
-            return Verdict(403, f"pod {namespace}/{pod} is not a pod of MegDetRun {name}")
+        try:
+            refusal = self.binding.refusal(namespace, run, pod, str(uids[0]) if uids else "")
+        except Exception as err:
+            logger.error("progress: reading pod %s/%s: %s: %s", namespace, pod,
+                         type(err).__name__, err)  # fmt: skip
+            return Verdict(500, "the token's pod could not be read")
+        if refusal is not None:
+            return Verdict(403, refusal)
         return Verdict(200, "the run's pod", pod)
 
 

@@ -1,16 +1,25 @@
 """The progress endpoint's certificate, and its CA published where the run's pods read it.
 
-A self-signed CA and serving certificate are made at start (or read from
-``--progress-cert-dir``: :class:`ServingCert`); the CA is published in each ``target:
-pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key ``ca.crt``), which the run
-chart mounts next to the token (:func:`register`: kopf handlers on create and resume).
+The CA and serving certificate (:class:`ServingCert`) come from ``--progress-cert-dir`` (a
+mounted Secret, e.g. cert-manager's), or from the Secret ``--progress-ca-secret`` that the
+replicas share (:meth:`ServingCert.shared`: the first replica that finds none creates it, so
+every replica serves the same certificate and the CA stays the same across restarts and
+failovers), or are made at start for this process only. The CA is published in each
+``target: pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key ``ca.crt``),
+which the run chart mounts next to the token (:func:`register`: kopf handlers on create and
+resume), and kept so (:class:`CAKeeper`: a watch of the ConfigMaps of that name; one that a
+namespace editor changed or deleted is written back at once; nothing is written while they
+are right).
 """
 
 from __future__ import annotations
 
+import base64
+import logging
 import ssl
+import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +30,7 @@ from megdet.controller.tls import ca_and_serving_cert, context_from_dir, context
 __all__ = [
     "CA_CONFIG_MAP",
     "CA_KEY",
+    "CAKeeper",
     "ServingCert",
     "ca_config_map",
     "publish_ca",
@@ -34,6 +44,8 @@ CA_KEY = "ca.crt"
 #: (public data). One fixed name, so the controller's RBAC names it: it may read and update
 #: only this ConfigMap of a namespace, not any other (EKS's aws-auth is a ConfigMap).
 CA_CONFIG_MAP = "megdet-progress-ca"
+
+logger = logging.getLogger(__name__)
 
 
 def ca_config_map(namespace: str, ca_pem: str) -> dict[str, Any]:
@@ -77,6 +89,62 @@ class ServingCert:
         ca = folder / CA_KEY
         return cls(context, (ca if ca.is_file() else folder / "tls.crt").read_text())
 
+    @classmethod
+    def shared(
+        cls, api_client: Any, timeout: float, namespace: str, name: str, hosts: list[str]
+    ) -> ServingCert:
+        """The certificate in the Secret ``namespace/name`` (``ca.crt``, ``tls.crt``,
+        ``tls.key``), created with a fresh CA and certificate for ``hosts`` if there is none.
+        Two replicas starting together both try to create it; the API server keeps one (409
+        for the other, which then reads it), so both serve the same certificate."""
+        from kubernetes import client as k8s
+
+        core = k8s.CoreV1Api(api_client)
+        try:
+            found = core.read_namespaced_secret(name, namespace, _request_timeout=timeout)
+        except k8s.ApiException as err:
+            if err.status != 404:
+                raise
+            found = None
+        if found is None:
+            ca_pem, cert_pem, key_pem = ca_and_serving_cert(
+                hosts, ca_name="megdet-progress-ca", leaf_name="megdet-progress"
+            )
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": {"app.kubernetes.io/part-of": "megdet"},
+                },
+                "type": "kubernetes.io/tls",
+                "data": {
+                    key: base64.b64encode(pem).decode()
+                    for key, pem in ((CA_KEY, ca_pem), ("tls.crt", cert_pem), ("tls.key", key_pem))
+                },
+            }
+            try:
+                core.create_namespaced_secret(namespace, body, _request_timeout=timeout)
+                logger.info("progress: created the CA Secret %s/%s", namespace, name)
+                return cls(context_from_pem(cert_pem + ca_pem, key_pem), ca_pem.decode())
+            except k8s.ApiException as err:
+                if err.status != 409:
+                    raise
+            found = core.read_namespaced_secret(name, namespace, _request_timeout=timeout)
+        data = found.data or {}
+        try:
+            ca_pem, cert_pem, key_pem = (
+                base64.b64decode(data[k]) for k in (CA_KEY, "tls.crt", "tls.key")
+            )
+            context = context_from_pem(cert_pem + ca_pem, key_pem)
+        except (KeyError, ValueError, ssl.SSLError) as err:
+            raise ValueError(
+                f"--progress-ca-secret {namespace}/{name}: needs {CA_KEY}, tls.crt and tls.key "
+                f"that load ({type(err).__name__}: {err}); delete it to have a new one made"
+            ) from None
+        return cls(context, ca_pem.decode())
+
 
 def service_hosts(url: str) -> list[str]:
     """The names a Service URL's host is reached by: ``svc.ns.svc`` -> also ``svc``, ``svc.ns``,
@@ -115,9 +183,157 @@ def publish_ca(api_client: Any, timeout: float, run: Mapping[str, Any], ca_pem: 
         )
 
 
-def register(registry: Any, api_client: Any, timeout: float, ca_pem: str) -> None:
+class CAKeeper:
+    """Keeps ``megdet-progress-ca`` right in every namespace the CA was published to.
+
+    A namespace editor may change or delete that ConfigMap (``edit`` covers ConfigMaps); the
+    pods would then trust another CA, or none. A watch of the ConfigMaps of that one name
+    (:meth:`watch`; RBAC lets the controller list and watch no other) hears of it, and the
+    active replica (``active``) writes the CA back at once: level-triggered (every list and
+    every event is compared with the CA), no request while they are right. ``write(namespace,
+    found)`` creates (``found`` None) or patches the ConfigMap.
+    """
+
+    def __init__(
+        self,
+        ca_pem: str,
+        write: Callable[[str, Mapping[str, Any] | None], Any],
+        active: Callable[[], bool],
+    ) -> None:
+        self.ca_pem = ca_pem
+        self.write = write
+        self.active = active
+        self.published: set[str] = set()
+        self.seen: dict[str, Mapping[str, Any]] = {}
+        #: ConfigMaps written back, and watch events heard (for tests and logs).
+        self.restored = 0
+        self.events = 0
+        self._lock = threading.Lock()
+        self.watches: list[Any] = []
+
+    def publish(self, namespace: str) -> None:
+        """The CA was published to ``namespace`` (by the create/resume handler): keep it."""
+        with self._lock:
+            self.published.add(namespace)
+
+    def on_list(self, items: list[dict[str, Any]], namespace: str | None = None) -> None:
+        found = {(i.get("metadata") or {}).get("namespace"): i for i in items}
+        with self._lock:
+            for ns in [n for n in self.seen if namespace is None or n == namespace]:
+                del self.seen[ns]
+            self.seen.update({ns: obj for ns, obj in found.items() if isinstance(ns, str)})
+            namespaces = sorted(self.published if namespace is None else
+                                self.published & {namespace})  # fmt: skip
+        for ns in namespaces:
+            self._keep(ns, found.get(ns))
+
+    def on_event(self, kind: str, obj: dict[str, Any]) -> None:
+        ns = (obj.get("metadata") or {}).get("namespace")
+        if not isinstance(ns, str):
+            return
+        with self._lock:
+            self.events += 1
+            if kind == "DELETED":
+                self.seen.pop(ns, None)
+            else:
+                self.seen[ns] = obj
+            ours = ns in self.published
+        if ours:
+            self._keep(ns, None if kind == "DELETED" else obj)
+
+    def resync(self) -> None:
+        """Compare what was last seen once more (on becoming the active replica)."""
+        with self._lock:
+            pairs = [(ns, self.seen.get(ns)) for ns in sorted(self.published)]
+        for ns, obj in pairs:
+            self._keep(ns, obj)
+
+    def _keep(self, namespace: str, found: Mapping[str, Any] | None) -> None:
+        if found is not None and (found.get("data") or {}).get(CA_KEY) == self.ca_pem:
+            return
+        if not self.active():
+            return  # the active replica does it; this one resyncs when it becomes active
+        try:
+            self.write(namespace, found)
+        except Exception as err:  # the next event or resync tries again
+            logger.warning("progress: restoring %s/%s: %s: %s", namespace, CA_CONFIG_MAP,
+                           type(err).__name__, err)  # fmt: skip
+            return
+        self.restored += 1
+        logger.warning(
+            "progress: %s/%s %s; wrote the endpoint's CA back",
+            namespace,
+            CA_CONFIG_MAP,
+            "was deleted" if found is None else "did not hold the endpoint's CA",
+        )
+
+    def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> CAKeeper:
+        """Start a watch of the ConfigMaps named ``megdet-progress-ca``: in all namespaces, or
+        in each of ``namespaces`` (a controller serving only those)."""
+        from kubernetes import client as k8s
+
+        from megdet.controller.progress_leader import NamedWatch
+
+        core = k8s.CoreV1Api(api_client)
+        for namespace in namespaces or [None]:
+            if namespace is None:
+                list_fn: Callable[..., Any] = core.list_config_map_for_all_namespaces
+            else:
+
+                def list_fn(ns: str = namespace, **kw: Any) -> Any:
+                    return core.list_namespaced_config_map(ns, **kw)
+
+            def on_list(items: list[dict[str, Any]], ns: str | None = namespace) -> None:
+                self.on_list(items, ns)
+
+            self.watches.append(
+                NamedWatch(
+                    api_client, list_fn, CA_CONFIG_MAP, on_list, self.on_event,
+                    timeout=timeout, what=f"ConfigMaps {CA_CONFIG_MAP}",
+                ).start()
+            )  # fmt: skip
+        return self
+
+    def stop(self) -> None:
+        for w in self.watches:
+            w.stop()
+
+
+def kubernetes_ca_writer(
+    api_client: Any, timeout: float, ca_pem: str
+) -> Callable[[str, Mapping[str, Any] | None], Any]:
+    """``write(namespace, found)`` for :class:`CAKeeper`: create the ConfigMap when it is gone,
+    else merge-patch its ``ca.crt`` back."""
+    from kubernetes import client as k8s
+
+    core = k8s.CoreV1Api(api_client)
+
+    def write(namespace: str, found: Mapping[str, Any] | None) -> Any:
+        if found is None:
+            try:
+                return core.create_namespaced_config_map(
+                    namespace, ca_config_map(namespace, ca_pem), _request_timeout=timeout
+                )
+            except k8s.ApiException as err:
+                if err.status != 409:
+                    raise
+        return core.patch_namespaced_config_map(
+            CA_CONFIG_MAP, namespace, {"data": {CA_KEY: ca_pem}}, _request_timeout=timeout
+        )
+
+    return write
+
+
+def register(
+    registry: Any,
+    api_client: Any,
+    timeout: float,
+    ca_pem: str,
+    keeper: CAKeeper | None = None,
+) -> None:
     """kopf handlers that publish the CA into each ``target: pytorchjob`` run's namespace (on
-    create, and on resume: a restarted controller has a new self-signed CA)."""
+    create, and on resume: a new CA, or a new active replica), and hand the namespace to
+    ``keeper``."""
     import kopf
 
     def publish(body: Any, **_: Any) -> None:
@@ -125,6 +341,8 @@ def register(registry: Any, api_client: Any, timeout: float, ca_pem: str) -> Non
         if (run.get("spec") or {}).get("target") == "trainjob":
             return
         publish_ca(api_client, timeout, run, ca_pem)
+        if keeper is not None:
+            keeper.publish((run.get("metadata") or {})["namespace"])
 
     for on in (kopf.on.create, kopf.on.resume):
         on(GROUP, VERSION, PLURAL, registry=registry, id="progress-ca")(publish)

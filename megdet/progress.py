@@ -26,7 +26,7 @@ What Kubeflow Trainer v2.3.0's status server accepts (module cache
   every post).
 
 The MegDet controller serves the same protocol for ``target: pytorchjob`` at
-:func:`run_status_path` with the audience :func:`run_audience`.
+:func:`run_status_path` with the audience :func:`run_audience` (the run's uid in it).
 """
 
 from __future__ import annotations
@@ -96,9 +96,14 @@ METRIC_NAMES = (
 FLOAT_DIGITS = 4
 
 
-def run_audience(namespace: str, name: str) -> str:
-    """The token audience the MegDet controller's status endpoint accepts for one run."""
-    return f"megdet.io/v1alpha1/namespaces/{namespace}/megdetruns/{name}/status"
+def run_audience(namespace: str, name: str, uid: str) -> str:
+    """The token audience the MegDet controller's status endpoint accepts for one run.
+
+    The run's ``metadata.uid`` is part of it (the API server assigns it; no author chooses
+    it): a run deleted and created again under the same name has a new uid, so the old run's
+    tokens are not valid for it.
+    """
+    return f"megdet.io/v1alpha1/namespaces/{namespace}/megdetruns/{name}/status/{uid}"
 
 
 def run_status_path(namespace: str, name: str) -> str:

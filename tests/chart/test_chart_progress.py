@@ -1,13 +1,16 @@
-"""progress.url / progress.caConfigMap: what the pods get for progress reporting (target
+"""progress.url / progress.caConfigMap / progress.runUID: what the pods get for progress reporting (target
 pytorchjob), and that a plain `helm install` (no controller) gets none of it."""
 
 from __future__ import annotations
 
 from chart_helpers import NAMESPACE, RELEASE, env_of
 
-BASE = "https://megdet-operator-metrics.megdet-system.svc:8443"
+from megdet import progress as protocol
+
+BASE = "https://megdet-operator-progress.megdet-system.svc:8443"
 URL = f"{BASE}/apis/megdet.io/v1alpha1/namespaces/{NAMESPACE}/megdetruns/{RELEASE}/status"
-PROGRESS = {"progress": {"url": BASE, "caConfigMap": f"{RELEASE}-progress-ca"}}
+UID = "6f0c1d2e-3a4b-4c5d-8e9f-0a1b2c3d4e5f"
+PROGRESS = {"progress": {"url": BASE, "caConfigMap": f"{RELEASE}-progress-ca", "runUID": UID}}
 ENV_NAMES = (
     "KUBEFLOW_TRAINER_SERVER_URL",
     "KUBEFLOW_TRAINER_SERVER_CA_CERT",
@@ -24,7 +27,7 @@ def test_progress_values_inject_env_token_and_ca_into_every_container(render) ->
         (volume,) = [v for v in spec["volumes"] if v["name"] == "megdet-progress"]
         token, ca = volume["projected"]["sources"]
         assert token["serviceAccountToken"] == {
-            "audience": f"megdet.io/v1alpha1/namespaces/{NAMESPACE}/megdetruns/{RELEASE}/status",
+            "audience": protocol.run_audience(NAMESPACE, RELEASE, UID),
             "expirationSeconds": 3600,
             "path": "token",
         }
@@ -67,10 +70,33 @@ def test_trainjob_target_gets_no_megdet_progress(render) -> None:
 
 
 def test_url_without_ca_config_map_is_refused_naming_both(render) -> None:
-    message = render.error({"progress": {"url": BASE, "caConfigMap": ""}})
+    message = render.error({"progress": {"url": BASE, "caConfigMap": "", "runUID": UID}})
     assert "progress.caConfigMap" in message and "progress.url" in message
 
 
+def test_the_audience_names_the_run_uid(render) -> None:
+    """The token audience ends with the run's uid, so a run created again under the same name
+    (a new uid) gets tokens the old run's pods never held, and the other way round."""
+    audiences = set()
+    for uid in (UID, "0a0a0a0a-1b1b-4c4c-8d8d-9e9e9e9e9e9e"):
+        rendered = render({**PROGRESS, "progress": {**PROGRESS["progress"], "runUID": uid}})
+        for _role, spec in rendered.pod_specs():
+            (volume,) = [v for v in spec["volumes"] if v["name"] == "megdet-progress"]
+            audience = volume["projected"]["sources"][0]["serviceAccountToken"]["audience"]
+            assert audience == (
+                f"megdet.io/v1alpha1/namespaces/{NAMESPACE}/megdetruns/{RELEASE}/status/{uid}"
+            )
+            audiences.add(audience)
+    assert len(audiences) == 2
+
+
+def test_url_without_run_uid_is_refused_naming_it(render) -> None:
+    message = render.error({"progress": {**PROGRESS["progress"], "runUID": ""}})
+    assert "progress.runUID" in message and "progress.url" in message
+
+
 def test_url_must_be_https(render) -> None:
-    message = render.error({"progress": {"url": "http://x:8443/", "caConfigMap": "ca"}})
+    message = render.error(
+        {"progress": {"url": "http://x:8443/", "caConfigMap": "ca", "runUID": UID}}
+    )
     assert "/progress/url" in message and "https://" in message

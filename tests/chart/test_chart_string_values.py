@@ -207,6 +207,21 @@ def _progress_url(o: Objects, v: str, k: str) -> Found:
     return [(env["KUBEFLOW_TRAINER_SERVER_URL"][: len(base)], base) for env in o.envs()]
 
 
+def _progress_uid(o: Objects, v: str, k: str) -> Found:
+    """The end of the token audience (target pytorchjob; a TrainJob's pods get none)."""
+    if o.trainjob:
+        volumes = [vol.get("name") for spec in o.specs for vol in spec.get("volumes") or []]
+        return [(str("megdet-progress" in volumes), "False")]
+    return [
+        (source["serviceAccountToken"]["audience"].rsplit("/", 1)[1], v)
+        for spec in o.specs
+        for vol in spec["volumes"]
+        if "projected" in vol
+        for source in vol["projected"]["sources"]
+        if "serviceAccountToken" in source
+    ]
+
+
 def _progress_ca(o: Objects, v: str, k: str) -> Found:
     if o.trainjob:
         volumes = [vol.get("name") for spec in o.specs for vol in spec.get("volumes") or []]
@@ -295,6 +310,7 @@ PLACES: dict[tuple[str, ...], Place] = {
     ("networkPolicy", "metricsFrom", "[]", "*"): _metrics_from,
     ("progress", "url"): _progress_url,
     ("progress", "caConfigMap"): _progress_ca,
+    ("progress", "runUID"): _progress_uid,
 }
 
 # Map keys the values above are set under (keys are checked too: "yes" as a key is true in
@@ -317,8 +333,12 @@ CONTEXT: dict[str, Any] = {
         "appArmorProfile": {"type": "Localhost"},
     },
     "gang": {"enabled": True},
-    # Progress reporting on (the controller sets both; a drawn value replaces one of them).
-    "progress": {"url": "https://megdet-operator.megdet-system.svc:8443", "caConfigMap": "ca"},
+    # Progress reporting on (the controller sets all three; a drawn value replaces one of them).
+    "progress": {
+        "url": "https://megdet-operator.megdet-system.svc:8443",
+        "caConfigMap": "ca",
+        "runUID": "0b6c2d5e-1111-4a4a-9f9f-123456789abc",
+    },
 }
 # Chart rules beyond the schema: the job name is an RFC 1035 label that fits both targets'
 # name budgets; the gang queue is Volcano's only (drawn with the scheduler name below).

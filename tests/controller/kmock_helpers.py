@@ -60,6 +60,11 @@ RESOURCES: dict[str, dict[str, Any]] = {
     TRAINJOBS: {"kind": "TrainJob", "namespaced": True, "subresources": ["status"]},
     RUNTIMES: {"kind": "TrainingRuntime", "namespaced": True},
     NETWORKPOLICIES: {"kind": "NetworkPolicy", "namespaced": True},
+    # The progress endpoint (OperatorThread(progress=...)): the CA ConfigMaps, the shared CA
+    # Secret, the pods a report's token is bound to (and the active replica's own pod).
+    "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},
+    "v1/secrets": {"kind": "Secret", "namespaced": True},
+    "v1/pods": {"kind": "Pod", "namespaced": True},
     # As the chart's CRD declares it: no status subresource (kopf patches the object itself).
     PEERINGS: {"kind": "ClusterKopfPeering", "namespaced": False},
     NS_PEERINGS: {"kind": "KopfPeering", "namespaced": True},
@@ -448,8 +453,18 @@ class OperatorThread:
         backoff: Backoff = FAST_BACKOFF,
         policy: Policy | None = None,
         namespaces: list[str] | None = None,
+        progress: str | None = None,
+        pod_namespace: str | None = None,
     ) -> None:
+        """``progress``: also serve the progress endpoint (on 127.0.0.1, a free port), its CA
+        in this Secret (NAMESPACE/NAME), following the peering as ``megdet controller`` does;
+        ``pod_namespace``: the replica's pod is ``<pod_namespace>/<identity>`` (labelled while
+        active)."""
         self.url = url
+        self.progress = progress
+        self.pod_namespace = pod_namespace
+        self.progress_service: Any = None
+        self.leadership: Any = None
         self.namespaces = namespaces or []
         self.peering = peering
         self.priority = priority
@@ -487,6 +502,8 @@ class OperatorThread:
         def login(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=self.url, insecure=True, default_namespace=NAMESPACE)
 
+        if self.progress is not None:
+            self._start_progress(registry)
         settings = kopf.OperatorSettings()
         configure(settings, peering=self.peering, fast=True)
         settings.peering.priority = self.priority
@@ -500,9 +517,50 @@ class OperatorThread:
             ready_flag=self.ready_flag,
         )
 
+    def _start_progress(self, registry: Any) -> None:
+        from megdet.controller import progress
+        from megdet.controller.progress_leader import (
+            Always,
+            PeeringLeadership,
+            PodLabel,
+            kubernetes_pod_labeller,
+        )
+
+        client = self._client()
+        active = Always().active
+        if self.peering is not None:
+            self.leadership = PeeringLeadership(
+                self.identity, self.priority, list(self.namespaces) or [None]
+            ).watch(client, self.peering, self.timeout)
+            active = self.leadership.active
+        label = None
+        if self.pod_namespace:
+            patch = kubernetes_pod_labeller(client, self.pod_namespace, self.identity, self.timeout)
+            label = PodLabel(patch, active)
+        self.progress_service = progress.start(
+            client,
+            registry,
+            url="https://megdet-operator-progress.ops.svc:8443",
+            port=0,
+            addr="127.0.0.1",
+            cert_dir=None,
+            ca_secret=self.progress or "",
+            interval=0.2,
+            checkpoint_every=5,
+            timeout=self.timeout,
+            instance=self.identity,
+            active=active,
+            namespaces=list(self.namespaces),
+            label=label,
+        )
+
     def stop(self) -> None:
         self.stop_flag.set()
         self.thread.join(15)
+        if self.progress_service is not None:
+            self.progress_service.stop()
+        if self.leadership is not None:
+            self.leadership.stop()
         if self.error is not None:
             raise self.error
 

@@ -11,11 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from progress_fakes import FakeNamespace, FakeReview, pod_uid
 
 from megdet import progress as protocol
 from megdet.controller import metrics, planning
 from megdet.controller.planning import plan_children
-from megdet.controller.progress_auth import POD_NAME_EXTRA, RunAuthenticator
+from megdet.controller.progress_auth import RunAuthenticator
 from megdet.controller.progress_ca import ServingCert, service_hosts
 from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
@@ -29,34 +30,6 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-class FakeReview:
-    """TokenReview as the API server answers it: a token is valid only for its own audience;
-    each token names its ServiceAccount namespace and the pod it is bound to."""
-
-    def __init__(self) -> None:
-        # token -> (audience, namespace, pod)
-        self.tokens: dict[str, tuple[str, str, str | None]] = {}
-        self.calls = 0
-
-    def mint(self, token: str, run: str, namespace: str = NS, pod: str | None = None) -> str:
-        pod = pod if pod is not None else f"{run}-worker-0"
-        self.tokens[token] = (protocol.run_audience(namespace, run), namespace, pod)
-        return token
-
-    def __call__(self, token: str, audiences: list[str]) -> Mapping[str, Any]:
-        self.calls += 1
-        found = self.tokens.get(token)
-        if found is None or found[0] not in audiences:
-            return {"authenticated": False, "error": "invalid bearer token"}
-        audience, namespace, pod = found
-        extra = {POD_NAME_EXTRA: [pod]} if pod else {}
-        return {
-            "authenticated": True,
-            "audiences": [audience],
-            "user": {"username": f"system:serviceaccount:{namespace}:default", "extra": extra},
-        }
 
 
 class FakeAPI:
@@ -110,7 +83,7 @@ def endpoint(cert):
     api = FakeAPI({(NS, "r1"): run_obj("r1"), (NS, "r2"): run_obj("r2"),
                    (NS, "tj"): run_obj("tj", "trainjob")})  # fmt: skip
     review = FakeReview()
-    auth = RunAuthenticator(review, clock=clock)
+    auth = RunAuthenticator(review, *FakeNamespace().auth_parts(clock), clock=clock)
     hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
     server = ProgressServer(("127.0.0.1", 0), hub, auth, cert.context, clock=clock)
     import threading
@@ -149,7 +122,8 @@ def test_auth_matrix(endpoint) -> None:
     own = review.mint("tok-r1", "r1")
     other = review.mint("tok-r2", "r2")
     forged_audience = "tok-wrong-aud"
-    review.tokens[forged_audience] = ("trainer.kubeflow.org/v1alpha1/whatever", NS, "r1-worker-0")
+    elsewhere = "trainer.kubeflow.org/v1alpha1/whatever"
+    review.tokens[forged_audience] = (elsewhere, NS, "r1-worker-0", pod_uid("r1-worker-0"))
     other_ns = review.mint("tok-other-ns", "r1", namespace="elsewhere")
     no_pod = review.mint("tok-no-pod", "r1", pod="")
     stray_pod = review.mint("tok-stray", "r1", pod="stray")
@@ -163,7 +137,9 @@ def test_auth_matrix(endpoint) -> None:
     # The review is audience-bound, so a token for r1 minted as if in another namespace is
     # still not for this run's audience; and one that claims the right audience but names
     # another namespace's ServiceAccount is refused on the username.
-    review.tokens[other_ns] = (protocol.run_audience(NS, "r1"), "elsewhere", "r1-worker-0")
+    r1_pod = "r1-worker-0"
+    audience = protocol.run_audience(NS, "r1", "uid-r1")
+    review.tokens[other_ns] = (audience, "elsewhere", r1_pod, pod_uid(r1_pod))
     assert post("r1", body, other_ns)[0] == 403
     assert post("r1", body, no_pod)[0] == 403  # not bound to a pod
     # Pods not named as the training operator names r1's: refused without reading a pod.
@@ -196,7 +172,7 @@ def test_verdicts_are_cached_per_token_and_expire(endpoint) -> None:
 
 def test_cache_is_bounded() -> None:
     review = FakeReview()
-    auth = RunAuthenticator(review, max_entries=3)
+    auth = RunAuthenticator(review, *FakeNamespace().auth_parts(), max_entries=3)
     for i in range(10):
         auth.check(f"Bearer {review.mint(f't{i}', 'r1')}", NS, "r1")
     assert auth.cached() == 3
@@ -207,7 +183,7 @@ def test_unknown_run_404_trainjob_run_404_bad_payload_422(endpoint) -> None:
     ghost = review.mint("tok-ghost", "ghost", pod="r1-worker-0")
     assert post("ghost", report(1), ghost)[0] == 403  # r1's pod: refused before the run lookup
     # The pod's name is checked first, without reading it: r1's pod is not ghost's.
-    auth_ok = RunAuthenticator(review)
+    auth_ok = RunAuthenticator(review, *FakeNamespace().auth_parts())
     assert auth_ok.check("Bearer tok-ghost", NS, "ghost").status == 403
     review.mint("tok-ghost3", "ghost", pod="ghost-master-0")
     assert auth_ok.check("Bearer tok-ghost3", NS, "ghost").status == 200

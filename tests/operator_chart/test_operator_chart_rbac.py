@@ -18,9 +18,11 @@ EXPECTED_RULES = {
     ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "events"): {"create"},
-    # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace.
+    # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace and
+    # watched (by that name) to write it back; the pod a report's token is bound to, read.
     ("", "configmaps"): {"create"},
-    ("", "configmaps[megdet-progress-ca]"): {"get", "patch"},
+    ("", "configmaps[megdet-progress-ca]"): {"get", "patch", "list", "watch"},
+    ("", "pods"): {"get"},
     ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
 }
 
@@ -63,6 +65,25 @@ def test_no_wildcards_no_secrets_no_escalation() -> None:
         assert not verbs & {"escalate", "bind", "impersonate"}
 
 
+def test_the_release_namespace_role_is_the_shared_ca_secret_and_the_pod_label() -> None:
+    """In its own namespace only: create the shared CA Secret once and read that one (no list,
+    no other Secret), and patch pods (the active replica's label)."""
+    rendered = render()
+    role = rendered.named("Role", f"{RELEASE}-progress")
+    assert role["metadata"]["namespace"] == "megdet-system"
+    assert rules_of(rendered, role) == {
+        ("", "secrets"): {"create"},
+        ("", "secrets[megdet-operator-progress-ca]"): {"get"},
+        ("", "pods"): {"patch"},
+    }
+    binding = rendered.named("RoleBinding", f"{RELEASE}-progress")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    own = render({"controller": {"progressCertSecret": "cert-manager-made"}})
+    assert rules_of(own, own.named("Role", f"{RELEASE}-progress")) == {("", "pods"): {"patch"}}
+    off = render({"controller": {"progressEnabled": False}})
+    assert not [r for r in off.of_kind("Role") if r["metadata"]["name"] == f"{RELEASE}-progress"]
+
+
 def test_without_peering_the_peering_rule_is_gone() -> None:
     rules = rules_of(render({"replicaCount": 1, "controller": {"peering": {"enabled": False}}}))
     assert ("kopf.dev", "clusterkopfpeerings") not in rules
@@ -91,8 +112,12 @@ def test_watch_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
     assert not [r for r in rendered.of_kind("ClusterRole") if r["metadata"]["name"] == RELEASE]
     assert RELEASE not in {b["roleRef"]["name"] for b in rendered.of_kind("ClusterRoleBinding")}
     account = rendered.one("ServiceAccount")["metadata"]
-    roles = {r["metadata"]["namespace"]: r for r in rendered.of_kind("Role")}
-    bindings = {b["metadata"]["namespace"]: b for b in rendered.of_kind("RoleBinding")}
+    # The run rules' Roles (the progress endpoint's Role in the release namespace is checked
+    # in test_the_release_namespace_role_is_the_shared_ca_secret_and_the_pod_label).
+    roles = {r["metadata"]["namespace"]: r for r in rendered.of_kind("Role")
+             if r["metadata"]["name"] == RELEASE}  # fmt: skip
+    bindings = {b["metadata"]["namespace"]: b for b in rendered.of_kind("RoleBinding")
+                if b["metadata"]["name"] == RELEASE}  # fmt: skip
     peerings = {p["metadata"]["namespace"]: p for p in rendered.of_kind("KopfPeering")}
     assert set(roles) == set(bindings) == set(peerings) == {"vision", "research"}
     assert rendered.of_kind("ClusterKopfPeering") == []
@@ -123,6 +148,6 @@ def test_watch_namespaces_without_peering_drop_the_peering_rule() -> None:
         }
     )
     expected = {k: v for k, v in EXPECTED_NAMESPACED_RULES.items() if k[0] != "kopf.dev"}
-    assert rules_of(rendered, rendered.one("Role")) == expected
+    assert rules_of(rendered, rendered.named("Role", RELEASE)) == expected
     assert rendered.of_kind("KopfPeering") == []
     assert RELEASE not in {r["metadata"]["name"] for r in rendered.of_kind("ClusterRole")}

@@ -6,6 +6,7 @@ import pytest
 from operator_chart_helpers import CI_VALUES, NAMESPACE, render, render_error, values_file
 
 from megdet.cli import build_parser
+from megdet.controller.progress_leader import ACTIVE_LABEL
 
 
 def controller(rendered):
@@ -31,8 +32,10 @@ def test_defaults_render_the_controller_objects_and_nothing_optional() -> None:
             # admission policy with its binding.
             *("ConfigMap", "ClusterRole", "ValidatingAdmissionPolicy"),
             "ValidatingAdmissionPolicyBinding",
-            # controller.progressEnabled: the progress endpoint's TokenReview right.
-            *("ClusterRole", "ClusterRoleBinding"),
+            # controller.progressEnabled: the progress endpoint's TokenReview right, its rights
+            # in the release namespace (the shared CA Secret, the active replica's pod label)
+            # and its Service.
+            *("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service"),
             "Deployment",
             "Service",
             "ServiceAccount",
@@ -72,12 +75,39 @@ def test_probes_and_metrics_port() -> None:
     assert ports == {"metrics": 8080, "health": 8081, "progress": 8443}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
-    service = render().one("Service")
+    rendered = render()
+    service = rendered.named("Service", "megdet-operator-metrics")
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"},
-        # The training pods' progress reports (controller/progress.py).
+    ]
+    # The training pods' progress reports (controller/progress.py): only to the active
+    # replica, whose pod alone carries the label (controller/progress_leader.py).
+    progress = rendered.named("Service", "megdet-operator-progress")
+    assert progress["spec"]["ports"] == [
         {"name": "progress", "port": 8443, "targetPort": "progress", "protocol": "TCP"},
     ]
+    assert progress["spec"]["selector"] == {
+        **service["spec"]["selector"],
+        ACTIVE_LABEL: "active",
+    }
+
+
+def test_two_replicas_share_one_progress_ca_and_url() -> None:
+    """The default install (2 replicas): one Secret for the CA that every replica uses, the URL
+    of the Service that reaches the active replica, and the pod's name and namespace for its
+    label; with progressCertSecret, that Secret instead and no shared one."""
+    rendered = render()
+    assert rendered.one("Deployment")["spec"]["replicas"] == 2
+    _, container = controller(rendered)
+    args = build_parser().parse_args(container["args"])
+    assert args.progress_ca_secret == "megdet-system/megdet-operator-progress-ca"
+    assert args.progress_url == "https://megdet-operator-progress.megdet-system.svc:8443"
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in
+           container["env"]}  # fmt: skip
+    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    _, own = controller(render({"controller": {"progressCertSecret": "mine"}}))
+    args = build_parser().parse_args(own["args"])
+    assert args.progress_ca_secret == "" and args.progress_cert_dir
 
 
 def test_container_args_parse_with_the_controller_command() -> None:
@@ -108,10 +138,8 @@ def test_single_replica_without_peering_is_standalone_and_namespaced() -> None:
     assert rendered.of_kind("ClusterKopfPeering") == rendered.of_kind("KopfPeering") == []
     # The run rules are in Roles only (the ClusterRoles left: metrics reviews, user roles).
     assert "megdet-operator" not in {r["metadata"]["name"] for r in rendered.of_kind("ClusterRole")}
-    assert sorted(r["metadata"]["namespace"] for r in rendered.of_kind("Role")) == [
-        "research",
-        "vision",
-    ]
+    run_roles = [r for r in rendered.of_kind("Role") if r["metadata"]["name"] == "megdet-operator"]
+    assert sorted(r["metadata"]["namespace"] for r in run_roles) == ["research", "vision"]
 
 
 def test_service_monitor_behind_a_flag_with_additional_labels() -> None:
@@ -123,7 +151,7 @@ def test_service_monitor_behind_a_flag_with_additional_labels() -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
     selector = monitor["spec"]["selector"]["matchLabels"]
-    service_labels = rendered.one("Service")["metadata"]["labels"]
+    service_labels = rendered.named("Service", "megdet-operator-metrics")["metadata"]["labels"]
     assert selector.items() <= service_labels.items()
 
 

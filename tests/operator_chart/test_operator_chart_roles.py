@@ -168,7 +168,7 @@ def test_service_monitor_verifies_the_server_with_a_given_ca() -> None:
         }
     )
     (endpoint,) = rendered.one("ServiceMonitor")["spec"]["endpoints"]
-    service = rendered.one("Service")["metadata"]["name"]
+    service = rendered.named("Service", "megdet-operator-metrics")["metadata"]["name"]
     assert endpoint["tlsConfig"] == {
         "ca": {"secret": {"name": "metrics-ca", "key": "ca.pem"}},
         "serverName": f"{service}.{NAMESPACE}.svc",

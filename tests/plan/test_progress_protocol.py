@@ -114,9 +114,11 @@ def expected_status(p: Progress) -> dict:
 
 def test_names_and_paths_follow_trainers_shape_under_megdet_io():
     assert (
-        run_audience("team-a", "r50")
-        == "megdet.io/v1alpha1/namespaces/team-a/megdetruns/r50/status"
+        run_audience("team-a", "r50", "8c1e")
+        == "megdet.io/v1alpha1/namespaces/team-a/megdetruns/r50/status/8c1e"
     )
+    # A run created again under the same name has a new uid: another audience.
+    assert run_audience("team-a", "r50", "8c1e") != run_audience("team-a", "r50", "9d2f")
     assert (
         run_status_path("team-a", "r50")
         == "/apis/megdet.io/v1alpha1/namespaces/team-a/megdetruns/r50/status"

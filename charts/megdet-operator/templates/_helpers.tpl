@@ -59,6 +59,16 @@ app.kubernetes.io/part-of: megdet
 {{- default (include "megdet-operator.fullname" .) .Values.controller.peering.name -}}
 {{- end -}}
 
+{{/* The Service the runs' pods report progress to (the active replica only). */}}
+{{- define "megdet-operator.progressServiceName" -}}
+{{- printf "%s-progress" (include "megdet-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The Secret with the progress endpoint's CA and certificate that the replicas share. */}}
+{{- define "megdet-operator.progressCASecretName" -}}
+{{- printf "%s-progress-ca" (include "megdet-operator.fullname" . | trunc 48 | trimSuffix "-") -}}
+{{- end -}}
+
 {{/* repository:tag, the tag defaulting to the chart's appVersion. */}}
 {{- define "megdet-operator.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
@@ -115,7 +125,13 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 - apiGroups: [""]
   resources: ["configmaps"]
   resourceNames: ["megdet-progress-ca"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "patch", "list", "watch"]
+# ... and watched (a list and watch of that one name: fieldSelector metadata.name), so that
+# one a namespace editor changed is written back. A report's token must be bound to a pod of
+# the run's job: that pod is read once (controller/progress_binding.py).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get"]
 {{- end }}
 {{- end -}}
 

@@ -78,20 +78,25 @@ Kubeflow Trainer's status protocol to the controller (docs/architecture.md, "Pro
 reporting"). The env names are Trainer v2's (kubeflow/trainer v2.3.0
 pkg/runtime/framework/plugins/trainjobstatus/trainjobstatus.go), so the trainer has one
 reporting path for both targets. The token is a projected ServiceAccount token whose audience
-is this run's (the API server refuses it for its own API; automountServiceAccountToken stays
-false), rotated by the kubelet; the CA comes from the controller's ConfigMap.
+is this run's, with the run's uid in it (megdet/progress.py run_audience: a run created again
+under the same name refuses the old run's tokens; the API server refuses such a token for its
+own API; automountServiceAccountToken stays false), rotated by the kubelet; the CA comes from
+the controller's ConfigMap.
 */}}
 {{- define "megdet.progressEnabled" -}}
 {{- if and .Values.progress.url (eq .Values.target "pytorchjob") -}}true{{- end -}}
 {{- end -}}
 {{- define "megdet.progressMountPath" -}}/var/run/secrets/megdet.io/progress{{- end -}}
 {{- define "megdet.progressAudience" -}}
-{{- printf "megdet.io/v1alpha1/namespaces/%s/megdetruns/%s/status" .Release.Namespace .Release.Name -}}
+{{- printf "megdet.io/v1alpha1/namespaces/%s/megdetruns/%s/status/%s" .Release.Namespace .Release.Name .Values.progress.runUID -}}
 {{- end -}}
 {{- define "megdet.progressEnv" -}}
 {{- if include "megdet.progressEnabled" . -}}
 {{- if not .Values.progress.caConfigMap -}}
 {{- fail "progress.url is set but progress.caConfigMap is empty: the pods need the endpoint's CA (a ConfigMap with key ca.crt)" -}}
+{{- end -}}
+{{- if not .Values.progress.runUID -}}
+{{- fail "progress.url is set but progress.runUID is empty: the token audience names the run's uid" -}}
 {{- end -}}
 {{- $dir := include "megdet.progressMountPath" . -}}
 {{- include "megdet.yaml" (list

@@ -1,0 +1,151 @@
+"""kmock helpers for the progress endpoint: an operator that serves it, TokenReviews answered
+as the API server does, a run whose job has a pod, a report POSTed over HTTPS."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import ssl
+import uuid
+from typing import Any
+
+import kmock as kmock_lib
+from kmock_helpers import (
+    NAMESPACE,
+    PYTORCHJOBS,
+    RUNS,
+    OperatorThread,
+    apply,
+    eventually,
+    get,
+    run_body,
+    run_status,
+)
+
+from megdet import progress as protocol
+from megdet.controller.progress_auth import POD_NAME_EXTRA, POD_UID_EXTRA
+
+OPS = "ops"
+SECRET = f"{OPS}/megdet-operator-progress-ca"
+
+
+def obj(api: Any, resource: str, namespace: str, name: str) -> dict[str, Any] | None:
+    for (res, ns, n), stored in list(api.objects.items()):
+        if res == kmock_lib.resource(resource) and ns == namespace and n == name:
+            return None if stored.deleted else dict(stored.raw)
+    return None
+
+
+def put(api: Any, resource: str, namespace: str, body: dict[str, Any]) -> None:
+    api.objects[resource, namespace, body["metadata"]["name"]] = body
+
+
+async def start_progress_operator(
+    api: Any, priority: int | None = None, peering: str | None = None, **kwargs: Any
+) -> OperatorThread:
+    """An operator serving the progress endpoint (its CA in the Secret ``SECRET``), joining
+    ``peering`` with ``priority`` if given; its pod exists in ``ops``, to be labelled."""
+    options: dict[str, Any] = {"peering": peering, "priority": priority or 0} if peering else {}
+    op = OperatorThread(str(api.url), progress=SECRET, pod_namespace=OPS, **options, **kwargs)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": op.identity, "namespace": OPS}}
+    put(api, "v1/pods", OPS, pod)
+    op.thread.start()
+    await eventually(
+        lambda: op.ready_flag.is_set() and op.progress_service is not None,
+        message=f"{op.identity} to start",
+    )
+    return op
+
+
+def review_tokens(api: Any, tokens: dict[str, tuple[str, str, str]]) -> None:
+    """Answer TokenReviews as the API server does: token -> (audience, pod name, pod uid)."""
+
+    async def react(request: Any) -> Any:
+        if not (request.method == "POST" and request.url.path.endswith("/tokenreviews")):
+            raise NotImplementedError
+        spec = (request.data or {}).get("spec") or {}
+        found = tokens.get(spec.get("token"))
+        if found is None or found[0] not in (spec.get("audiences") or []):
+            status: dict[str, Any] = {"authenticated": False}
+        else:
+            audience, pod, uid = found
+            status = {
+                "authenticated": True,
+                "audiences": [audience],
+                "user": {
+                    "username": f"system:serviceaccount:{NAMESPACE}:default",
+                    "extra": {POD_NAME_EXTRA: [pod], POD_UID_EXTRA: [uid]},
+                },
+            }
+        return {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": spec,
+            "status": status,
+        }
+
+    def unique_name(request: Any) -> None:
+        # kmock stores every POST before a reaction answers: a TokenReview (no name) would
+        # collide with the previous one (409); the API server stores none.
+        if request.url.path.endswith("/tokenreviews") and isinstance(request.data, dict):
+            request.data.setdefault("metadata", {})["name"] = uuid.uuid4().hex
+
+    api.before_write.append(unique_name)
+    api << react
+
+
+def post(op: OperatorThread, token: str, run: str, iteration: int) -> tuple[int, str]:
+    """POST a report to ``op``'s endpoint, verifying its certificate with its published CA."""
+    service = op.progress_service
+    context = ssl.create_default_context(cadata=service.cert.ca_pem)
+    conn = http.client.HTTPSConnection("127.0.0.1", service.port, context=context, timeout=10)
+    report = protocol.Progress(
+        iteration=iteration, max_iter=100, updated_time="2026-01-01T00:00:00Z"
+    )
+    conn.request(
+        "POST",
+        protocol.run_status_path(NAMESPACE, run),
+        json.dumps(protocol.to_request(report)),
+        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    data = resp.read().decode()
+    conn.close()
+    return resp.status, data
+
+
+async def apost(op: OperatorThread, token: str, run: str, iteration: int) -> tuple[int, str]:
+    return await asyncio.to_thread(post, op, token, run, iteration)
+
+
+async def run_with_pod(api: Any, name: str, tokens: dict[str, tuple[str, str, str]]) -> str:
+    """A pytorchjob run, its job (made by the active replica), and a pod of that job as the
+    training operator makes it; returns a token bound to that pod for the run's audience."""
+    await apply(api, run_body(name))
+    job = await eventually(lambda: get(api, PYTORCHJOBS, name), message=f"{name}'s job")
+    await eventually(lambda: run_status(api, name).get("jobUID"), message=f"{name}'s jobUID")
+    pod_name = f"{name}-worker-0"
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name,
+            "namespace": NAMESPACE,
+            "uid": f"pod-uid-{name}",
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "name": name,
+                    "uid": job["metadata"]["uid"],
+                    "controller": True,
+                }
+            ],
+        },
+    }
+    put(api, "v1/pods", NAMESPACE, pod)
+    run_uid = get(api, RUNS, name)["metadata"]["uid"]
+    token = f"token-{name}"
+    tokens[token] = (protocol.run_audience(NAMESPACE, name, run_uid), pod_name, f"pod-uid-{name}")
+    return token

@@ -1,0 +1,166 @@
+"""The progress endpoint's token decision (issue 22 item 3): a token is the run's only when its
+audience names the run's uid and the pod it is bound to is a pod of the job this controller
+created for the run. Fake TokenReview and reads (tests/controller/progress_fakes.py); the real
+API server's answers are in tests/e2e/test_progress_ha.py."""
+
+from __future__ import annotations
+
+import pytest
+from progress_fakes import NS, FakeNamespace, FakeReview, job, job_uid, pod, pod_uid, run_uid
+
+from megdet import progress as protocol
+from megdet.controller.progress_auth import RunAuthenticator
+from megdet.controller.progress_binding import RunDirectory, RunRef
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture()
+def world():
+    """One run, "victim", with its job and two pods; nothing else is a run."""
+    ns = FakeNamespace(every_run=False)
+    ns.runs[NS, "victim"] = RunRef("victim", run_uid("victim"), "victim", job_uid("victim"))
+    ns.jobs[NS, "victim"] = job("victim")
+    for name in ("victim-master-0", "victim-worker-0"):
+        ns.pods[NS, name] = pod(name, "victim")
+    review = FakeReview()
+    clock = Clock()
+    auth = RunAuthenticator(review, *ns.auth_parts(clock), clock=clock)
+    return ns, review, auth, clock
+
+
+def check(auth: RunAuthenticator, token: str, run: str = "victim") -> tuple[int, str]:
+    verdict = auth.check(f"Bearer {token}", NS, run)
+    return verdict.status, verdict.reason
+
+
+def test_the_runs_own_pods_are_allowed(world) -> None:
+    _ns, review, auth, _clock = world
+    assert check(auth, review.mint("master", "victim", pod="victim-master-0"))[0] == 200
+    assert check(auth, review.mint("worker", "victim", pod="victim-worker-0"))[0] == 200
+
+
+def test_a_pod_named_as_the_runs_but_not_of_its_job_is_refused(world) -> None:
+    """Anyone who may create pods can name one victim-worker-999 and give it a projected token
+    for the victim's audience: the name is no proof, the pod's controller is."""
+    ns, review, auth, _clock = world
+    ns.pods[NS, "victim-worker-999"] = {
+        "metadata": {"name": "victim-worker-999", "namespace": NS, "uid": pod_uid("x")}
+    }
+    token = review.mint("t999", "victim", pod="victim-worker-999", bound_uid=pod_uid("x"))
+    status, reason = check(auth, token)
+    assert status == 403 and "not controlled by the run's PyTorchJob victim" in reason
+    # Controlled by a job of the same name that is not the one the controller created.
+    ns.pods[NS, "victim-worker-7"] = pod("victim-worker-7", "victim", owner_uid="forged-job")
+    token = review.mint("t7", "victim", pod="victim-worker-7")
+    assert check(auth, token)[0] == 403
+    # Controlled by another kind of object of the same name and uid.
+    ns.pods[NS, "victim-worker-8"] = pod("victim-worker-8", "victim", kind="Job")
+    assert check(auth, review.mint("t8", "victim", pod="victim-worker-8"))[0] == 403
+    # Another run's pod, minted for this run's audience.
+    ns.pods[NS, "other-worker-0"] = pod("other-worker-0", "other")
+    assert check(auth, review.mint("to", "victim", pod="other-worker-0"))[0] == 403
+
+
+def test_the_pod_must_be_the_one_the_token_is_bound_to(world) -> None:
+    """A pod replaced under the same name (a new uid) is not the token's pod."""
+    _ns, review, auth, _clock = world
+    token = review.mint("old", "victim", pod="victim-worker-0", bound_uid="uid-of-a-gone-pod")
+    status, reason = check(auth, token)
+    assert status == 403 and "uid-of-a-gone-pod is not there" in reason
+    assert check(auth, review.mint("no-uid", "victim", bound_uid=""))[0] == 403
+
+
+def test_a_run_created_again_refuses_the_old_runs_tokens(world) -> None:
+    ns, review, auth, _clock = world
+    old = review.mint("old-run", "victim")
+    assert check(auth, old)[0] == 200  # granted, and cached
+    # The run is deleted and created again under the same name: a new uid and a new job.
+    ns.runs[NS, "victim"] = RunRef("victim", "uid-victim-2", "victim", "job-uid-victim-2")
+    ns.pods[NS, "victim-worker-0"] = pod("victim-worker-0", "victim", uid="pod-2",
+                                         owner_uid="job-uid-victim-2")  # fmt: skip
+    status, reason = check(auth, old)
+    assert status == 403 and "status/uid-victim-2" in reason  # the cached grant is not used
+    new = review.mint("new-run", "victim", uid="uid-victim-2", bound_uid="pod-2")
+    assert check(auth, new)[0] == 200
+    assert protocol.run_audience(NS, "victim", "uid-victim-2").endswith("/status/uid-victim-2")
+
+
+def test_an_unknown_run_costs_no_review_and_no_read(world) -> None:
+    ns, review, auth, _clock = world
+    token = review.mint("ghost", "ghost", pod="ghost-worker-0")
+    for _ in range(3):
+        assert check(auth, token, run="ghost")[0] == 403
+    assert review.calls == 0 and ns.reads == []
+    assert auth.cached() == 0  # nothing kept for it either
+
+
+def test_a_pod_is_read_once_for_all_its_tokens(world) -> None:
+    """The kubelet rotates the projected token: each new token costs a TokenReview, not another
+    read of the pod (cached by the pod's uid)."""
+    ns, review, auth, clock = world
+    for i in range(5):
+        assert check(auth, review.mint(f"rotated-{i}", "victim"))[0] == 200
+    assert [r for r in ns.reads if r[0] == "pod"] == [("pod", NS, "victim-worker-0")]
+    clock.now += 301  # past the cache's time: read again
+    assert check(auth, review.mint("later", "victim"))[0] == 200
+    assert len([r for r in ns.reads if r[0] == "pod"]) == 2
+
+
+def test_a_run_without_job_uid_takes_the_job_it_controls(world) -> None:
+    """A run from before status.jobUID: the job of status.jobName whose controller reference
+    is the run's uid (read once), not a job someone else made under that name."""
+    ns, review, auth, _clock = world
+    ns.runs[NS, "victim"] = RunRef("victim", run_uid("victim"), "victim", "")
+    assert check(auth, review.mint("a", "victim"))[0] == 200
+    assert check(auth, review.mint("b", "victim", pod="victim-master-0"))[0] == 200
+    assert [r for r in ns.reads if r[0] == "job"] == [("job", NS, "victim")]
+    ns.runs[NS, "forged"] = RunRef("forged", run_uid("forged"), "forged", "")
+    ns.jobs[NS, "forged"] = job("forged", owner="someone-else")
+    ns.pods[NS, "forged-worker-0"] = pod("forged-worker-0", "forged")
+    status, reason = check(auth, review.mint("f", "forged"), run="forged")
+    assert status == 403 and "has no job forged of its own" in reason
+
+
+def test_a_read_that_fails_is_500_and_not_cached(world) -> None:
+    ns, review, auth, _clock = world
+
+    def broken(namespace: str, name: str):
+        raise OSError("connection refused")
+
+    auth.binding.read_pod = broken
+    token = review.mint("t", "victim")
+    assert check(auth, token)[0] == 500
+    auth.binding.read_pod = ns.read_pod
+    assert check(auth, token)[0] == 200
+
+
+def test_run_directory_follows_the_watch() -> None:
+    runs = RunDirectory()
+    body = {
+        "metadata": {"namespace": NS, "name": "r", "uid": "u1"},
+        "spec": {"gpus": 8},
+        "status": {"jobName": "r", "jobUID": "j1"},
+    }
+    runs.note(body)
+    assert runs.get(NS, "r") == RunRef("r", "u1", "r", "j1")
+    runs.note({**body, "status": {}})
+    assert runs.get(NS, "r") == RunRef("r", "u1", "", "")
+    assert runs.get(NS, "r").job == "r"
+    # Created again: the new uid replaces the old; a late DELETED of the old one is ignored.
+    runs.note({**body, "metadata": {**body["metadata"], "uid": "u2"}})
+    runs.note(body, deleted=True)
+    assert runs.get(NS, "r").uid == "u2"
+    runs.note({**body, "metadata": {**body["metadata"], "uid": "u2"}}, deleted=True)
+    assert runs.get(NS, "r") is None
+    # target trainjob: Trainer's status server serves its pods, not this endpoint.
+    runs.note({**body, "spec": {"target": "trainjob"}})
+    assert runs.get(NS, "r") is None and len(runs) == 0
+    runs.note({"metadata": {"name": "no-uid", "namespace": NS}})
+    assert len(runs) == 0
