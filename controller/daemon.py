@@ -298,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
     from kopf._core.engines.peering import detect_own_id
 
     identity = detect_own_id(manual=False)
+    service = None
     if args.progress_url:
         from megdet.controller import planning, progress
         from megdet.controller.progress_leader import (
@@ -322,7 +323,7 @@ def run(args: argparse.Namespace) -> int:
                 kubernetes_pod_labeller(api, pod_ns, pod_name, args.api_timeout), active
             )
         try:
-            progress.start(
+            service = progress.start(
                 api,
                 registry,
                 url=args.progress_url,
@@ -346,12 +347,16 @@ def run(args: argparse.Namespace) -> int:
         except OSError as err:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
         planning.PROGRESS_URL = args.progress_url
-    kopf.run(
-        registry=registry,
-        settings=settings,
-        identity=identity,
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-    )
+    try:
+        kopf.run(
+            registry=registry,
+            settings=settings,
+            identity=identity,
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+        )
+    finally:
+        if service is not None:
+            service.stop()  # off the progress Service before the process goes
     return 0

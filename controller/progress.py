@@ -44,7 +44,7 @@ from megdet.controller.progress_hub import (
     kubernetes_event_poster,
     register_forget,
 )
-from megdet.controller.progress_leader import Always, PodLabel
+from megdet.controller.progress_leader import ACTIVE_LABEL, Always, PodLabel
 from megdet.controller.progress_server import ProgressServer, _status_body
 
 __all__ = ["ActiveOnlyServer", "NotActive", "ProgressService", "start"]
@@ -134,11 +134,19 @@ class ProgressService:
             self.label.step()
 
     def stop(self) -> None:
+        """Stop serving; a replica that labelled its pod removes the label (best effort: a
+        process that dies leaves it to its pod's next process, which removes it at its first
+        look, and the pod is not ready meanwhile)."""
         self.stop_event.set()
         if self.keeper is not None:
             self.keeper.stop()
         self.server.shutdown()
         self.server.server_close()
+        if self.label is not None and self.label.labelled:
+            try:
+                self.label.patch_labels({ACTIVE_LABEL: None})
+            except Exception as err:
+                logger.warning("progress: removing this replica's pod label: %s", err)
 
 
 def _certificate(

@@ -93,6 +93,7 @@ async def test_two_replicas_share_the_ca_only_the_active_one_serves_and_failover
         await stop_operator(leader)
         await eventually(follower.leadership.active, message="the follower to take over")
         await eventually(lambda: label(follower) == "active", message="the follower's label")
+        assert label(leader) is None  # the stopped replica took its label off
         assert follower.progress_service.cert.ca_pem == ca  # the CA the pods trust is the same
         code, _ = await apost(follower, token, "r", 30)
         assert code == 200
