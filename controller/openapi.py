@@ -10,6 +10,10 @@ A CRD's ``openAPIV3Schema`` is OpenAPI v3.0 and must be structural
 - ``patternProperties``: by the caller's ``pattern_map`` (the project's CEL rules check the keys);
 - ``x-kubernetes-validations`` (CEL rules, which Helm ignores) are copied as written, for the
   caller to resolve;
+- a ``pattern`` with a ``patternMessageRef`` (a keyword of this project, which Helm ignores)
+  becomes a CEL ``self.matches(...)`` rule with that ``messageRef``, for the caller to resolve
+  like the others, so that the API server's refusal says what the value must look like rather
+  than quoting the regular expression;
 - defaults come from a separate values document (Helm's values.yaml), pruned to the declared
   fields.
 
@@ -20,6 +24,7 @@ and the names the spec leaves out.
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +80,7 @@ def convert(
 
 def _scalar_keywords(node: Mapping[str, Any], out: dict[str, Any]) -> None:
     for key in ("enum", "pattern", "minLength", "maxLength", "minimum", "maximum"):
-        if key in node:
+        if key in node and not (key == "pattern" and "patternMessageRef" in node):
             out[key] = copy.deepcopy(node[key])
     # Bounded sizes also bound the API server's CEL cost estimate for rules that iterate.
     for key in ("minItems", "maxItems", "minProperties", "maxProperties"):
@@ -134,6 +139,12 @@ def _convert(node: Mapping[str, Any], default: Any, path: str, opts: _Options) -
         out["default"] = copy.deepcopy(default)
     if "x-kubernetes-validations" in node:
         out["x-kubernetes-validations"] = copy.deepcopy(node["x-kubernetes-validations"])
+    if "pattern" in node and "patternMessageRef" in node:
+        rule = {
+            "rule": f"self.matches({json.dumps(node['pattern'])})",
+            "messageRef": node["patternMessageRef"],
+        }
+        out.setdefault("x-kubernetes-validations", []).append(rule)
     return out
 
 

@@ -29,6 +29,7 @@ from pydantic.alias_generators import to_camel
 
 from megdet.controller.api import JOB_KINDS
 from megdet.controller.problems import InvalidRunError, Problem, field_path
+from megdet.messages import cel_message
 from megdet.plan import Plan, RunSpec, SpecError, plan_run
 
 __all__ = [
@@ -66,6 +67,7 @@ _ADDITIONAL = re.compile(
     r"additional propert(?:y|ies) (?P<names>'[^']*'(?:, '[^']*')*) not allowed"
 )
 _MISSING = re.compile(r"missing propert(?:y|ies) (?P<names>'[^']*'(?:, '[^']*')*)")
+_PATTERN = re.compile(r"^(?P<value>'.*') does not match pattern ")
 
 
 # libyaml's parser when PyYAML has it: a rendered job parses ~10x faster than in pure Python.
@@ -273,12 +275,40 @@ def _schema_problems(pointer: str, message: str) -> list[Problem]:
         int(p) if p.isdigit() else p.replace("~1", "/").replace("~0", "~")
         for p in pointer.split("/")[1:]
     ]
+    if _PATTERN.search(message):
+        said = _pattern_message(parts)
+        if said is not None:
+            value = _PATTERN.search(message).group("value")  # type: ignore[union-attr]
+            return [Problem(field_path(parts), f"{value} {said}")]
     for pattern, what in ((_ADDITIONAL, "unknown field"), (_MISSING, "is required")):
         found = pattern.search(message)
         if found:
             names = re.findall(r"'([^']*)'", found.group("names"))
             return [Problem(field_path([*parts, n]), what) for n in names]
     return [Problem(field_path(parts), message)]
+
+
+@functools.cache
+def _values_schema() -> dict[str, Any]:
+    import json
+
+    return json.loads((chart_dir() / "values.schema.json").read_text())
+
+
+def _pattern_message(parts: Sequence[str | int]) -> str | None:
+    """The message of the ``patternMessageRef`` of the values-schema node at ``parts`` (what a
+    value of it must look like, in words; megdet/messages.py), if it has one."""
+    node: Any = _values_schema()
+    for part in parts:
+        if not isinstance(node, Mapping):
+            return None
+        if isinstance(part, int):
+            node = node.get("items")
+        else:
+            props = node.get("properties") or {}
+            node = props.get(part, node.get("additionalProperties"))
+    ref = node.get("patternMessageRef") if isinstance(node, Mapping) else None
+    return cel_message(ref) if isinstance(ref, str) else None
 
 
 @functools.cache

@@ -199,6 +199,26 @@ MESSAGES: dict[str, Message] = {
         "{key:v} is the operator's policy (the run chart's value {value:v}), not a MegDetRun field",
         chart=False,
     ),
+    # networkPolicy.extraEgress (NetworkPolicyEgressRule fields the API server would refuse
+    # in the run's NetworkPolicy: refused in the MegDetRun first).
+    "cidr": Message(
+        "must be an IPv4 or IPv6 CIDR: an address and a prefix length, e.g. 10.20.0.0/16 or "
+        "2001:db8::/64 (IPv4 prefix at most 32, IPv6 at most 128; no leading zeros)",
+        chart=False,
+    ),
+    "labelExpressionValues": Message(
+        "values: In and NotIn need at least one value; Exists and DoesNotExist take none",
+        chart=False,
+    ),
+    "egressPeer": Message(
+        "a destination needs an ipBlock, a podSelector or a namespaceSelector", chart=False
+    ),
+    "egressIpBlockAlone": Message(
+        "ipBlock stands alone: it cannot be combined with podSelector or namespaceSelector in one "
+        "destination (give them as separate destinations)",
+        chart=False,
+    ),
+    "egressEndPort": Message("endPort needs a port and must be at least port", chart=False),
     # The MegDetRun's name, which its job and pods are named after (the CRD's root rules).
     "nameLength": Message(
         "metadata.name must be at most {max:v} characters, so that the training operator's "
