@@ -68,8 +68,9 @@ RECONCILES = Counter(
     "MegDetRun reconciles by result: success, invalid (spec refused), denied (outside the "
     "cluster's MegDet policy), error (retried), "
     "conflict (the job's name, or the run's output folder, is taken; retried), refused (the "
-    "API server refused the job: schema, admission webhook or quota; not retried until the "
-    "spec changes).",
+    "API server refused the job for good: schema, an admission webhook's or policy's verdict; "
+    "not retried until the spec changes; a refusal that heals, such as a quota without room, "
+    "is retried and counted as error).",
     ["result"],
     registry=REGISTRY,
 )
