@@ -214,8 +214,8 @@ class Reconciler:
             return  # the API server refused the job
         if reason == "update" and not finished(seen) and diff_touches(diff, SUSPEND_DIFF):
             self._sync_suspend(decision, job, retry)
-        if not finished(seen) and (reason == "resume" or diff_touches(diff, ("spec",))):
-            self._delete_unplanned(run, decision, retry)
+        if not finished(seen) and reason in ("resume", "update"):
+            self._delete_unplanned(run, decision, None if reason == "resume" else diff, retry)
         self._write_planned(run, decision, retry, troubles)
 
     def _write_invalid(
@@ -382,14 +382,20 @@ class Reconciler:
             self.api_call(f"update {found['kind']} {meta['name']}", raiser(err), retry)
             raise
 
-    def _delete_unplanned(self, run: Mapping[str, Any], decision: Planned, retry: int) -> None:
+    def _delete_unplanned(
+        self, run: Mapping[str, Any], decision: Planned, diff: Any, retry: int
+    ) -> None:
         """Delete the run's objects of a kind that follows the spec (:data:`SYNCED_CHILDREN`)
         which its spec no longer renders (``networkPolicy.enabled: false``): by the run's name
-        (the chart's name for them), only if the run controls it, only that incarnation."""
+        (the chart's name for them), only if the run controls it, only that incarnation.
+        Looked for only where ``diff`` (an update's) touches the field that renders them, or
+        on a resume (``diff`` None: an edit made while the controller was away)."""
         namespace, name, uid, _generation = run_meta(run)
         planned = {(o["apiVersion"], o["kind"]) for o in decision.objects}
-        for (api_version, kind), _path in SYNCED_CHILDREN.items():
-            if (api_version, kind) in planned:
+        for (api_version, kind), path in SYNCED_CHILDREN.items():
+            if (api_version, kind) in planned or (
+                diff is not None and not diff_touches(diff, path)
+            ):
                 continue
             found = self.api_call(
                 f"get {kind} {name}",

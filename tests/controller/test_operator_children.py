@@ -164,3 +164,19 @@ async def test_the_network_policy_is_updated_and_deleted_with_the_spec(cluster, 
     await reconciled(cluster, "r")
     assert list(objects(cluster, PYTORCHJOBS)) == ["r"]  # the job is untouched
     assert condition(cluster, "r", "ChildrenReady") is None
+
+
+async def test_a_run_without_a_network_policy_never_looks_for_one(cluster, operator) -> None:
+    """Only an edit of spec.networkPolicy (or a resume) looks for a policy to delete: a run's
+    create and its other edits cost no NetworkPolicy request."""
+    await apply_run(cluster, run_body("plain"))
+    await eventually(lambda: status(cluster, "plain").get("jobUID"), message="the job recorded")
+    await edit(cluster, "plain", 2, {"imagesPerGpu": 2})
+    await reconciled(cluster, "plain")
+    assert requests_to(cluster, "GET", "/networkpolicies/plain") == []
+    await edit(cluster, "plain", 3, {"networkPolicy": {"metricsFrom": []}})
+    await eventually(
+        lambda: requests_to(cluster, "GET", "/networkpolicies/plain"), message="one look"
+    )
+    await reconciled(cluster, "plain")
+    assert objects(cluster, NETWORKPOLICIES) == {}
