@@ -28,6 +28,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -105,6 +106,8 @@ COMMANDS = {
     "ip": "iproute2",
 }
 BUSYBOX = Path("/bin/busybox")
+#: The kubelet links every container's log here (DefaultContainerLogsDir, pkg/kubelet/kubelet.go).
+CONTAINER_LOG_LINKS = Path("/var/log/containers")
 #: What host_problems() reads (tests point them elsewhere).
 PROC_FILESYSTEMS = Path("/proc/filesystems")
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
@@ -665,9 +668,15 @@ class RealNode:
             "healthzBindAddress": f"127.0.0.1:{ports['kube-proxy-healthz']}",
             # Pod -> Service -> pod on the same bridge: the reply must come back through the
             # host to be un-DNATed, so every Service connection is masqueraded.
-            "iptables": {"masqueradeAll": True},
-            # The conntrack table size is the host's; kube-proxy leaves it alone with 0.
-            "conntrack": {"maxPerCore": 0},
+            # No NodePorts on 127.0.0.1: kube-proxy would set route_localnet on the host for them.
+            "iptables": {"masqueradeAll": True, "localhostNodePorts": False},
+            # The conntrack table and timeouts are the host's; kube-proxy leaves them alone
+            # with zeros.
+            "conntrack": {
+                "maxPerCore": 0,
+                "tcpEstablishedTimeout": "0s",
+                "tcpCloseWaitTimeout": "0s",
+            },
         }
 
     def _start_kube_proxy(self, state: dict[str, Any], ports: Mapping[str, int]) -> None:
@@ -864,35 +873,50 @@ class RealNode:
     # --- stop ----------------------------------------------------------------------------------
     def teardown(self) -> list[str]:
         """Stop the node's processes and containers and undo what it did to the host (mounts,
-        cgroups, iptables rules, the bridge, kernel settings); returns what it stopped."""
+        cgroups, iptables rules, the bridge, kernel settings); returns what it stopped. Every
+        step runs even when an earlier one fails (each failure is reported)."""
         state = self.cluster.state() or {"pids": {}}
         pids = state.get("pids", {})
-        stopped = []
-        for name in ("kube-proxy", "kubelet"):
+        stopped: list[str] = []
+
+        def step(what: str, action: Callable[[], Any]) -> None:
+            try:
+                action()
+            except Exception as err:
+                self.echo(f"real node teardown: {what} failed: {err}")
+
+        def stop(name: str) -> None:
             if name in pids and _stop(pids[name]):
                 stopped.append(name)
-        _kill_cgroup_tree("kubepods")
-        shims = _shims(self.socket)
-        if "containerd" in pids and _stop(pids["containerd"]):
-            stopped.append("containerd")
+
+        step("stopping kube-proxy", lambda: stop("kube-proxy"))
+        step("stopping the kubelet", lambda: stop("kubelet"))
+        step("killing the pods' processes", lambda: _kill_cgroup_tree("kubepods"))
+        shims: list[int] = []
+        step("finding containerd's shims", lambda: shims.extend(_shims(self.socket)))
+        step("stopping containerd", lambda: stop("containerd"))
         for pid in shims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        _unmount_under(self.root)
-        _remove_cgroup_tree("kubepods")
+        step("unmounting", lambda: _unmount_under(self.root))
+        step("removing the kubepods cgroups", lambda: _remove_cgroup_tree("kubepods"))
+        step("removing log links", lambda: _remove_links_into(CONTAINER_LOG_LINKS, self.root))
         if "node" in state:
             proxy = build.binary_path("kube-proxy")
             if proxy.exists():
-                subprocess.run(
-                    [str(proxy), "--cleanup"], capture_output=True, timeout=60, check=False
+                cmd = [str(proxy), "--cleanup"]
+                step(
+                    "kube-proxy --cleanup",
+                    lambda: subprocess.run(cmd, capture_output=True, timeout=60),
                 )
-            subprocess.run(
-                ["ip", "link", "delete", BRIDGE], capture_output=True, timeout=30, check=False
+            step("removing the KUBE-* chains", _remove_kube_chains)
+            link = ["ip", "link", "delete", BRIDGE]
+            step(
+                "deleting the bridge", lambda: subprocess.run(link, capture_output=True, timeout=30)
             )
             for key, value in state["node"].get("sysctls", {}).items():
-                with contextlib.suppress(OSError):
-                    self._write_sysctl(key, value)
-            self._release_machine()
+                step(f"restoring {key}", lambda k=key, v=value: self._write_sysctl(k, v))
+            step("releasing the machine lock", self._release_machine)
         state.pop("node", None)
         for name in ("kube-proxy", "kubelet", "containerd"):
             state.get("pids", {}).pop(name, None)
@@ -939,35 +963,67 @@ def _cgroup_roots() -> list[Path]:
 def _kill_cgroup_tree(name: str) -> None:
     """SIGKILL every process in the ``name`` cgroup subtree (the pods' containers)."""
     for root in _cgroup_roots():
-        top = root / name
-        if not top.is_dir():
-            continue
-        for procs in top.rglob("cgroup.procs"):
+        # os.walk skips what disappears under it (runc removes cgroups as containers die).
+        for folder, _, files in os.walk(root / name):
+            if "cgroup.procs" not in files:
+                continue
             with contextlib.suppress(OSError):
-                for pid in procs.read_text().split():
+                for pid in (Path(folder) / "cgroup.procs").read_text().split():
                     with contextlib.suppress(ProcessLookupError, ValueError):
                         os.kill(int(pid), signal.SIGKILL)
 
 
 def _remove_cgroup_tree(name: str, timeout: float = 10) -> None:
+    """Remove the ``name`` cgroup subtree, deepest first (a cgroup goes once it is empty)."""
     deadline = time.monotonic() + timeout
     for root in _cgroup_roots():
-        top = root / name
-        if not top.is_dir():
-            continue
-        for folder in sorted(
-            (p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)
-        ):
-            while time.monotonic() < deadline:
+        for folder, _, _ in os.walk(root / name, topdown=False):
+            while True:
                 try:
-                    folder.rmdir()
+                    os.rmdir(folder)
                     break
                 except FileNotFoundError:
                     break
                 except OSError:
+                    if time.monotonic() > deadline:
+                        break
                     time.sleep(0.1)  # processes killed a moment ago are still leaving
-        with contextlib.suppress(OSError):
-            top.rmdir()
+
+
+def _remove_kube_chains() -> None:
+    """Delete the KUBE-* iptables chains that `kube-proxy --cleanup` leaves: the kubelet's own
+    (KUBE-FIREWALL, KUBE-KUBELET-CANARY; pkg/kubelet/kubelet_network_linux.go), and the
+    built-in chains' jumps to them."""
+    for tool in ("iptables", "ip6tables"):
+        if shutil.which(tool) is None:
+            continue
+        for table in ("filter", "nat", "mangle"):
+            proc = subprocess.run(
+                [tool, "-t", table, "-S"], capture_output=True, text=True, timeout=30, check=False
+            )
+            if proc.returncode != 0:
+                continue
+            lines = proc.stdout.splitlines()
+            for line in lines:
+                args = shlex.split(line)
+                if args[:1] == ["-A"] and not args[1].startswith("KUBE-") and "KUBE-" in line:
+                    subprocess.run(
+                        [tool, "-t", table, "-D", *args[1:]], capture_output=True, check=False
+                    )
+            chains = [ln.split()[1] for ln in lines if ln.startswith("-N KUBE-")]
+            for flag in ("-F", "-X"):
+                for chain in chains:
+                    cmd = [tool, "-t", table, flag, chain]
+                    subprocess.run(cmd, capture_output=True, check=False)
+
+
+def _remove_links_into(folder: Path, target: Path) -> None:
+    """Delete the symlinks in ``folder`` that point under ``target``."""
+    with contextlib.suppress(OSError):
+        for link in folder.iterdir():
+            with contextlib.suppress(OSError):
+                if link.is_symlink() and str(link.readlink()).startswith(str(target)):
+                    link.unlink()
 
 
 def _shims(sock: Path) -> list[int]:

@@ -6,7 +6,9 @@ output/e2e/logs after the session; a failing test's report says so.
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 
 import pytest
 from e2e_helpers import (
@@ -18,6 +20,7 @@ from e2e_helpers import (
     helm,
 )
 
+from megdet.cluster import node as real_node_module
 from megdet.cluster.control_plane import Cluster
 
 
@@ -33,6 +36,27 @@ def kube():
         raise
     yield cluster
     cluster.down(keep_logs=LOGS)
+
+
+@pytest.fixture(scope="session")
+def real_node(kube):
+    """The session cluster's real node (kubelet, containerd, kube-proxy, CoreDNS;
+    megdet.cluster.node), started on first use. One real node runs per machine: while another
+    session's holds it, this waits (MEGDET_NODE_WAIT seconds, default 600), then fails with
+    whose it is. Pods go on it with ``megdet.cluster.node.pod_placement()``; images built
+    elsewhere go into it with ``node.import_image(node.socket, archive)``."""
+    deadline = time.monotonic() + float(os.environ.get("MEGDET_NODE_WAIT", "600"))
+    while True:
+        try:
+            kube.start_real_node(timeout=600)
+            break
+        except real_node_module.MachineBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(5)
+    node = real_node_module.RealNode(kube, echo=kube.echo)
+    yield node
+    node.teardown()
 
 
 @pytest.fixture(scope="session")
