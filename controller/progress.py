@@ -118,12 +118,12 @@ class ProgressService:
         threading.Thread(target=leadership, name="megdet-progress-active", daemon=True).start()
 
     def look(self) -> None:
-        """Act on a change of leadership: a replica that became active compares the CA
-        ConfigMaps again (it wrote nothing while on standby); one that stopped being active
-        forgets what it held (the new active replica reads the written progress)."""
+        """Twice a second: the active replica makes or restores the CA ConfigMaps that are
+        missing or wrong (a standby writes none); one that stopped being active forgets what it
+        held (the new active replica reads the written progress); the pod label follows."""
         now = self.active()
-        if now and not self.was_active and self.keeper is not None:
-            self.keeper.resync()
+        if now and self.keeper is not None:
+            self.keeper.resync()  # in memory; a request only for a missing or wrong ConfigMap
         if not now and self.was_active:
             with self.hub.lock:
                 held = list(self.hub.runs)
@@ -222,7 +222,7 @@ def start(
     keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem), active)
     keeper.watch(api_client, timeout, list(namespaces or []))
     service = ProgressService(server, hub, cert, active=active, keeper=keeper, label=label)
-    register(registry, api_client, timeout, cert.ca_pem, keeper)
+    register(registry, keeper)
     service.start()
     logger.info("progress: serving https://%s:%d (reports every %gs at most)", addr, port, interval)
     return service

@@ -6,10 +6,10 @@ replicas share (:meth:`ServingCert.shared`: the first replica that finds none cr
 every replica serves the same certificate and the CA stays the same across restarts and
 failovers), or are made at start for this process only. The CA is published in each
 ``target: pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key ``ca.crt``),
-which the run chart mounts next to the token (:func:`register`: kopf handlers on create and
-resume), and kept so (:class:`CAKeeper`: a watch of the ConfigMaps of that name; one that a
-namespace editor changed or deleted is written back at once; nothing is written while they
-are right).
+which the run chart mounts next to the token, and kept so (:class:`CAKeeper`, told of each
+namespace with runs by :func:`register`: a watch of the ConfigMaps of that name; one that is
+missing, or that a namespace editor changed or deleted, is written at once; nothing is written
+while they are right).
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ __all__ = [
     "CAKeeper",
     "ServingCert",
     "ca_config_map",
-    "publish_ca",
     "register",
     "service_hosts",
 ]
@@ -162,27 +161,6 @@ def service_hosts(url: str) -> list[str]:
     return list(dict.fromkeys(h for h in hosts if h))
 
 
-def publish_ca(api_client: Any, timeout: float, run: Mapping[str, Any], ca_pem: str) -> None:
-    """Create or update the ``megdet-progress-ca`` ConfigMap in the run's namespace. It is
-    shared by the namespace's runs and owned by none: deleting a run leaves it for the others."""
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(api_client)
-    namespace = (run.get("metadata") or {})["namespace"]
-    wanted = ca_config_map(namespace, ca_pem)
-    try:
-        core.create_namespaced_config_map(namespace, wanted, _request_timeout=timeout)
-        return
-    except k8s.ApiException as err:
-        if err.status != 409:
-            raise
-    found = core.read_namespaced_config_map(CA_CONFIG_MAP, namespace, _request_timeout=timeout)
-    if (found.data or {}).get(CA_KEY) != ca_pem:
-        core.patch_namespaced_config_map(
-            CA_CONFIG_MAP, namespace, {"data": {CA_KEY: ca_pem}}, _request_timeout=timeout
-        )
-
-
 class CAKeeper:
     """Keeps ``megdet-progress-ca`` right in every namespace the CA was published to.
 
@@ -205,20 +183,27 @@ class CAKeeper:
         self.active = active
         self.published: set[str] = set()
         self.seen: dict[str, Mapping[str, Any]] = {}
-        #: ConfigMaps written back, and watch events heard (for tests and logs).
+        #: The watches that have listed (None: all namespaces).
+        self.listed: set[str | None] = set()
+        #: Namespaces whose ConfigMap was seen or written right once.
+        self.kept: set[str] = set()
+        #: ConfigMaps made, written back, and watch events heard (for tests and logs).
+        self.created = 0
         self.restored = 0
         self.events = 0
         self._lock = threading.Lock()
         self.watches: list[Any] = []
 
     def publish(self, namespace: str) -> None:
-        """The CA was published to ``namespace`` (by the create/resume handler): keep it."""
+        """``namespace`` has a ``target: pytorchjob`` run: its ConfigMap is made at the next
+        :meth:`resync` and kept from then on."""
         with self._lock:
             self.published.add(namespace)
 
     def on_list(self, items: list[dict[str, Any]], namespace: str | None = None) -> None:
         found = {(i.get("metadata") or {}).get("namespace"): i for i in items}
         with self._lock:
+            self.listed.add(namespace)
             for ns in [n for n in self.seen if namespace is None or n == namespace]:
                 del self.seen[ns]
             self.seen.update({ns: obj for ns, obj in found.items() if isinstance(ns, str)})
@@ -242,22 +227,39 @@ class CAKeeper:
             self._keep(ns, None if kind == "DELETED" else obj)
 
     def resync(self) -> None:
-        """Compare what was last seen once more (on becoming the active replica)."""
+        """Compare every kept namespace with what the watch last saw, and write what is missing
+        or wrong (the active replica's leadership thread calls it twice a second: no request
+        while all is right). Namespaces whose watch has not listed yet wait for it."""
         with self._lock:
-            pairs = [(ns, self.seen.get(ns)) for ns in sorted(self.published)]
+            pairs = [
+                (ns, self.seen.get(ns))
+                for ns in sorted(self.published)
+                if None in self.listed or ns in self.listed
+            ]
         for ns, obj in pairs:
             self._keep(ns, obj)
 
     def _keep(self, namespace: str, found: Mapping[str, Any] | None) -> None:
         if found is not None and (found.get("data") or {}).get(CA_KEY) == self.ca_pem:
+            with self._lock:
+                self.kept.add(namespace)
             return
         if not self.active():
             return  # the active replica does it; this one resyncs when it becomes active
         try:
             self.write(namespace, found)
         except Exception as err:  # the next event or resync tries again
-            logger.warning("progress: restoring %s/%s: %s: %s", namespace, CA_CONFIG_MAP,
+            logger.warning("progress: writing %s/%s: %s: %s", namespace, CA_CONFIG_MAP,
                            type(err).__name__, err)  # fmt: skip
+            return
+        with self._lock:
+            first = namespace not in self.kept
+            self.kept.add(namespace)
+            # What was just written, until the watch reports it: the next resync writes nothing.
+            self.seen[namespace] = {"data": {CA_KEY: self.ca_pem}}
+        if found is None and first:
+            self.created += 1
+            logger.info("progress: published the endpoint's CA in %s/%s", namespace, CA_CONFIG_MAP)
             return
         self.restored += 1
         logger.warning(
@@ -324,25 +326,22 @@ def kubernetes_ca_writer(
     return write
 
 
-def register(
-    registry: Any,
-    api_client: Any,
-    timeout: float,
-    ca_pem: str,
-    keeper: CAKeeper | None = None,
-) -> None:
-    """kopf handlers that publish the CA into each ``target: pytorchjob`` run's namespace (on
-    create, and on resume: a new CA, or a new active replica), and hand the namespace to
-    ``keeper``."""
+def register(registry: Any, keeper: CAKeeper) -> None:
+    """A kopf event handler that hands each ``target: pytorchjob`` run's namespace to
+    ``keeper``, which makes its ConfigMap (within its next look) and keeps it right.
+
+    An event handler, not a create/resume one: it is no part of kopf's creation cycle, so a spec
+    change while the CA is being written is not folded into the creation (kopf records the new
+    spec as handled when the cycle ends) and no reconcile is lost. It runs on every watch event
+    of a run and costs no request (the keeper compares with what its watch saw)."""
     import kopf
 
     def publish(body: Any, **_: Any) -> None:
         run = dict(body)
         if (run.get("spec") or {}).get("target") == "trainjob":
             return
-        publish_ca(api_client, timeout, run, ca_pem)
-        if keeper is not None:
-            keeper.publish((run.get("metadata") or {})["namespace"])
+        namespace = (run.get("metadata") or {}).get("namespace")
+        if isinstance(namespace, str) and namespace:
+            keeper.publish(namespace)
 
-    for on in (kopf.on.create, kopf.on.resume):
-        on(GROUP, VERSION, PLURAL, registry=registry, id="progress-ca")(publish)
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-ca")(publish)

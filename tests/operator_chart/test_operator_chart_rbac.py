@@ -21,7 +21,7 @@ EXPECTED_RULES = {
     # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace and
     # watched (by that name) to write it back; the pod a report's token is bound to, read.
     ("", "configmaps"): {"create"},
-    ("", "configmaps[megdet-progress-ca]"): {"get", "patch", "list", "watch"},
+    ("", "configmaps[megdet-progress-ca]"): {"patch", "list", "watch"},
     ("", "pods"): {"get"},
     ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
 }

@@ -117,7 +117,7 @@ checks them against every API call it makes against kmock). No secrets, no wildc
   verbs: ["create"]
 {{- if .Values.controller.progressEnabled }}
 # Progress reporting (controller/progress.py): the endpoint's CA published in each namespace
-# with runs as the ConfigMap megdet-progress-ca. Reading and updating are limited to that name;
+# with runs as the ConfigMap megdet-progress-ca. Watching and updating are limited to that name;
 # create cannot be (Kubernetes checks no name on create), and creates no access to others.
 - apiGroups: [""]
   resources: ["configmaps"]
@@ -125,9 +125,9 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 - apiGroups: [""]
   resources: ["configmaps"]
   resourceNames: ["megdet-progress-ca"]
-  verbs: ["get", "patch", "list", "watch"]
-# ... and watched (a list and watch of that one name: fieldSelector metadata.name), so that
-# one a namespace editor changed is written back. A report's token must be bound to a pod of
+  verbs: ["patch", "list", "watch"]
+# ... watched (a list and watch of that one name: fieldSelector metadata.name), so that one
+# that is missing or that a namespace editor changed is written (back). A report's token must be bound to a pod of
 # the run's job: that pod is read once (controller/progress_binding.py).
 - apiGroups: [""]
   resources: ["pods"]
