@@ -265,3 +265,18 @@ def test_the_node_pins_live_with_the_others() -> None:
     assert pins["coredns"].startswith("v1.")
     assert {"kubelet", "kube-proxy"} <= set(build.COMPONENTS["kubernetes"].binaries)
     assert set(build.NODE) <= set(build.COMPONENTS)
+
+
+def test_a_taken_node_port_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        base = probe.getsockname()[1] - node.NODE_PORT_OFFSETS["kubelet"]
+    monkeypatch.setenv("MEGDET_CLUSTER_PORT_BASE", str(base))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", base + node.NODE_PORT_OFFSETS["kubelet"]))
+        sock.listen()
+        real = node.RealNode(Cluster(root=tmp_path / "c"))
+        with pytest.raises(node.NodeError, match=rf"{base + 30} \(kubelet\).*PORT_BASE"):
+            real._choose_ports({"ports": {}})
