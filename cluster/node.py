@@ -1064,18 +1064,25 @@ def ctr(sock: Path, *args: str, timeout: float = 120) -> subprocess.CompletedPro
     )
 
 
-def import_image(sock: Path, archive: Path, timeout: float = 600) -> list[str]:
+def import_image(
+    sock: Path, archive: Path, base_name: str | None = None, timeout: float = 600
+) -> list[str]:
     """Import an OCI archive (``buildah push oci-archive:``, ``podman save --format
     oci-archive``, or megdet.cluster.oci) into the node's containerd, where the kubelet finds it;
     returns the image names it holds. Pods then use them with ``imagePullPolicy: IfNotPresent``
-    or ``Never``: nothing is pulled."""
+    or ``Never``: nothing is pulled. An archive whose index names only a tag (``ref.name`` "1")
+    needs ``base_name`` ("megdet.local/trainer"), as ``ctr images import --base-name``."""
     names = oci.archive_names(archive)
     if not names:
         raise NodeError(
             f"{archive}: its index.json names no image (io.containerd.image.name or "
             "org.opencontainers.image.ref.name annotation); save it with a full name"
         )
-    proc = ctr(sock, "images", "import", str(archive), timeout=timeout)
+    args = ["images", "import"]
+    if base_name:
+        args.append(f"--base-name={base_name}")
+        names = [n if "/" in n or ":" in n else f"{base_name}:{n}" for n in names]
+    proc = ctr(sock, *args, str(archive), timeout=timeout)
     if proc.returncode != 0:
         raise NodeError(f"ctr images import {archive} failed: {proc.stderr.strip()}")
     held = images(sock)
@@ -1083,7 +1090,8 @@ def import_image(sock: Path, archive: Path, timeout: float = 600) -> list[str]:
     if absent:
         raise NodeError(
             f"{archive} imported, but containerd holds no image named {', '.join(absent)} "
-            f"(it holds: {', '.join(held)}); give the archive full names (registry/repo:tag)"
+            f"(it holds: {', '.join(held)}); give the archive full names (registry/repo:tag), "
+            "or a base_name for bare tags"
         )
     return names
 

@@ -4,8 +4,10 @@ logs` shows what a container printed, and a missing image shows the kubelet's ow
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
+import tarfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 from e2e_helpers import eventually, get_json
 
 from megdet.cluster import node as real_node_module
+from megdet.cluster import oci
 from megdet.cluster.node import NODE_NAME, busybox_image, pod_placement
 
 
@@ -140,6 +143,48 @@ def test_a_bad_image_tag_shows_the_kubelets_reason(kube, real_node, namespace) -
     reason = eventually(waiting_reason, timeout=120, message="ErrImagePull or ImagePullBackOff")
     assert reason in ("ErrImagePull", "ImagePullBackOff")
     assert phase(kube, namespace, "bad-image") == "Pending"
+
+
+def test_an_image_built_elsewhere_is_imported_and_runs(
+    kube, real_node, namespace, tmp_path
+) -> None:
+    """The seam for `make image`'s archives: an OCI archive whose index names only a tag (as
+    some tools write it) goes into the node's containerd with a base name, and a pod runs it
+    with imagePullPolicy Never."""
+    archive = tmp_path / "hello.tar"
+    oci.write_archive(
+        archive,
+        "megdet.local/ignored:0",
+        [
+            oci.Entry("bin/busybox", source=real_node_module.BUSYBOX, mode=0o755),
+            oci.Entry("bin/sh", symlink="busybox"),
+            oci.Entry("hello.sh", data=b"echo hello-from-an-imported-image\n", mode=0o755),
+        ],
+        entrypoint=["/bin/sh", "/hello.sh"],
+    )
+    with tarfile.open(archive) as tar:
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar]
+    bare = tmp_path / "bare.tar"
+    with tarfile.open(bare, "w") as tar:
+        for member, data in members:
+            if member.name == "index.json":
+                index = json.loads(data)
+                index["manifests"][0]["annotations"] = {"org.opencontainers.image.ref.name": "7"}
+                data = json.dumps(index).encode()
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+    names = real_node_module.import_image(real_node.socket, bare, base_name="megdet.local/hello")
+    assert names == ["megdet.local/hello:7"]
+    hello = pod("hello", namespace, "unused")
+    container = hello["spec"]["containers"][0]
+    container.update(image="megdet.local/hello:7", imagePullPolicy="Never")
+    del container["command"]
+    kube.apply([hello])
+    eventually(
+        lambda: phase(kube, namespace, "hello") == "Succeeded", timeout=120, message="hello ran"
+    )
+    logs = kube.kubectl("logs", "hello", "-n", namespace).stdout
+    assert logs.strip() == "hello-from-an-imported-image"
 
 
 def test_stopping_the_node_leaves_the_host_as_it_found_it(kube, real_node) -> None:
