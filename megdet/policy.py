@@ -7,8 +7,12 @@ a question of who may set it. A platform team states the answer once, in the ope
 - the controller (:func:`check`, before it creates a run's job: condition ``Valid=False``,
   reason ``PolicyDenied``, and a Warning event);
 - the API server, through a ValidatingAdmissionPolicy on MegDetRuns whose validations are
-  generated from :data:`RULES` (``make generate`` writes ``charts/megdet-operator/files/
-  policy-validations.yaml``), so ``kubectl apply`` is refused at once. The admission policy also
+  generated from :data:`RULES` (``make policy`` writes ``charts/megdet-operator/files/
+  policy-validations.yaml``), so ``kubectl apply`` is refused at once. Its matchCondition
+  (:func:`match_conditions`) checks a run's creation and every update of its spec against the
+  policy as it is now, except a change of ``runPolicy.suspend`` alone: a revoked grant or a
+  stricter policy applies to an existing run at its next spec change, and its owner can still
+  suspend, resume and delete it. The controller re-checks a run whose job exists the same way. The admission policy also
   checks the grant for the privileged knobs: ``use`` on ``megdetruns/privileged`` in the run's
   namespace, asked of the cluster's own authorizer for the requesting user. The controller never
   learns who wrote a run, so that check exists only at admission.

@@ -26,7 +26,7 @@ from e2e_helpers import (
     namespace,
 )
 
-from megdet.policy import Policy, check, grant_message
+from megdet.policy import RULES, Policy, check, grant_message
 
 NS = "policy-e2e"
 AUTHOR = "alice"  # may create MegDetRuns in NS
@@ -96,6 +96,32 @@ CASES: dict[str, dict[str, Any]] = {
     "gang-off": {"gang": {"enabled": False, "schedulerName": "my-scheduler"}},
     "ib-root": {"nccl": {"ib": {"enabled": True, "memlock": "root", "rdmaResourceName": "rdma/ib"}}},
     "kueue": {"kueue": {"queueName": "team-a"}},
+    # Issue 22, item 11: each gap, refused, and its safe side, accepted.
+    "apparmor-unconfined": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "unconfined"}},
+    "apparmor-localhost": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "localhost/train", "example.com/team": "a"}},
+    "apparmor-profile": {"podSecurityContext": {"runAsNonRoot": True, "appArmorProfile": {"type": "Unconfined"}}},
+    "seccomp-annotation": {"podAnnotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}},
+    "multus-default": {"podAnnotations": {"v1.multus-cni.io/default-network": "kube-system/flat"}},
+    "multus-own": {"network": {"multusNetworks": "rdma-net@net1, other"}},
+    "multus-foreign": {"network": {"multusNetworks": "own, kube-system/macvlan@net1"}},
+    "multus-json": {"network": {"multusNetworks": '[{"name": "n", "namespace": "x"}]'}},
+    "ld-preload": {"extraEnv": [{"name": "LD_PRELOAD", "value": "/cm/x.so"}]},
+    "pythonpath": {"extraEnv": [{"name": "A", "value": "1"}, {"name": "PYTHONPATH", "value": "/cm"}, {"name": "PYTHONSTARTUP", "value": "/cm/s.py"}]},
+    "safe-env": {"extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG", "value": "INFO"}]},
+    "mount-output-subpath": {"extraVolumes": [{"name": "c", "emptyDir": {}}], "extraVolumeMounts": [{"name": "output", "mountPath": "/mnt/o", "subPath": "victim"}]},
+    "mount-over-output": {"extraVolumes": [{"name": "c", "emptyDir": {}}], "extraVolumeMounts": [{"name": "c", "mountPath": "/output/victim"}]},
+    "mount-dotdot": {"extraVolumes": [{"name": "c", "emptyDir": {}}], "extraVolumeMounts": [{"name": "c", "mountPath": "/x/../output"}]},
+    "mount-elsewhere": {"extraVolumes": [{"name": "c", "emptyDir": {}}], "extraVolumeMounts": [{"name": "c", "mountPath": "/cache", "subPath": "x"}]},
+    "output-claim-again": {"output": {"claimName": "shared"}, "extraVolumes": [{"name": "again", "persistentVolumeClaim": {"claimName": "shared"}}]},
+    "gpu-resource": {"gpuResource": "squat.ai/kvm"},
+    "rdma-resource": {"nccl": {"ib": {"enabled": True, "rdmaResourceName": "smarter-devices/fuse"}}},
+    "rdma-allowed": {"nccl": {"ib": {"enabled": True, "rdmaResourceName": "rdma/rdma_shared_device_a"}}},
+    "reserved-selector": {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}},
+    "gpu-selector": {"nodeSelector": {"nvidia.com/gpu.product": "H100"}},
+    "reserved-affinity": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "node-role.kubernetes.io/master", "operator": "Exists"}]}]}}}},
+    "reserved-preferred": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "In", "values": ["x"]}]}}]}}},
+    "avoid-reserved": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}, "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}}},
+    "pod-affinity-only": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
 }  # fmt: skip
 
 
@@ -128,7 +154,23 @@ def test_the_server_and_the_controller_give_one_verdict_in_the_same_words(kube, 
         "spec.gang.schedulerName",
         "spec.gang.queue",
         "spec.nccl.ib.memlock",
+        "spec.podAnnotations",
+        "spec.network.multusNetworks",
+        "spec.extraVolumeMounts",
+        "spec.gpuResource",
+        "spec.nccl.ib.rdmaResourceName",
+        "spec.nodeSelector",
+        "spec.affinity",
     }
+    # And every rule of the policy: the server ran each CEL expression and message.
+    rules = {rule.name for rule in RULES}
+    fired = {
+        rule.name
+        for change in CASES.values()
+        for rule in RULES
+        if rule.check({"gpus": 8, **change}, policy)
+    }
+    assert rules - fired <= {"queues", "requireQueue"}, rules - fired  # need a listed policy
 
 
 @pytest.fixture()
@@ -179,26 +221,71 @@ def test_privileged_knobs_need_the_policy_and_the_grant(
     assert pod["hostNetwork"] is True
 
 
-def test_a_run_the_policy_no_longer_allows_can_still_be_labelled_and_deleted(kube, ns) -> None:
+def patch_as(kube, user: str, ns: str, name: str, spec: dict[str, Any]):
+    return kube.kubectl(
+        "patch", "mdr", "-n", ns, name, "--type=merge", f"--as={user}",
+        "-p", json.dumps({"spec": spec}), check=False,
+    )  # fmt: skip
+
+
+def test_a_run_the_policy_no_longer_allows_can_be_suspended_labelled_and_deleted(
+    kube, ns, controller
+) -> None:
     """After the policy was tightened again (the fixture above), the run stays: its metadata can
-    change (the controller's finalizer and annotations too) and it can be deleted; its spec
-    cannot be edited without the policy's leave."""
+    change (the controller's finalizer and annotations too), its owner can suspend and resume
+    it, and it can be deleted; any other spec edit is checked against the policy as it is now
+    (issue 22, item 13)."""
     run = get_or_none(kube, "mdr", "-n", ns, "hostnet")
     if run is None:
         pytest.fail("test_privileged_knobs_need_the_policy_and_the_grant made no run")
     kube.kubectl("label", "mdr", "-n", ns, "hostnet", "team=vision", f"--as={AUTHOR}")
-    edit = kube.kubectl(
-        "patch", "mdr", "-n", ns, "hostnet", "--type=merge", f"--as={TRUSTED}",
-        "-p", json.dumps({"spec": {"runPolicy": {"suspend": True}}}), check=False,
-    )  # fmt: skip
+    for suspend in (True, False):
+        edit = patch_as(kube, AUTHOR, ns, "hostnet", {"runPolicy": {"suspend": suspend}})
+        assert edit.returncode == 0, edit.stderr
+        eventually(
+            lambda s=suspend: (get_or_none(kube, "pytorchjob", "-n", ns, "hostnet") or {})
+            .get("spec", {})
+            .get("runPolicy", {})
+            .get("suspend")
+            is s,
+            message=f"the job's suspend {suspend}",
+        )
+    # Any other change, even by the user holding the grant: the policy as it is now.
+    edit = patch_as(kube, TRUSTED, ns, "hostnet", {"podLabels": {"team": "vision"}})
     assert edit.returncode != 0
     assert "policy.privileged.hostNetwork: false" in edit.stderr
+    # suspend with another change in the same request is that other change.
+    edit = patch_as(
+        kube, TRUSTED, ns, "hostnet", {"runPolicy": {"suspend": True, "backoffLimit": 7}}
+    )
+    assert edit.returncode != 0 and "policy.privileged.hostNetwork: false" in edit.stderr
     kube.kubectl("delete", "mdr", "-n", ns, "hostnet", f"--as={AUTHOR}", "--timeout=60s")
     assert get_or_none(kube, "mdr", "-n", ns, "hostnet") is None
     eventually(
         lambda: get_or_none(kube, "pytorchjob", "-n", ns, "hostnet") is None,
         message="the job deleted with its run",
     )
+
+
+def test_every_spec_update_is_checked_against_the_policy_but_suspend(kube, ns) -> None:
+    """A run inside the policy, updated: each spec change is admitted only inside the policy
+    as it is now (a loader variable, an output mount), suspend always (issue 22, item 13)."""
+    accepted, said = create_as(kube, AUTHOR, mdr("updated", ns, {"gpus": 8}), dry_run=False)
+    assert accepted, said
+    try:
+        env = [{"name": "LD_PRELOAD", "value": "/cm/x.so"}]
+        edit = patch_as(kube, AUTHOR, ns, "updated", {"extraEnv": env})
+        assert edit.returncode != 0
+        assert 'spec.extraEnv: env "LD_PRELOAD" make the loader' in edit.stderr
+        mounts = [{"name": "output", "mountPath": "/mnt/o", "subPath": "victim"}]
+        edit = patch_as(kube, AUTHOR, ns, "updated", {"extraVolumeMounts": mounts})
+        assert edit.returncode != 0 and "policy.outputMounts: false" in edit.stderr
+        edit = patch_as(kube, AUTHOR, ns, "updated", {"podLabels": {"team": "a"}})
+        assert edit.returncode == 0, edit.stderr
+        edit = patch_as(kube, AUTHOR, ns, "updated", {"runPolicy": {"suspend": True}})
+        assert edit.returncode == 0, edit.stderr
+    finally:
+        kube.kubectl("delete", "mdr", "-n", ns, "updated", "--wait=false")
 
 
 def test_the_chart_says_what_older_clusters_get(kube) -> None:
