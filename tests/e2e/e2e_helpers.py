@@ -82,10 +82,25 @@ class ControllerProcess:
     """`megdet controller` on the host with the args of the chart's Deployment, logged in as
     the chart's ServiceAccount, so the API server enforces the chart's RBAC on every call."""
 
-    def __init__(self, kube: Cluster, workdir: Path) -> None:
+    def __init__(
+        self,
+        kube: Cluster,
+        workdir: Path,
+        *,
+        pod_id: str = "e2e-host",
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        """``pod_id``: kopf's peering identity (two processes playing two replicas need two);
+        ``extra_args`` come after the Deployment's (the last of a repeated flag wins);
+        ``extra_env``: e.g. POD_NAME/POD_NAMESPACE of a Deployment pod it plays."""
         self.kube = kube
         self.workdir = workdir
-        self.log = kube.logs / "megdet-controller.log"
+        self.pod_id = pod_id
+        self.extra_args = tuple(extra_args)
+        self.extra_env = dict(extra_env or {})
+        name = "megdet-controller" if pod_id == "e2e-host" else f"megdet-controller-{pod_id}"
+        self.log = kube.logs / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.health_port = 0
@@ -127,7 +142,7 @@ class ControllerProcess:
         config = token_kubeconfig(
             self.kube, OPERATOR_NAMESPACE, OPERATOR_RELEASE, self.workdir / "controller.kubeconfig"
         )
-        env = {**os.environ, "KUBECONFIG": str(config), "POD_ID": "e2e-host"}
+        env = {**os.environ, "KUBECONFIG": str(config), "POD_ID": self.pod_id, **self.extra_env}
         env.pop("KUBERNETES_SERVICE_HOST", None)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
@@ -138,6 +153,7 @@ class ControllerProcess:
                     *args,
                     f"--metrics-port={self.metrics_port}",
                     f"--health-port={self.health_port}",
+                    *self.extra_args,
                 ],
                 env=env,
                 stdout=log,
@@ -255,6 +271,12 @@ def ensure_free_gpus(kube: Cluster, gpus: int) -> None:
     if missing > 0:
         first = len(get_json(kube, "nodes")["items"])
         kube.add_nodes(first, -(-missing // 8))
+
+
+def token_audience(pod: dict[str, Any]) -> str:
+    """The audience of the progress token the run chart gave ``pod`` (its projected volume)."""
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "megdet-progress"]
+    return volume["projected"]["sources"][0]["serviceAccountToken"]["audience"]
 
 
 def resolve_env(pod: dict[str, Any]) -> dict[str, str]:

@@ -1,0 +1,231 @@
+"""Progress reporting with the operator chart's default install on the real control plane:
+two replicas (two `megdet controller` processes on the host with the Deployment's args, each
+playing one of the Deployment's pods, logged in as the chart's ServiceAccount), a failover, the
+tokens the API server binds to pods, and the CA ConfigMap a namespace editor changes.
+
+- Only the active replica (kopf's peering) answers 200 and writes status.progress; the other
+  answers 503; only the active one's pod is behind the progress Service (its EndpointSlice).
+- Both serve the certificate of the shared Secret; after the active one stops, the other takes
+  over with the same CA, and the pods' CA ConfigMap is unchanged.
+- A pod named as the run's but not of its job, an old run's token after the run is created
+  again, and a token for the old audience bound to the new run's pod: all 403.
+- The CA ConfigMap edited or deleted: written back.
+- Every request either process made was allowed by the chart's RBAC (audit log).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import time
+from typing import Any
+
+import pytest
+from e2e_helpers import (
+    CONTROLLER_USER,
+    OPERATOR_NAMESPACE,
+    ControllerProcess,
+    apply_objects,
+    eventually,
+    get_json,
+    get_or_none,
+    mdr,
+    namespace,
+    pods_of,
+    token_audience,
+)
+
+from megdet import progress as protocol
+from megdet.controller.progress_leader import ACTIVE_LABEL
+
+NS = "progress-ha-e2e"
+RUN = "ha-run"
+SERVICE = "megdet-operator-progress"
+SECRET = "megdet-operator-progress-ca"
+
+
+@pytest.fixture(scope="module")
+def replicas(kube, controller, tmp_path_factory):
+    """(active, standby): the session's single controller stopped, two processes started with
+    priorities 200 and 100, each as one of the Deployment's two pods."""
+    controller.stop()
+    selector = "app.kubernetes.io/name=megdet-operator,app.kubernetes.io/component=controller"
+    pods = eventually(
+        lambda: (p := pods_of(kube, OPERATOR_NAMESPACE, selector)) and len(p) == 2 and p,
+        message="the Deployment's two pods",
+    )
+    names = sorted(p["metadata"]["name"] for p in pods)
+    procs = []
+    for name, priority in zip(names, (200, 100), strict=True):
+        proc = ControllerProcess(
+            kube,
+            tmp_path_factory.mktemp(f"replica-{priority}"),
+            pod_id=name,
+            extra_args=(f"--priority={priority}",),
+            extra_env={"POD_NAME": name, "POD_NAMESPACE": OPERATOR_NAMESPACE},
+        )
+        proc.start()
+        procs.append(proc)
+    yield procs
+    for proc in procs:
+        proc.stop()
+    controller.start()
+
+
+def secret_ca(kube) -> str:
+    import base64
+
+    secret = get_json(kube, "secret", SECRET, "-n", OPERATOR_NAMESPACE)
+    return base64.b64decode(secret["data"]["ca.crt"]).decode()
+
+
+def post(proc: ControllerProcess, ca: str, run: str, token: str, iteration: int) -> tuple[int, Any]:
+    """A report to ``proc``'s endpoint, verifying its certificate with ``ca`` (raises
+    ssl.SSLError if the certificate is not the CA's)."""
+    context = ssl.create_default_context(cadata=ca)
+    conn = http.client.HTTPSConnection("127.0.0.1", proc.progress_port, context=context,
+                                       timeout=20)  # fmt: skip
+    report = protocol.Progress(iteration=iteration, max_iter=1000,
+                               updated_time=protocol.format_time(time.time()))  # fmt: skip
+    conn.request(
+        "POST",
+        protocol.run_status_path(NS, run),
+        json.dumps(protocol.to_request(report)),
+        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    return resp.status, json.loads(data) if data else None
+
+
+def token(kube, audience: str, pod: str) -> str:
+    return kube.kubectl(
+        "create", "token", "default", "-n", NS, f"--audience={audience}",
+        "--bound-object-kind=Pod", f"--bound-object-name={pod}",
+    ).stdout.strip()  # fmt: skip
+
+
+def run_pod(kube, run: str, uid: str | None = None) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        for pod in pods_of(kube, NS, f"training.kubeflow.org/job-name={run}"):
+            owner = get_json(kube, "pytorchjob", run, "-n", NS)["metadata"]["uid"]
+            refs = pod["metadata"].get("ownerReferences") or []
+            if any(r["uid"] == owner for r in refs) and (uid is None or uid in token_audience(pod)):
+                return pod
+        return None
+
+    return eventually(found, timeout=120, message=f"the pod of {run}")
+
+
+def iteration(kube, run: str) -> int | None:
+    status = get_json(kube, "mdr", run, "-n", NS).get("status") or {}
+    return (status.get("progress") or {}).get("iteration")
+
+
+def label_of(kube, pod: str) -> str | None:
+    meta = get_json(kube, "pod", pod, "-n", OPERATOR_NAMESPACE)["metadata"]
+    return (meta.get("labels") or {}).get(ACTIVE_LABEL)
+
+
+def endpoint_pods(kube) -> set[str]:
+    slices = get_json(
+        kube, "endpointslices", "-n", OPERATOR_NAMESPACE, "-l",
+        f"kubernetes.io/service-name={SERVICE}",
+    )["items"]  # fmt: skip
+    return {
+        (e.get("targetRef") or {}).get("name") for s in slices for e in s.get("endpoints") or []
+    }
+
+
+def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube, replicas) -> None:
+    active, standby = replicas
+    ns = namespace(kube, NS)
+    apply_objects(kube, mdr(RUN, ns, {"gpus": 8}))
+    pod = run_pod(kube, RUN)
+    good = token(kube, token_audience(pod), pod["metadata"]["name"])
+    ca = secret_ca(kube)
+    published = eventually(
+        lambda: get_or_none(kube, "configmap", "megdet-progress-ca", "-n", NS),
+        message="the CA ConfigMap",
+    )
+    assert published["data"]["ca.crt"] == ca  # the Secret's CA is what the pods trust
+
+    # Only the active replica serves; both present the Secret's certificate.
+    assert eventually(lambda: post(active, ca, RUN, good, 10)[0] == 200, timeout=60,
+                      message="the active replica to accept")  # fmt: skip
+    code, answer = post(standby, ca, RUN, good, 20)
+    assert code == 503 and "standby" in answer["message"]
+    eventually(lambda: iteration(kube, RUN) == 10, timeout=30, message="status.progress")
+    # The progress Service reaches only the active replica's pod.
+    eventually(
+        lambda: label_of(kube, active.pod_id) == "active"
+        and label_of(kube, standby.pod_id) is None,
+        timeout=30,
+        message="the active replica's pod label, and none on the other",
+    )
+    eventually(lambda: endpoint_pods(kube) == {active.pod_id}, timeout=60,
+               message="the progress Service's endpoints")  # fmt: skip
+
+    # A pod named as one of the run's, not of its job, with a token for the run's audience.
+    forged_pod = f"{RUN}-worker-9"
+    apply_objects(kube, {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": forged_pod, "namespace": NS},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    })  # fmt: skip
+    forged = token(kube, token_audience(pod), forged_pod)
+    assert post(active, ca, RUN, forged, 999)[0] == 403
+
+    # The CA ConfigMap edited by a namespace editor: written back; deleted: made again.
+    kube.kubectl("patch", "configmap", "megdet-progress-ca", "-n", NS, "--type=merge",
+                 "-p", '{"data": {"ca.crt": "forged"}}')  # fmt: skip
+    eventually(
+        lambda: get_json(kube, "configmap", "megdet-progress-ca", "-n", NS)["data"]["ca.crt"] == ca,
+        timeout=30,
+        message="the CA written back",
+    )
+    kube.kubectl("delete", "configmap", "megdet-progress-ca", "-n", NS)
+    eventually(
+        lambda: (get_or_none(kube, "configmap", "megdet-progress-ca", "-n", NS) or {})
+        .get("data", {})
+        .get("ca.crt")
+        == ca,
+        timeout=30,
+        message="the CA ConfigMap made again",
+    )
+
+    # Failover: the active replica's process stops; the other takes over with the same CA.
+    active.stop()
+    assert eventually(lambda: post(standby, ca, RUN, good, 30)[0] == 200, timeout=90,
+                      message="the other replica to take over")  # fmt: skip
+    eventually(lambda: iteration(kube, RUN) == 30, timeout=30, message="the new active's write")
+    eventually(lambda: label_of(kube, standby.pod_id) == "active", timeout=30,
+               message="the new active replica's label")  # fmt: skip
+    eventually(lambda: endpoint_pods(kube) == {standby.pod_id}, timeout=60,
+               message="the progress Service's endpoints after the failover")  # fmt: skip
+    assert get_json(kube, "configmap", "megdet-progress-ca", "-n", NS)["data"]["ca.crt"] == ca
+
+    # The run created again under the same name: the old run's token is refused, and so is a
+    # token for the old audience bound to the new run's pod; the new pod's own token works.
+    old_audience = token_audience(pod)
+    kube.kubectl("delete", "mdr", RUN, "-n", NS, "--wait=true", "--timeout=60s")
+    apply_objects(kube, mdr(RUN, ns, {"gpus": 8}))
+    uid = get_json(kube, "mdr", RUN, "-n", NS)["metadata"]["uid"]
+    new_pod = run_pod(kube, RUN, uid)
+    assert token_audience(new_pod) != old_audience
+    assert post(standby, ca, RUN, good, 40)[0] == 403
+    stale = token(kube, old_audience, new_pod["metadata"]["name"])
+    assert post(standby, ca, RUN, stale, 40)[0] == 403
+    fresh = token(kube, token_audience(new_pod), new_pod["metadata"]["name"])
+    assert eventually(lambda: post(standby, ca, RUN, fresh, 50)[0] == 200, timeout=60,
+                      message="the new run's pod accepted")  # fmt: skip
+
+    # Nothing either replica asked for was refused by the chart's RBAC.
+    denied = [
+        (e["verb"], e.get("objectRef"), e["responseStatus"].get("code"))
+        for e in kube.audit_events(CONTROLLER_USER)
+        if e.get("stage") == "ResponseComplete" and e["responseStatus"].get("code") == 403
+    ]
+    assert denied == []
