@@ -1,5 +1,6 @@
-"""progress.url / progress.caConfigMap / progress.runUID: what the pods get for progress reporting (target
-pytorchjob), and that a plain `helm install` (no controller) gets none of it."""
+"""progress.url / progress.caConfigMap / progress.runUID: what the pods get for progress
+reporting (target pytorchjob), and that a plain `helm install` (no controller) gets none of
+it."""
 
 from __future__ import annotations
 
