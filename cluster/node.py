@@ -664,6 +664,8 @@ class RealNode:
             "hostnameOverride": NODE_NAME,
             "bindAddress": ip,
             "clusterCIDR": POD_CIDR,
+            # NodePorts on the node's own address only (not on every address of the machine).
+            "nodePortAddresses": ["primary"],
             "metricsBindAddress": f"127.0.0.1:{ports['kube-proxy-metrics']}",
             "healthzBindAddress": f"127.0.0.1:{ports['kube-proxy-healthz']}",
             # Pod -> Service -> pod on the same bridge: the reply must come back through the
