@@ -398,11 +398,11 @@ class Cluster:
         except BaseException:
             self.echo(f"cluster failed to start; component logs: {self.logs}")
             raise
-        if self.real_node:
-            self.start_real_node(timeout, required=False)
+        real = self.real_node and self.start_real_node(timeout, required=False)
         self.echo(
             f"cluster up in {time.monotonic() - start:.0f} s: {self.server}, {self.nodes} nodes "
-            f"x {GPUS_PER_NODE} GPUs; export KUBECONFIG={self.kubeconfig}"
+            f"x {GPUS_PER_NODE} GPUs{' and the real node megdet-node' if real else ''}; "
+            f"export KUBECONFIG={self.kubeconfig}"
         )
 
     def down(self, keep_logs: Path | None = None) -> list[str]:
