@@ -88,14 +88,6 @@ RUN python /src/detectron2_install.py --pyproject /src/pyproject.toml \
         --source "${DETECTRON2_SOURCE}" --repo "${DETECTRON2_REPO}" \
         --commit "${DETECTRON2_COMMIT}" --archs "${TORCH_CUDA_ARCH_LIST}" --jobs "${MAX_JOBS}"
 
-# The project itself (its dependencies are already installed from the same pins). The whole
-# context: .dockerignore keeps it to pyproject.toml, README.md and the package folders.
-COPY . /src
-WORKDIR /src
-RUN pip install --no-cache-dir --no-deps . \
-    && python -c "import torch, detectron2; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
-    && megdet --version
-
 # ---------------------------------------------------------------------------------------------
 # controller: the MegDetRun operator. Python only: no torch, no CUDA.
 FROM ${CONTROLLER_BASE} AS controller
@@ -111,13 +103,20 @@ LABEL org.opencontainers.image.title="megdet-controller" \
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH
-COPY . /src
-# The [controller] extra: kopf and the Kubernetes client at their pinned versions, in a venv
-# (the python image's interpreter, or Debian's with python3-venv: the same step on both bases).
+# The base dependencies and the [controller] extra (kopf, the Kubernetes client, ...) at their
+# pinned versions, read from pyproject.toml, in a venv (the python image's interpreter, or
+# Debian's with python3-venv: the same step on both bases); then the project in a layer of its
+# own, so a change to the code does not download the dependencies again.
+COPY pyproject.toml image/pins.py /src/
 RUN python3 -m venv /opt/venv \
-    && pip install --no-cache-dir "/src[controller]" \
-    && rm -rf /src \
+    && python3 /src/pins.py /src/pyproject.toml controller > /tmp/requirements.txt \
+    && pip install --no-cache-dir -r /tmp/requirements.txt \
+    && rm -rf /src /tmp/requirements.txt \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin megdet
+COPY . /src
+RUN pip install --no-cache-dir --no-deps /src \
+    && rm -rf /src \
+    && megdet --version
 # The run chart: the controller renders each MegDetRun's job with it, in process (one job builder).
 COPY charts/megdet /opt/megdet/charts/megdet
 ENV MEGDET_CHART_DIR=/opt/megdet/charts/megdet
@@ -160,6 +159,15 @@ RUN apt-get update \
     && chown 10001:10001 /output
 
 COPY --from=build /opt/venv /opt/venv
+# The project itself, in a layer of its own after the venv's (several GB: torch), so a change
+# to the code rebuilds only this small one. Its dependencies are in the venv from the same
+# pins, and so is its build backend (setuptools, pinned): no build isolation, no download.
+# The whole context: .dockerignore keeps it to pyproject.toml, README.md and the packages.
+COPY . /src
+RUN pip install --no-cache-dir --no-deps --no-build-isolation /src \
+    && rm -rf /src \
+    && python -c "import torch, detectron2; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
+    && megdet --version
 USER 10001:10001
 WORKDIR /output
 # tini is PID 1: it reaps zombies and passes SIGTERM to `megdet launch`, which passes it to
