@@ -67,6 +67,9 @@ class Component:
     stamp: Callable[[str], dict[str, str]] | None = None
     #: sibling modules replaced in the wrapper, given the module's own go.mod text and version
     siblings: Callable[[str, str], dict[str, str]] | None = None
+    #: binaries only the real node runs (megdet.cluster.node): built when it starts, so a
+    #: kwok-only cluster's first build does not wait for them
+    node_binaries: frozenset[str] = frozenset()
 
 
 def _kube_stamp(version: str) -> dict[str, str]:
@@ -121,6 +124,7 @@ COMPONENTS: dict[str, Component] = {
             wrapper=True,
             stamp=_kube_stamp,
             siblings=_kube_siblings,
+            node_binaries=frozenset({"kubelet", "kube-proxy"}),
         ),
         # An older API server, only to check that the CRD installs on the oldest served minor.
         Component(
@@ -257,10 +261,15 @@ def component_of(binary: str) -> str:
     return next(c.name for c in COMPONENTS.values() if binary in c.binaries)
 
 
-def is_built(name: str) -> bool:
+def _wanted(comp: Component, node: bool) -> list[str]:
+    return [b for b in comp.binaries if node or b not in comp.node_binaries]
+
+
+def is_built(name: str, node: bool = False) -> bool:
+    """Whether the component's binaries are in the cache (``node``: the real node's too)."""
     comp = COMPONENTS[name]
     out = component_dir(name, pins()[name])
-    return all((out / b).exists() for b in comp.binaries)
+    return all((out / b).exists() for b in _wanted(comp, node))
 
 
 def _ldflags(comp: Component, version: str) -> list[str]:
@@ -295,25 +304,33 @@ def _build_lock(name: str, version: str, echo: Callable[[str], None]):
         yield
 
 
-def build(name: str, jobs: int | None = None, echo: Callable[[str], None] = print) -> Path:
+def build(
+    name: str, jobs: int | None = None, echo: Callable[[str], None] = print, node: bool = False
+) -> Path:
     """Build one component at its pinned version into the cache (no-op when already there).
 
     Only the binaries that are missing are built: a component that gained a binary (the
-    kubelet and kube-proxy joined kube-apiserver & co.) keeps the ones it has."""
+    kubelet and kube-proxy joined kube-apiserver & co.) keeps the ones it has. ``node``: also
+    the binaries only the real node runs."""
     comp = COMPONENTS[name]
     version = pins()[name]
     out = component_dir(name, version)
-    if is_built(name):
+    if is_built(name, node):
         return out
     with _build_lock(name, version, echo):
-        if is_built(name):  # another process built it while this one waited
+        if is_built(name, node):  # another process built it while this one waited
             return out
-        _build_missing(comp, version, out, jobs, echo)
+        _build_missing(comp, version, out, jobs, echo, _wanted(comp, node))
     return out
 
 
 def _build_missing(
-    comp: Component, version: str, out: Path, jobs: int | None, echo: Callable[[str], None]
+    comp: Component,
+    version: str,
+    out: Path,
+    jobs: int | None,
+    echo: Callable[[str], None],
+    wanted: Sequence[str],
 ) -> None:
     name = comp.name
     go = find_go()
@@ -323,16 +340,17 @@ def _build_missing(
     tmp_out = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp_out, ignore_errors=True)
     tmp_out.mkdir(parents=True)
-    todo = {b: pkg for b, pkg in comp.binaries.items() if not (out / b).exists()}
+    todo = {b: comp.binaries[b] for b in wanted if not (out / b).exists()}
     for binary in comp.binaries:
-        if binary not in todo:
+        if binary not in todo and (out / binary).exists():
             os.link(out / binary, tmp_out / binary)
     log_path = cache_dir() / "logs" / f"{name}-{version}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     par = [f"-p={jobs}"] if jobs else []
     start = time.monotonic()
     echo(f"building {name} {version} ({', '.join(todo)}); log: {log_path}")
-    with open(log_path, "a" if len(todo) < len(comp.binaries) else "w") as log:
+    earlier = any((out / b).exists() for b in comp.binaries)
+    with open(log_path, "a" if earlier else "w") as log:
         if comp.wrapper:
             _write_wrapper(go, comp, version, work, log, env)
             for binary, pkg in todo.items():
@@ -440,8 +458,10 @@ def build_pause(echo: Callable[[str], None] = print) -> Path:
     return out
 
 
-def build_all(names: Sequence[str], jobs: int | None = None, echo=print) -> dict[str, Path]:
-    return {name: build(name, jobs=jobs, echo=echo) for name in names}
+def build_all(
+    names: Sequence[str], jobs: int | None = None, echo=print, node: bool = False
+) -> dict[str, Path]:
+    return {name: build(name, jobs=jobs, echo=echo, node=node) for name in names}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -465,7 +485,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown component(s) {', '.join(unknown)}; allowed: {', '.join(COMPONENTS)}")
     try:
-        build_all(args.components, jobs=args.jobs)
+        build_all(args.components, jobs=args.jobs, node=True)
     except BuildError as err:
         print(f"megdet cluster build: error: {err}", file=sys.stderr)
         return 1

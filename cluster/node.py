@@ -347,10 +347,10 @@ class RealNode:
         ip = node_ip()
         ports = self._choose_ports(state)
         start = time.monotonic()
-        missing = [c for c in ("kubernetes", *build.NODE) if not build.is_built(c)]
+        missing = [c for c in ("kubernetes", *build.NODE) if not build.is_built(c, node=True)]
         if missing:
             self.echo(f"building the real node's binaries ({', '.join(missing)}; first use only)")
-            build.build_all(missing, echo=self.echo)
+            build.build_all(missing, echo=self.echo, node=True)
         archives = build_images(echo=self.echo)
         self._claim_machine()
         state["node"] = {"ports": ports, "ip": ip, "sysctls": self._read_sysctls()}

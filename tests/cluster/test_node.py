@@ -260,10 +260,38 @@ def test_a_component_that_gains_a_binary_builds_only_that_one(
     assert not out.with_name(out.name + ".partial").exists()
 
 
+def test_the_node_binaries_are_built_only_for_the_node(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A kwok-only cluster's build leaves the kubelet out; the node's start builds it."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    (bindir / "go").write_text(FAKE_GO)
+    (bindir / "go").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_GO_LOG", str(tmp_path / "go.log"))
+    monkeypatch.setenv("MEGDET_CLUSTER_CACHE", str(tmp_path / "cache"))
+    comp = build.Component(
+        "demo",
+        "example.com/demo",
+        {"server": "example.com/demo/cmd/server", "agent": "example.com/demo/cmd/agent"},
+        node_binaries=frozenset({"agent"}),
+    )
+    monkeypatch.setitem(build.COMPONENTS, "demo", comp)
+    monkeypatch.setattr(build, "pins", lambda: {"demo": "v1.0.0"})
+    out = build.build("demo", echo=lambda _: None)
+    assert (out / "server").exists() and not (out / "agent").exists()
+    assert build.is_built("demo") and not build.is_built("demo", node=True)
+    build.build("demo", echo=lambda _: None, node=True)
+    assert (out / "server").exists() and (out / "agent").exists()
+    assert build.is_built("demo", node=True)
+
+
 def test_the_node_pins_live_with_the_others() -> None:
     pins = build.pins()
     assert pins["coredns"].startswith("v1.")
-    assert {"kubelet", "kube-proxy"} <= set(build.COMPONENTS["kubernetes"].binaries)
+    kubernetes = build.COMPONENTS["kubernetes"]
+    assert {"kubelet", "kube-proxy"} == kubernetes.node_binaries <= set(kubernetes.binaries)
     assert set(build.NODE) <= set(build.COMPONENTS)
 
 
