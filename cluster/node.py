@@ -386,6 +386,12 @@ class RealNode:
             return ports
         base = int(os.environ.get("MEGDET_CLUSTER_PORT_BASE", str(DEFAULT_PORT_BASE)))
         ports = {name: base + off for name, off in NODE_PORT_OFFSETS.items()}
+        if max(ports.values()) > 65535:
+            raise NodeError(
+                f"MEGDET_CLUSTER_PORT_BASE={base} leaves no room for the real node's ports "
+                f"(N+{min(NODE_PORT_OFFSETS.values())} to N+{max(NODE_PORT_OFFSETS.values())}); "
+                f"pick a base up to {65535 - max(NODE_PORT_OFFSETS.values())}"
+            )
         taken = [f"{port} ({name})" for name, port in ports.items() if port_taken(port)]
         if taken:
             raise NodeError(

@@ -308,3 +308,12 @@ def test_a_taken_node_port_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         real = node.RealNode(Cluster(root=tmp_path / "c"))
         with pytest.raises(node.NodeError, match=rf"{base + 30} \(kubelet\).*PORT_BASE"):
             real._choose_ports({"ports": {}})
+
+
+def test_a_port_base_without_room_for_the_node_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("MEGDET_CLUSTER_PORT_BASE", "65500")
+    real = node.RealNode(Cluster(root=tmp_path / "c"))
+    with pytest.raises(node.NodeError, match="MEGDET_CLUSTER_PORT_BASE=65500 leaves no room"):
+        real._choose_ports({"ports": {}})
