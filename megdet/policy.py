@@ -12,10 +12,11 @@ a question of who may set it. A platform team states the answer once, in the ope
   (:func:`match_conditions`) checks a run's creation and every update of its spec against the
   policy as it is now, except a change of ``runPolicy.suspend`` alone: a revoked grant or a
   stricter policy applies to an existing run at its next spec change, and its owner can still
-  suspend, resume and delete it. The controller re-checks a run whose job exists the same way. The admission policy also
-  checks the grant for the privileged knobs: ``use`` on ``megdetruns/privileged`` in the run's
-  namespace, asked of the cluster's own authorizer for the requesting user. The controller never
-  learns who wrote a run, so that check exists only at admission.
+  suspend, resume and delete it. The controller re-checks a run whose job exists the same way.
+  The admission policy also checks the grant for the privileged knobs: ``use`` on
+  ``megdetruns/privileged`` in the run's namespace, asked of the cluster's own authorizer for
+  the requesting user. The controller never learns who wrote a run, so that check exists only
+  at admission.
 
 Each rule is written once below, as a Python check and the CEL expression that says the same;
 the real-cluster tests hold the two verdicts and messages equal. This module is pure Python.
