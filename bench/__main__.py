@@ -21,6 +21,7 @@ from bench import (
     controller_validation,
     data_throughput,
     exporter_overhead,
+    progress_endpoint,
     progress_overhead,
     step_overhead,
     sync_bn_scope,
@@ -74,6 +75,11 @@ def _progress_overhead(quick: bool) -> None:
     progress_overhead.print_report(progress_overhead.run(quick=quick))
 
 
+def _progress_endpoint(quick: bool) -> None:
+    # After only: a side-by-side needs a worktree of the code before (--before-tree).
+    progress_endpoint.print_report(progress_endpoint.run(quick=quick))
+
+
 BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "chart_render": _chart_render,
     "step_overhead": _step_overhead,
@@ -81,6 +87,7 @@ BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "data_throughput": _data_throughput,
     "exporter_overhead": _exporter_overhead,
     "progress_overhead": _progress_overhead,
+    "progress_endpoint": _progress_endpoint,
     "controller_validation": _controller_validation,
     "controller_reconcile": _controller_reconcile,
 }

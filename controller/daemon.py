@@ -182,6 +182,22 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         help="post a Checkpointed event every K-th checkpoint (default: 5)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=whole_number(minimum=1),
+        default=128,
+        metavar="N",
+        help="connections each of the /metrics and progress servers serves at once (8 per "
+        "source address); at the cap the oldest unfinished request makes room (default: 128)",
+    )
+    parser.add_argument(
+        "--request-timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds a request to /metrics or the progress endpoint has to arrive in full: "
+        "TLS handshake, headers and body together (default: 10)",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         default="INFO",
@@ -292,7 +308,10 @@ def run(args: argparse.Namespace) -> int:
         metrics_options["authorizer"] = TokenAuthorizer(
             KubernetesReviewer(api, timeout=args.api_timeout)
         )
-    metrics.serve(args.metrics_port, **metrics_options)
+    from megdet.controller.http_limits import Limits
+
+    limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout)
+    metrics.serve(args.metrics_port, limits=limits, **metrics_options)
     # kopf's own identity in the peering object (the pod name, POD_ID), fixed here so that the
     # progress endpoint's leadership reads the same entry kopf writes.
     from kopf._core.engines.peering import detect_own_id
@@ -337,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
                 active=active,
                 namespaces=list(args.namespace),
                 label=label,
+                limits=limits,
             )
         except ValueError as err:
             raise UsageError(str(err)) from None

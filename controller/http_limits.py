@@ -5,9 +5,12 @@ controller needs (threads, memory) for long. :class:`BoundedServerMixin` (for a
 ``socketserver.ThreadingMixIn`` server) and :class:`BoundedHandlerMixin` (for its
 ``StreamRequestHandler``) give them, as :class:`Limits` says:
 
-- **a cap on connections**, in all and per source address: a connection over the cap is
-  closed at once by the accept loop (plain HTTP first gets a ``503``; over TLS nothing can be
-  said before a handshake), never queued, and counted;
+- **a cap on connections**, in all and per source address. At the cap, a newcomer takes the
+  place of the oldest connection whose request has not arrived yet (a real client's arrives in
+  milliseconds; one that holds a connection open on purpose is the oldest); over its source's
+  cap, or when every place is answering a request, it is closed at once by the accept loop
+  (plain HTTP first gets a ``503``; over TLS nothing can be said before a handshake). Never
+  queued; counted;
 - **a whole-request deadline**: the TLS handshake, the request line, the headers and the body
   of one request must all arrive within ``request_timeout`` seconds of the connection's
   accept (or of the previous answer on a kept-alive connection). Unlike a socket timeout,
@@ -31,6 +34,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -44,8 +48,9 @@ __all__ = [
 ]
 
 #: Why a connection was cut (the ``reason`` label of ``megdet_controller_http_refused_total``):
-#: over the connection cap (all, or of its source), or past its request deadline.
-REFUSALS = ("busy", "deadline")
+#: refused over the connection cap (all places answering, or its source's cap), closed to make
+#: room for a newcomer (the oldest whose request had not arrived), or past its deadline.
+REFUSALS = ("busy", "evicted", "deadline")
 
 _log = logging.getLogger(__name__)
 
@@ -59,8 +64,8 @@ _BUSY_ANSWER = (
 class Limits:
     """What one server allows. The defaults fit the controller's 1 Gi limit with room."""
 
-    #: Connections served at once, in all; more are closed at once.
-    max_connections: int = 64
+    #: Connections served at once, in all (then the oldest unfinished request makes room).
+    max_connections: int = 128
     #: Connections served at once from one source address.
     per_source: int = 8
     #: Seconds for the handshake and the whole request (line, headers, body) to arrive.
@@ -80,39 +85,78 @@ class Limits:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value}")
 
 
+class _Place:
+    __slots__ = ("settled", "sock", "source")
+
+    def __init__(self, source: str, sock: Any) -> None:
+        self.source = source
+        self.sock = sock
+        self.settled = False  # its request is in: no longer evicted for a newcomer
+
+
 class ConnectionGate:
-    """Counts the connections being served, in all and by source; thread-safe. A source is
-    held only while it has a connection, so the map is never larger than the cap."""
+    """The connections being served, in all and by source, oldest first; thread-safe. A
+    source is held only while it has a connection, so the maps never outgrow the cap.
+
+    At the cap, a newcomer takes the place of the oldest connection whose request has not
+    arrived in full yet (:meth:`settle` marks one that has): a real client's request arrives in
+    milliseconds, so the oldest unfinished one is almost always a client that holds its
+    connection open on purpose. Only when every place holds a request being answered is the
+    newcomer refused."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._lock = threading.Lock()
         self._by_source: dict[str, int] = {}
-        self._total = 0
+        self._places: OrderedDict[int, _Place] = OrderedDict()
 
-    def enter(self, source: str) -> bool:
-        """Take a place for a connection from ``source``; False when over a cap."""
+    def enter(self, source: str, sock: Any = None) -> tuple[bool, Any]:
+        """Take a place for the connection ``sock`` from ``source``: (whether it got one, the
+        socket of the connection evicted to make room, or None)."""
         with self._lock:
             held = self._by_source.get(source, 0)
-            if self._total >= self.limits.max_connections or held >= self.limits.per_source:
-                return False
+            if held >= self.limits.per_source:
+                return False, None
+            evicted = None
+            if len(self._places) >= self.limits.max_connections:
+                oldest = next((k for k, p in self._places.items() if not p.settled), None)
+                if oldest is None:
+                    return False, None
+                victim = self._places.pop(oldest)
+                self._drop_source(victim.source)
+                evicted = victim.sock
             self._by_source[source] = held + 1
-            self._total += 1
-            return True
+            self._places[id(sock)] = _Place(source, sock)
+            return True, evicted
 
-    def leave(self, source: str) -> None:
+    def settle(self, sock: Any, settled: bool = True) -> None:
+        """``sock``'s request has arrived (or, ``settled=False``, a new one is being read on
+        a kept-alive connection: it counts as the newest again)."""
         with self._lock:
-            held = self._by_source.get(source, 0) - 1
-            if held > 0:
-                self._by_source[source] = held
-            else:
-                self._by_source.pop(source, None)
-            self._total = max(0, self._total - 1)
+            place = self._places.get(id(sock))
+            if place is not None and place.sock is sock:
+                place.settled = settled
+                if not settled:
+                    self._places.move_to_end(id(sock))
+
+    def leave(self, sock: Any) -> None:
+        with self._lock:
+            place = self._places.get(id(sock))
+            if place is not None and place.sock is sock:
+                del self._places[id(sock)]
+                self._drop_source(place.source)
+
+    def _drop_source(self, source: str) -> None:
+        held = self._by_source.get(source, 0) - 1
+        if held > 0:
+            self._by_source[source] = held
+        else:
+            self._by_source.pop(source, None)
 
     @property
     def active(self) -> int:
         with self._lock:
-            return self._total
+            return len(self._places)
 
     def sources(self) -> int:
         with self._lock:
@@ -219,21 +263,32 @@ class BoundedServerMixin:
 
     def process_request(self, request: Any, client_address: Any) -> None:
         source = str(client_address[0]) if client_address else ""
-        if not self.gate.enter(source):
+        admitted, evicted = self.gate.enter(source, request)
+        if evicted is not None:
+            self.on_refused("evicted")
+            _cut(evicted)
+        if not admitted:
             self.on_refused("busy")
             _refuse(request)
             return
         try:
             super().process_request(request, client_address)  # type: ignore[misc]
         except BaseException:
-            self.gate.leave(source)
+            self.gate.leave(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)  # type: ignore[misc]
         finally:
-            self.gate.leave(str(client_address[0]) if client_address else "")
+            self.gate.leave(request)
+
+
+def _cut(sock: Any) -> None:
+    """End a connection another thread is reading: its blocked read (or TLS handshake)
+    returns at once, and that thread closes it. The plain socket's shutdown, not TLS's."""
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 def _refuse(request: Any) -> None:
@@ -282,5 +337,12 @@ class BoundedHandlerMixin:
         )
         self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
 
+    def parse_request(self) -> bool:
+        ok = super().parse_request()  # type: ignore[misc]
+        if ok:
+            self.server.gate.settle(self.request)  # its request line and headers are in
+        return ok
+
     def next_request(self) -> None:
         self.deadline.reset()
+        self.server.gate.settle(self.request, settled=False)

@@ -146,8 +146,9 @@ PROGRESS_WRITES = Counter(
 HTTP_REFUSED = Counter(
     "megdet_controller_http_refused",
     "Connections to the controller's servers (server: metrics, progress) closed unserved, by "
-    "reason: busy (over the connection cap, in all or of one source address), deadline (the "
-    "request did not arrive in full within the request timeout).",
+    "reason: busy (refused: over its source address's cap, or every place answering), "
+    "evicted (at the cap, the oldest connection whose request had not arrived, closed for a "
+    "newcomer), deadline (the request did not arrive in full within the request timeout).",
     ["server", "reason"],
     registry=REGISTRY,
 )

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megdet.controller import metrics
+from megdet.controller.http_limits import Limits
 from megdet.controller.kubeapi import Cluster
 from megdet.controller.progress_auth import RunAuthenticator, kubernetes_review
 from megdet.controller.progress_binding import PodBinding, RunDirectory, kubernetes_readers
@@ -177,12 +178,14 @@ def start(
     active: Callable[[], bool] | None = None,
     namespaces: list[str] | None = None,
     label: PodLabel | None = None,
+    limits: Limits | None = None,
 ) -> ProgressService:
     """Serve the endpoint on ``addr:port`` and register the CA publisher on ``registry``.
 
     ``active``: whether this replica is kopf's active one (default: always, a single
     replica); ``namespaces``: the served namespaces (default: all), where the CA ConfigMaps
-    are watched; ``label``: keeps the active replica's pod label for the progress Service.
+    are watched; ``label``: keeps the active replica's pod label for the progress Service;
+    ``limits``: the server's connection cap and request deadline (http_limits.py).
     """
     import kopf
 
@@ -217,7 +220,7 @@ def start(
         runs.get,
         PodBinding(*kubernetes_readers(api_client, timeout)),
     )
-    server = ActiveOnlyServer((addr, port), hub, auth, cert.context)
+    server = ActiveOnlyServer((addr, port), hub, auth, cert.context, limits=limits)
     server.active = active
     keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem), active)
     keeper.watch(api_client, timeout, list(namespaces or []))

@@ -563,9 +563,9 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             ids,
             "Connections refused",
             "Connections to the controller's /metrics and progress servers closed unserved: "
-            "busy (over the connection cap) or deadline (the request did not arrive in full in "
-            "time). A steady rate is a client holding connections open (slowloris) or too many "
-            "reporters for the cap.",
+            "busy (refused over the cap), evicted (the oldest unfinished one, for a newcomer) or "
+            "deadline (the request did not arrive in full in time). A steady rate is a client "
+            "holding connections open (slowloris) or too many reporters for the cap.",
             [
                 (
                     "sum by (server, reason) "

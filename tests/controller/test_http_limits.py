@@ -97,21 +97,20 @@ def _https_post(port: int, cert: ServingCert) -> int:
         conn.close()
 
 
-def test_progress_server_closes_connections_over_the_cap_and_serves_again(
-    progress_server, cert
-) -> None:
+def test_at_the_cap_the_oldest_unfinished_connection_makes_room(progress_server, cert) -> None:
+    """Four idle connections fill the cap: a real report still gets in, in the place of the
+    oldest idle one, which is closed; the others are kept."""
     port = progress_server.server_address[1]
-    busy = _refused("progress", "busy")
-    # Three idle connections from one address (its cap), one from another (the total cap).
-    held = [_connect(port) for _ in range(3)] + [_connect(port, "127.0.0.2")]
+    evicted = _refused("progress", "evicted")
+    held = [_connect(port, f"127.0.0.{i}") for i in (21, 22, 23, 24)]
     _wait(lambda: progress_server.gate.active == 4, "4 connections served")
-    over = [_connect(port, "127.0.0.3")]  # over the total cap
-    assert _closed_by_server(over[0]) == b""  # TLS: closed before any handshake
-    _wait(lambda: _refused("progress", "busy") - busy >= 1, "the refusal to be counted")
-    for sock in held + over:
+    assert _https_post(port, cert) == 401  # served (no token): the cap did not refuse it
+    assert _closed_by_server(held[0]) == b""  # the oldest idle one made room
+    assert _refused("progress", "evicted") - evicted >= 1
+    assert progress_server.gate.active <= 4
+    for sock in held:
         sock.close()
     _wait(lambda: progress_server.gate.active == 0, "the connections to be let go")
-    assert _https_post(port, cert) == 401  # served again: no token
 
 
 def test_per_source_cap(progress_server) -> None:
@@ -173,9 +172,9 @@ def test_metrics_server_caps_connections_with_a_503_and_cuts_a_slow_request(
 ) -> None:
     port = metrics_server.port
     busy, deadline = _refused("metrics", "busy"), _refused("metrics", "deadline")
-    held = [_connect(port, f"127.0.0.{i}") for i in (11, 12, 13, 14)]
-    _wait(lambda: metrics_server._httpd.gate.active == 4, "4 connections served")
-    over = _connect(port, "127.0.0.15")
+    held = [_connect(port, "127.0.0.11") for _ in range(3)]  # the address's cap
+    _wait(lambda: metrics_server._httpd.gate.active == 3, "3 connections served")
+    over = _connect(port, "127.0.0.11")
     over.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
     answer = _closed_by_server(over)
     assert answer.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in answer
@@ -184,7 +183,7 @@ def test_metrics_server_caps_connections_with_a_503_and_cuts_a_slow_request(
     for sock in held:
         assert _closed_by_server(sock) == b""  # closed without an answer
         sock.close()
-    _wait(lambda: _refused("metrics", "deadline") - deadline >= 4, "the 4 deadlines")
+    _wait(lambda: _refused("metrics", "deadline") - deadline >= 3, "the 3 deadlines")
     _wait(lambda: metrics_server._httpd.gate.active == 0, "the places to be free")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=WAIT)
     conn.request("GET", "/metrics")
@@ -218,7 +217,59 @@ def test_limits_are_checked() -> None:
     with pytest.raises(ValueError, match="request_timeout"):
         Limits(request_timeout=float("inf"))
     gate = ConnectionGate(Limits(max_connections=2, per_source=1))
-    assert gate.enter("a") and not gate.enter("a") and gate.enter("b") and not gate.enter("c")
-    gate.leave("a")
-    gate.leave("b")
+    a, b, c, d = (object() for _ in range(4))
+    assert gate.enter("a", a) == (True, None)
+    assert gate.enter("a", b) == (False, None)  # the source's cap
+    assert gate.enter("b", b) == (True, None)
+    # Full: the oldest whose request has not arrived makes room (a), unless all have.
+    gate.settle(b)
+    assert gate.enter("c", c) == (True, a)
+    gate.settle(c)
+    assert gate.enter("d", d) == (False, None)  # every place is answering a request
+    gate.leave(a)  # the evicted one's thread ends: nothing more to free
+    assert gate.active == 2
+    gate.settle(c, settled=False)  # a kept-alive connection reads its next request
+    assert gate.enter("d", d) == (True, c)
+    gate.leave(b)
+    gate.leave(d)
     assert gate.active == 0 and gate.sources() == 0
+
+
+def test_metrics_token_reviews_are_rate_limited_per_source() -> None:
+    from megdet.controller.metrics_auth import TokenAuthorizer
+
+    class Reviewer:
+        calls = 0
+
+        def authenticate(self, token: str) -> None:
+            Reviewer.calls += 1
+            return None  # not a valid token
+
+        def authorize(self, user: Any, verb: str, path: str) -> tuple[bool, str]:
+            raise AssertionError("no user to authorize")
+
+    now = [0.0]
+    auth = TokenAuthorizer(Reviewer(), clock=lambda: now[0], review_burst=2)
+    codes = [auth.check(f"Bearer t{i}", source="10.0.0.1").status for i in range(4)]
+    assert codes == [401, 401, 429, 429] and Reviewer.calls == 2
+    assert auth.check("Bearer t9", source="10.0.0.2").status == 401  # another address
+    assert auth.check("Bearer t0", source="10.0.0.1").status == 401  # cached: no review
+    now[0] += 1.0
+    assert auth.check("Bearer t5", source="10.0.0.1").status == 401 and Reviewer.calls == 4
+
+
+def test_the_controller_flags_set_both_servers_limits() -> None:
+    import argparse
+
+    from megdet.controller.daemon import build_parser_args
+
+    parser = argparse.ArgumentParser()
+    build_parser_args(parser)
+    args = parser.parse_args([])
+    assert (args.max_connections, args.request_timeout) == (128, 10.0)
+    assert Limits().max_connections == 128 and Limits().request_timeout == 10.0
+    args = parser.parse_args(["--max-connections", "16", "--request-timeout", "2.5"])
+    assert (args.max_connections, args.request_timeout) == (16, 2.5)
+    for bad in (["--max-connections", "0"], ["--request-timeout", "-1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
