@@ -192,6 +192,7 @@ class CAKeeper:
         self.restored = 0
         self.events = 0
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self.watches: list[Any] = []
 
     def publish(self, namespace: str) -> None:
@@ -210,7 +211,7 @@ class CAKeeper:
             namespaces = sorted(self.published if namespace is None else
                                 self.published & {namespace})  # fmt: skip
         for ns in namespaces:
-            self._keep(ns, found.get(ns))
+            self._keep(ns)
 
     def on_event(self, kind: str, obj: dict[str, Any]) -> None:
         ns = (obj.get("metadata") or {}).get("namespace")
@@ -224,22 +225,29 @@ class CAKeeper:
                 self.seen[ns] = obj
             ours = ns in self.published
         if ours:
-            self._keep(ns, None if kind == "DELETED" else obj)
+            self._keep(ns)
 
     def resync(self) -> None:
         """Compare every kept namespace with what the watch last saw, and write what is missing
         or wrong (the active replica's leadership thread calls it twice a second: no request
         while all is right). Namespaces whose watch has not listed yet wait for it."""
         with self._lock:
-            pairs = [
-                (ns, self.seen.get(ns))
-                for ns in sorted(self.published)
-                if None in self.listed or ns in self.listed
+            namespaces = [
+                ns for ns in sorted(self.published) if None in self.listed or ns in self.listed
             ]
-        for ns, obj in pairs:
-            self._keep(ns, obj)
+        for ns in namespaces:
+            self._keep(ns)
 
-    def _keep(self, namespace: str, found: Mapping[str, Any] | None) -> None:
+    def _keep(self, namespace: str) -> None:
+        """Write the namespace's ConfigMap if what the watch last saw of it is missing or
+        wrong. One at a time (the watch thread and the leadership thread both call it), each
+        deciding on the latest view, so one change costs one write."""
+        with self._write_lock:
+            self._keep_locked(namespace)
+
+    def _keep_locked(self, namespace: str) -> None:
+        with self._lock:
+            found = self.seen.get(namespace)
         if found is not None and (found.get("data") or {}).get(CA_KEY) == self.ca_pem:
             with self._lock:
                 self.kept.add(namespace)
