@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import apply_objects, eventually, get_or_none, mdr, namespace, pods_of
+from e2e_helpers import (
+    apply_objects,
+    eventually,
+    get_or_none,
+    mdr,
+    namespace,
+    pods_of,
+    token_audience,
+)
 
 from megdet import progress as protocol
 from tests.tiny_train import train_command
@@ -39,17 +47,18 @@ def reporting(kube, controller, tmp_path_factory) -> dict[str, str]:
     """The env the run chart gives a run's pods, with host paths for the token and CA files."""
     ns = namespace(kube, NS)
     apply_objects(kube, mdr(RUN, ns, {"gpus": 8}))
-    pod = eventually(
+    found = eventually(
         lambda: pods_of(kube, ns, f"training.kubeflow.org/job-name={RUN}"),
         timeout=120,
         message="the run's pod",
-    )[0]["metadata"]["name"]
+    )[0]
+    pod, audience = found["metadata"]["name"], token_audience(found)
     ca = eventually(
         lambda: get_or_none(kube, "configmap", "megdet-progress-ca", "-n", ns),
         message="the controller's CA in the namespace",
     )["data"]["ca.crt"]
     token = kube.kubectl(
-        "create", "token", "default", "-n", ns, f"--audience={protocol.run_audience(ns, RUN)}",
+        "create", "token", "default", "-n", ns, f"--audience={audience}",
         "--bound-object-kind=Pod", f"--bound-object-name={pod}",
     ).stdout.strip()  # fmt: skip
     folder = tmp_path_factory.mktemp("secrets")
