@@ -37,6 +37,7 @@ import fnmatch
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -384,6 +385,21 @@ def _git_dir(src: Path) -> Path:
     return src / ".git" if (src / ".git").exists() else src
 
 
+def prune_archives(output: Path, variant: Variant, keep: Path) -> list[Path]:
+    """Delete ``variant``'s older archives (other digests) in ``output``; the training image's
+    are GBs each, one per code change. Returns what was deleted."""
+    mine = re.compile(rf"megdet-{re.escape(variant.name)}-[0-9a-f]{{16}}\.oci\.(tar|json)")
+    keep_stem = keep.name.removesuffix(".tar")
+    gone = sorted(
+        p
+        for p in output.iterdir()
+        if mine.fullmatch(p.name) and p.name.rpartition(".")[0] != keep_stem
+    )
+    for path in gone:
+        path.unlink()
+    return gone
+
+
 def tag_for(variant: Variant, version: str) -> str:
     return f"{variant.image}:{version}{variant.tag_suffix}"
 
@@ -451,6 +467,7 @@ def build(
         env=env,
     )
     tmp.rename(archive)
+    prune_archives(output, variant, keep=archive)
     info = describe(archive)
     info.update(variant=variant.name, tag=tag, build_seconds=round(built, 1))
     archive.with_name(archive.name.removesuffix(".tar") + ".json").write_text(
@@ -477,12 +494,15 @@ def load(archive: Path) -> tuple[str, dict[str, str]]:
 
 
 def run_in_image(
-    archive: Path, args: Sequence[str], *, timeout: float = 300
+    archive: Path, args: Sequence[str], *, entrypoint: str | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess:
-    """Run the image's entrypoint with ``args`` (podman, runc, no network); output captured."""
+    """Run the image's entrypoint (or ``entrypoint``) with ``args`` (podman, runc, no
+    network); output captured. The training image's entrypoint is ``megdet launch``: pass
+    ``entrypoint="megdet"`` for ``megdet doctor`` alone."""
     ref, env = load(archive)
+    override = ["--entrypoint", entrypoint] if entrypoint else []
     return subprocess.run(
-        ["podman", "run", "--rm", "--network", "none", ref, *args],
+        ["podman", "run", "--rm", "--network", "none", *override, ref, *args],
         env=env,
         capture_output=True,
         text=True,

@@ -198,3 +198,21 @@ def test_declared_cuda_archs_are_archs_pypis_torch_has_kernels_for(pins):
     assert declared and set(declared) <= torch_archs
     assert pins["cuda_arch_list"].endswith("+PTX")
     assert torch.version.cuda.split(".")[0] == "13"
+
+
+def test_older_archives_of_a_variant_are_pruned_and_others_kept(tmp_path):
+    names = [
+        "megdet-train-" + "a" * 16 + ".oci.tar",  # train, older digest: pruned
+        "megdet-train-" + "a" * 16 + ".oci.json",
+        "megdet-train-" + "b" * 16 + ".oci.tar",  # the new one: kept
+        "megdet-train-" + "b" * 16 + ".oci.json",
+        "megdet-train-ci-" + "c" * 16 + ".oci.tar",  # another variant: kept
+        "megdet-controller-" + "d" * 16 + ".oci.tar",
+        "notes.txt",
+    ]
+    for name in names:
+        (tmp_path / name).write_text("")
+    keep = tmp_path / names[2]
+    gone = b.prune_archives(tmp_path, b.VARIANTS["train"], keep)
+    assert [p.name for p in gone] == names[:2][::-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])

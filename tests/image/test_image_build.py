@@ -1,10 +1,10 @@
 """`make image` for real: build the controller image from package registries (cached by its
 inputs' digest) and run its entrypoint with podman and runc.
 
-A cold build (the Debian base from mmdebstrap, then the image) took 2.5 min on this 2-core
-machine; with the archive cached this test takes seconds. The training image's cold build does
-not fit a test (docs/benchmarks.md, "make image"): the e2e step runs it (megdet.image.build's
-``train-ci`` variant).
+A cold build (the Debian base from mmdebstrap, then the image) took 3.5-4 min on the shared
+2-core machine, a rebuild after a code change about 1 min, and with the archive cached this
+test takes seconds. The training image's cold build (about 14 min) does not fit a test
+(docs/benchmarks.md, "make image"): the e2e step builds it (megdet.image.build's ``train-ci``).
 """
 
 from __future__ import annotations
