@@ -8,14 +8,16 @@ ask the kubelet for a token of any audience. So the pod is read once (``get pods
 its uid) and must be
 
 - named as the training operator names the job's pods (``<job>-master-0``,
-  ``<job>-worker-<i>``), and
+  ``<job>-worker-<i>``), within the job's replica counts (``<job>-worker-999`` of a job with
+  4 workers is no pod of it), and
 - controlled by the run's job: its controller owner reference is the PyTorchJob named
   ``status.jobName`` whose uid is ``status.jobUID``, the job this controller created (for a run
   from before ``jobUID``: the job of that name whose controller reference is the run's uid).
 
 What a namespace user who may create pods can still do is in docs/operations.md ("Progress
-reporting", who may report): a pod carrying a copied owner reference under a name of the job
-that no live pod holds, and anything run inside the job's own pods (``kubectl exec``).
+reporting", who may report): a pod carrying a copied owner reference under one of the job's
+pod names that no live pod holds, and anything run inside the job's own pods (``kubectl
+exec``).
 
 :class:`RunDirectory` is what the active replica knows of the runs from its watch (uid, job
 name and uid), so that a report costs no read of the run.
@@ -128,13 +130,21 @@ class PodBinding:
         """None when the pod ``namespace/pod_name`` with ``pod_uid`` is a pod of ``run``'s job,
         else why not. Raises what the reads raise (the caller answers 500 and caches nothing)."""
         job = run.job
-        if not re.fullmatch(rf"{re.escape(job)}-(master|worker)-\d+", pod_name):
+        named = re.fullmatch(rf"{re.escape(job)}-(master|worker)-(\d+)", pod_name)
+        if named is None:
             return f"pod {namespace}/{pod_name} is not named as a pod of job {job}"
         if not pod_uid:
             return "the token names no pod uid"
-        job_uid = run.job_uid or self._job_uid(namespace, job, run.uid)
-        if not job_uid:
+        found = self._job(namespace, job, run)
+        if found is None:
             return f"MegDetRun {run.name} has no job {job} of its own"
+        job_uid, replicas = found
+        role, index = named[1], int(named[2])
+        if index >= replicas.get(role, 0):
+            return (
+                f"pod {namespace}/{pod_name} is not one of job {job}'s pods "
+                f"({replicas.get(role, 0)} {role} replicas)"
+            )
         owner = self._pod_owner(namespace, pod_name, pod_uid)
         if owner is None:
             return f"pod {namespace}/{pod_name} with uid {pod_uid} is not there"
@@ -162,21 +172,37 @@ class PodBinding:
         self._pods.put(key, owner, now + self.ttl, allowed=True)
         return owner
 
-    def _job_uid(self, namespace: str, name: str, run_uid: str) -> str:
-        """The uid of the job ``name`` if the run controls it (a run with no ``jobUID``)."""
-        key = VerdictCache.key(run_uid, namespace, name)
+    def _job(self, namespace: str, name: str, run: RunRef) -> tuple[str, dict[str, int]] | None:
+        """(uid, replicas by role) of the run's job ``name``: the one whose uid is the run's
+        ``status.jobUID``, or for a run with none the one the run controls; read once a while
+        per run (the replica counts bound the pod names a report may come from)."""
+        key = VerdictCache.key(run.uid, namespace, name, run.job_uid)
         now = self.clock()
         hit = self._jobs.get(key, now)
         if hit is not None:
             return hit
         self.reads += 1
         job = self.read_job(namespace, name)
-        if job is None or not controlled_by(job, run_uid):
-            return ""
+        if job is None:
+            return None
         uid = _text((job.get("metadata") or {}).get("uid"))
-        if uid:
-            self._jobs.put(key, uid, now + self.ttl, allowed=True)
-        return uid
+        if not uid or (uid != run.job_uid if run.job_uid else not controlled_by(job, run.uid)):
+            return None
+        specs = ((job.get("spec") or {}).get("pytorchReplicaSpecs")) or {}
+        replicas = {
+            role.lower(): _count((spec or {}).get("replicas"))
+            for role, spec in specs.items()
+            if isinstance(role, str) and isinstance(spec, Mapping)
+        }
+        self._jobs.put(key, (uid, replicas), now + self.ttl, allowed=True)
+        return uid, replicas
+
+
+def _count(value: Any) -> int:
+    """A replica count as the training operator reads it (absent: 1)."""
+    if value is None:
+        return 1
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def kubernetes_readers(api_client: Any, timeout: float) -> tuple[ReadFn, ReadFn]:

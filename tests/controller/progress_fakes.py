@@ -75,9 +75,14 @@ class FakeReview:
         }
 
 
-def job(run: str, namespace: str = NS, *, uid: str | None = None, owner: str | None = None):
-    """The PyTorchJob the controller created for ``run`` (controlled by the run)."""
+def job(run: str, namespace: str = NS, *, uid: str | None = None, owner: str | None = None,
+        workers: int = 1) -> dict[str, Any]:  # fmt: skip
+    """The PyTorchJob the controller created for ``run`` (controlled by the run): one master
+    and ``workers`` workers."""
     return {
+        "spec": {
+            "pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": workers}}
+        },
         "apiVersion": JOB_API_VERSION,
         "kind": JOB_KIND,
         "metadata": {
@@ -124,8 +129,9 @@ def pod(name: str, job_name: str, namespace: str = NS, *, uid: str | None = None
 
 class FakeNamespace:
     """Runs, jobs and pods. ``every_run``: any name is a served run with uid
-    :func:`run_uid` whose job is :func:`job` and whose pods are ``<run>-master-0`` and
-    ``<run>-worker-<i>`` (i < 100), each with :func:`pod_uid`; otherwise only what was put in."""
+    :func:`run_uid` whose job is :func:`job` (100 workers) and whose pods are ``<run>-master-0``
+    and ``<run>-worker-<i>`` (i < 100), each with :func:`pod_uid`; otherwise only what was put
+    in."""
 
     def __init__(self, every_run: bool = True) -> None:
         self.every_run = every_run
@@ -154,7 +160,9 @@ class FakeNamespace:
 
     def read_job(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         self.reads.append(("job", namespace, name))
-        return self.jobs.get((namespace, name))
+        if (namespace, name) in self.jobs or not self.every_run:
+            return self.jobs.get((namespace, name))
+        return job(name, namespace, workers=100)
 
     def binding(self, clock: Callable[[], float] | None = None) -> PodBinding:
         options = {"clock": clock} if clock is not None else {}

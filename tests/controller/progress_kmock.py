@@ -125,7 +125,7 @@ async def run_with_pod(api: Any, name: str, tokens: dict[str, tuple[str, str, st
     await apply(api, run_body(name))
     job = await eventually(lambda: get(api, PYTORCHJOBS, name), message=f"{name}'s job")
     await eventually(lambda: run_status(api, name).get("jobUID"), message=f"{name}'s jobUID")
-    pod_name = f"{name}-worker-0"
+    pod_name = f"{name}-master-0"  # gpus 8: the job has one master, no worker
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",

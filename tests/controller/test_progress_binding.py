@@ -55,17 +55,37 @@ def test_a_pod_named_as_the_runs_but_not_of_its_job_is_refused(world) -> None:
     }
     token = review.mint("t999", "victim", pod="victim-worker-999", bound_uid=pod_uid("x"))
     status, reason = check(auth, token)
+    assert status == 403 and "not one of job victim's pods" in reason
+    # A pod under a name the job has (its worker deleted first), controlled by nothing.
+    ns.pods[NS, "victim-worker-0"] = {
+        "metadata": {"name": "victim-worker-0", "namespace": NS, "uid": pod_uid("y")}
+    }
+    token = review.mint("t0", "victim", pod="victim-worker-0", bound_uid=pod_uid("y"))
+    status, reason = check(auth, token)
     assert status == 403 and "not controlled by the run's PyTorchJob victim" in reason
+    ns.pods[NS, "victim-worker-0"] = pod("victim-worker-0", "victim")
     # Controlled by a job of the same name that is not the one the controller created.
-    ns.pods[NS, "victim-worker-7"] = pod("victim-worker-7", "victim", owner_uid="forged-job")
-    token = review.mint("t7", "victim", pod="victim-worker-7")
+    ns.pods[NS, "victim-master-0"] = pod("victim-master-0", "victim", owner_uid="forged-job",
+                                         uid="m7")  # fmt: skip
+    token = review.mint("t7", "victim", pod="victim-master-0", bound_uid="m7")
     assert check(auth, token)[0] == 403
     # Controlled by another kind of object of the same name and uid.
-    ns.pods[NS, "victim-worker-8"] = pod("victim-worker-8", "victim", kind="Job")
-    assert check(auth, review.mint("t8", "victim", pod="victim-worker-8"))[0] == 403
+    ns.pods[NS, "victim-master-0"] = pod("victim-master-0", "victim", kind="Job", uid="m8")
+    assert check(auth, review.mint("t8", "victim", pod="victim-master-0", bound_uid="m8"))[0] == 403
     # Another run's pod, minted for this run's audience.
     ns.pods[NS, "other-worker-0"] = pod("other-worker-0", "other")
     assert check(auth, review.mint("to", "victim", pod="other-worker-0"))[0] == 403
+
+
+def test_a_pod_beyond_the_jobs_replicas_is_refused_even_with_the_jobs_owner_reference(world):
+    """victim-worker-999 carrying a copy of the job's controller reference (name and uid are
+    readable by anyone who may read the job): the job has one worker, so no such pod is its."""
+    ns, review, auth, _clock = world
+    ns.pods[NS, "victim-worker-999"] = pod("victim-worker-999", "victim")  # a perfect copy
+    status, reason = check(auth, review.mint("t", "victim", pod="victim-worker-999"))
+    assert status == 403 and "not one of job victim's pods (1 worker replicas)" in reason
+    assert check(auth, review.mint("m1", "victim", pod="victim-master-1"))[0] == 403
+    assert ("pod", NS, "victim-worker-999") not in ns.reads  # refused before the pod is read
 
 
 def test_the_pod_must_be_the_one_the_token_is_bound_to(world) -> None:
@@ -83,6 +103,7 @@ def test_a_run_created_again_refuses_the_old_runs_tokens(world) -> None:
     assert check(auth, old)[0] == 200  # granted, and cached
     # The run is deleted and created again under the same name: a new uid and a new job.
     ns.runs[NS, "victim"] = RunRef("victim", "uid-victim-2", "victim", "job-uid-victim-2")
+    ns.jobs[NS, "victim"] = job("victim", uid="job-uid-victim-2", owner="uid-victim-2")
     ns.pods[NS, "victim-worker-0"] = pod("victim-worker-0", "victim", uid="pod-2",
                                          owner_uid="job-uid-victim-2")  # fmt: skip
     status, reason = check(auth, old)

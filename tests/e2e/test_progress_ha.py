@@ -168,15 +168,21 @@ def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube
     eventually(lambda: endpoint_pods(kube) == {active.pod_id}, timeout=60,
                message="the progress Service's endpoints")  # fmt: skip
 
-    # A pod named as one of the run's, not of its job, with a token for the run's audience.
-    forged_pod = f"{RUN}-worker-9"
-    apply_objects(kube, {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": forged_pod, "namespace": NS},
-        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
-    })  # fmt: skip
-    forged = token(kube, token_audience(pod), forged_pod)
-    assert post(active, ca, RUN, forged, 999)[0] == 403
+    # Pods named as the run's, with tokens for the run's audience: one that nothing controls,
+    # and one carrying a copy of the job's controller reference (what a namespace editor can
+    # write) under a name beyond the job's replicas (the job has one master, no worker).
+    job_ref = next(r for r in pod["metadata"]["ownerReferences"] if r.get("controller"))
+    for forged_pod, refs in ((f"{RUN}-worker-9", []), (f"{RUN}-worker-0", [job_ref])):
+        apply_objects(kube, {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": forged_pod, "namespace": NS, "ownerReferences": refs},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+        })  # fmt: skip
+        made = get_json(kube, "pod", forged_pod, "-n", NS)["metadata"]["uid"]
+        forged = token(kube, token_audience(pod), forged_pod)
+        assert post(active, ca, RUN, forged, 999)[0] == 403, forged_pod
+        # Still there: the token was valid (the API server checks its pod), the pod was refused.
+        assert get_json(kube, "pod", forged_pod, "-n", NS)["metadata"]["uid"] == made
 
     # The CA ConfigMap edited by a namespace editor: written back; deleted: made again.
     kube.kubectl("patch", "configmap", "megdet-progress-ca", "-n", NS, "--type=merge",
