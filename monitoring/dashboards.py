@@ -568,8 +568,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             "holding connections open (slowloris) or too many reporters for the cap.",
             [
                 (
-                    "sum by (server, reason) "
-                    f"(rate(megdet_controller_http_refused_total[{RATE}]))",
+                    f"sum by (server, reason) (rate(megdet_controller_http_refused_total[{RATE}]))",
                     "{{server}} {{reason}}",
                 )
             ],
