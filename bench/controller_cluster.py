@@ -254,7 +254,7 @@ def write_costs(bench: BenchCluster, client: RunClient, count: int) -> dict[str,
     """The API server's CPU and the wall time per request of each kind a reconcile makes,
     ``count`` of each, one after another, with no controller running: which requests make
     the server's share of a run. In a namespace of its own (``write-costs``)."""
-    from bench.controller_reconcile import cluster_body
+    from bench.controller_runs import cluster_body
     from megdet.controller.api import OWNED_KINDS
     from megdet.controller.planning import plan_children
 
@@ -361,6 +361,8 @@ class RunClient:
         self.watcher = k8s.CustomObjectsApi(k8s.ApiClient(config))
         self.applied: dict[tuple[str, str], float] = {}
         self.status_seen: dict[tuple[str, str], float] = {}
+        #: runs the watch saw deleted (their finalizer removed by the controller)
+        self.gone: set[tuple[str, str]] = set()
         self.changed = threading.Condition()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -395,6 +397,11 @@ class RunClient:
                     obj = event["object"]
                     meta = obj.get("metadata") or {}
                     version = meta.get("resourceVersion", version)
+                    if event["type"] == "DELETED":
+                        with self.changed:
+                            self.gone.add((meta["namespace"], meta["name"]))
+                            self.changed.notify_all()
+                        continue
                     if event["type"] not in ("ADDED", "MODIFIED"):
                         continue
                     if (obj.get("status") or {}).get("jobName"):
@@ -419,6 +426,22 @@ class RunClient:
         )
         self.applied[(meta["namespace"], meta["name"])] = time.perf_counter()
         return created
+
+    def delete_all(self, timeout: float, threads: int = 8) -> float:
+        """Delete every run this client created (the garbage collector takes what they own) and
+        wait until the watch has seen each one go. Returns the seconds it took."""
+        import concurrent.futures
+
+        started = time.perf_counter()
+        keys = sorted(self.applied)
+
+        def delete(key: tuple[str, str]) -> None:
+            self.creator.delete_namespaced_custom_object(GROUP, VERSION, key[0], PLURAL, key[1])
+
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(delete, keys))
+        self.wait_for(lambda: self.gone.issuperset(keys), timeout, f"all {len(keys)} runs gone")
+        return time.perf_counter() - started
 
     def wait_for(self, done: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.perf_counter() + timeout

@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from megdet.controller.api import KIND, RUN_API_VERSION
+from bench.controller_runs import SPECS, cluster_body, namespace_of, run_name, served_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The controller's goals: reconcile p99, 1,000 runs reconciled within 60 s, controller memory,
@@ -72,32 +72,11 @@ APIS = ("kmock", "cluster")
 APPLY_THREADS = 8
 #: Seconds after the last status before the controller is told to stop.
 SETTLE_S = 1.0
-
-SPECS: list[dict[str, Any]] = [
-    {"gpus": 8},
-    {"gpus": 16, "nccl": {"ib": {"enabled": True, "rdmaResourceName": "rdma/ib", "hca": "mlx5"}}},
-    {"gpus": 64, "gang": {"enabled": True}},
-    {"gpus": 16, "target": "trainjob"},
-]
-
-
-def served_spec(index: int) -> dict[str, Any]:
-    """The index-th spec as the API server hands it to the controller: with the CRD's defaults
-    applied (kmock does no defaulting; the controller's validation reuses its render of exactly
-    this spec, so an undefaulted spec would cost a second render that a cluster never causes).
-    In cluster mode the server's own defaults are compared with this (``specs_as_kmock``).
-    """
-    from megdet.controller.validation import default_spec
-
-    return default_spec(SPECS[index % len(SPECS)])
-
-
-def namespace_of(index: int, namespaces: int) -> str:
-    return "vision" if namespaces <= 1 else f"vision-{index % namespaces}"
-
-
-def run_name(index: int, runs: int) -> str:
-    return f"bench-{index:0{max(3, len(str(runs - 1)))}d}"
+#: With --delete: seconds after the last run is released before the memory is read.
+DELETE_SETTLE_S = 3.0
+#: Seconds the controller may take to stop and send its results (tracemalloc's snapshots and
+#: their comparison take tens of seconds on a loaded machine).
+RESULTS_TIMEOUT_S = 300.0
 
 
 def _kmock_helpers() -> Any:
@@ -117,13 +96,48 @@ def _memory_kib(field: str) -> int:
     return 0
 
 
+def _top_growth(after: Any, before: Any, limit: int = 12) -> list[dict[str, Any]]:
+    """The source files whose traced memory grew most from ``before`` to ``after``."""
+    stats = after.compare_to(before, "filename")
+    return [
+        {
+            "file": _short_path(stat.traceback[0].filename),
+            "kib": stat.size_diff / 1024,
+            "blocks": stat.count_diff,
+        }
+        for stat in stats[:limit]
+    ]
+
+
+def _short_path(filename: str) -> str:
+    for marker in ("site-packages/", "/lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return os.path.relpath(filename, ROOT) if filename.startswith(str(ROOT)) else filename
+
+
 def _controller(
-    target: dict[str, str], runs: int, workers: int | None, ready: Any, stop: Any, conn: Any
+    target: dict[str, str],
+    runs: int,
+    workers: int | None,
+    ready: Any,
+    stop: Any,
+    conn: Any,
+    reconciled: Any,
+    recorded: Any,
+    trace: bool,
 ) -> None:
     """The controller process: warm up, time the pure part, then serve until told to stop.
 
     ``target``: ``{"api": "kmock", "url": ...}`` or ``{"api": "cluster", "kubeconfig": ...}``.
+    ``reconciled`` is set by the benchmark once every run is reconciled (memory at that point;
+    with ``--delete`` the runs are deleted after it). ``trace``: tracemalloc from the start, and
+    the files whose memory grew most, ready -> reconciled and ready -> end.
     """
+    import tracemalloc
+
+    if trace:
+        tracemalloc.start(1)
     import kopf
     from kubernetes import client as k8s
 
@@ -140,6 +154,7 @@ def _controller(
         started = time.perf_counter()
         plan_children(body)
         pure.append(time.perf_counter() - started)
+    del bodies, body  # the memory figures are the controller's, not these copies'
 
     config = k8s.Configuration()
     if target["api"] == "kmock":
@@ -172,15 +187,27 @@ def _controller(
 
     def relay() -> None:
         kopf_ready.wait()
-        rss_ready[0] = _memory_kib("VmRSS")
+        if trace:
+            snaps["ready"] = tracemalloc.take_snapshot()
+        rss["ready"] = _memory_kib("VmRSS")
         cpu[0] = time.process_time()
         ready.set()
-        stop.wait()
+        while not stop.is_set():
+            if reconciled.wait(0.05) and "reconciled" not in rss:
+                rss["reconciled"] = _memory_kib("VmRSS")
+                cpu.append(time.process_time())
+                if trace:
+                    snaps["reconciled"] = tracemalloc.take_snapshot()
+                recorded.set()
         cpu[1] = time.process_time()
-        rss_end[0] = _memory_kib("VmRSS")
+        rss["end"] = _memory_kib("VmRSS")
+        if trace:
+            snaps["end"] = tracemalloc.take_snapshot()
         kopf_stop.set()
 
-    rss_ready, rss_end, cpu = [0], [0], [0.0, 0.0]
+    rss: dict[str, int] = {}
+    snaps: dict[str, Any] = {}
+    cpu = [0.0, 0.0]
     threading.Thread(target=relay, daemon=True).start()
     asyncio.run(
         kopf.operator(
@@ -195,10 +222,18 @@ def _controller(
         {
             "reconcile_s": durations,
             "pure_s": pure,
-            "rss_ready_kib": rss_ready[0],
-            "rss_end_kib": rss_end[0],
+            "rss_ready_kib": rss["ready"],
+            "rss_reconciled_kib": rss.get("reconciled", 0),
+            "rss_end_kib": rss["end"],
             "rss_peak_kib": _memory_kib("VmHWM"),
-            "cpu_s": cpu[1] - cpu[0],
+            # ready -> every run reconciled (or -> stop when that was never marked)
+            "cpu_s": (cpu[2] if len(cpu) > 2 else cpu[1]) - cpu[0],
+            "cpu_after_reconciled_s": cpu[1] - cpu[2] if len(cpu) > 2 else 0.0,
+            "traced": {
+                phase: _top_growth(snaps[phase], snaps["ready"])
+                for phase in ("reconciled", "end")
+                if phase in snaps
+            },
         }
     )
 
@@ -206,13 +241,20 @@ def _controller(
 class _ControllerProcess:
     """The spawned controller process, polled (so kmock keeps serving from this event loop)."""
 
-    def __init__(self, target: dict[str, str], runs: int, workers: int | None) -> None:
+    def __init__(
+        self, target: dict[str, str], runs: int, workers: int | None, trace: bool = False
+    ) -> None:
         ctx = mp.get_context("spawn")
         self.ready, self.stop = ctx.Event(), ctx.Event()
+        self._reconciled, self._recorded = ctx.Event(), ctx.Event()
         self.parent, child = ctx.Pipe()
         self.proc = ctx.Process(
             target=_controller,
-            args=(target, runs, workers, self.ready, self.stop, child),
+            args=(
+                target,
+                *(runs, workers, self.ready, self.stop, child),
+                *(self._reconciled, self._recorded, trace),
+            ),
             daemon=True,
         )
         self.proc.start()
@@ -223,6 +265,13 @@ class _ControllerProcess:
         if not self.proc.is_alive():
             raise RuntimeError("the controller process died during start-up")
         return False
+
+    def mark_reconciled(self, timeout: float = 120) -> None:
+        """Every run is reconciled: the controller notes its memory (and tracemalloc snapshot)
+        now; returns once it has."""
+        self._reconciled.set()
+        if not self._recorded.wait(timeout):
+            raise RuntimeError("the controller did not record its memory after the runs")
 
     def results(self) -> dict[str, Any] | None:
         """Ask it to stop; its measurements once it has sent them, else None (poll again)."""
@@ -287,6 +336,9 @@ def _result(
         "controller_cpu_per_run_ms": child["cpu_s"] / runs * 1e3,
         "rss_ready_mib": child["rss_ready_kib"] / 1024,
         "rss_peak_mib": child["rss_peak_kib"] / 1024,
+        "rss_reconciled_mib": child["rss_reconciled_kib"] / 1024,
+        "cpu_after_reconciled_s": child["cpu_after_reconciled_s"],
+        "traced_growth": child["traced"],
         "rss_end_mib": child["rss_end_kib"] / 1024,
         "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
     }
@@ -295,8 +347,35 @@ def _result(
 # --- kmock ----------------------------------------------------------------------------------
 
 
+async def _delete_all_kmock(api: Any, helpers: Any, timeout: float) -> float:
+    """Delete every run and (as the garbage collector would) what it owns; wait until the
+    controller has let every run go (its finalizer removed). Returns the seconds it took."""
+    import kmock
+
+    started = time.perf_counter()
+    owned = (helpers.PYTORCHJOBS, helpers.TRAINJOBS, helpers.RUNTIMES, helpers.NETWORKPOLICIES)
+    for resource in (helpers.RUNS, *owned):
+        group_version, plural = resource.rsplit("/", 1)
+        prefix = "/api/v1" if "/" not in group_version else f"/apis/{group_version}"
+        for res, ns, name in [k for k, obj in api.objects.items() if not obj.deleted]:
+            if res == kmock.resource(resource):
+                await api.delete(f"{prefix}/namespaces/{ns}/{plural}/{name}")
+    runs_resource = kmock.resource(helpers.RUNS)
+    while any(res == runs_resource and not obj.deleted for (res, _, _), obj in api.objects.items()):
+        if time.perf_counter() - started > timeout:
+            raise RuntimeError(f"runs still not released {timeout} s after their deletion")
+        await asyncio.sleep(0.05)
+    return time.perf_counter() - started
+
+
 async def _run_kmock(
-    runs: int, workers: int | None, paced: bool, namespaces: int, timeout: float
+    runs: int,
+    workers: int | None,
+    paced: bool,
+    namespaces: int,
+    timeout: float,
+    delete: bool = False,
+    trace: bool = False,
 ) -> dict[str, Any]:
     import kmock
 
@@ -333,7 +412,8 @@ async def _run_kmock(
 
     async with StampingEmulator() as api, kmock.Server(api):
         helpers.declare_resources(api)
-        controller = _ControllerProcess({"api": "kmock", "url": str(api.url)}, runs, workers)
+        controller = _ControllerProcess({"api": "kmock", "url": str(api.url)}, runs, workers, trace)
+        deleted_s = None
         try:
             while not controller.is_ready():
                 await asyncio.sleep(0.05)
@@ -372,7 +452,11 @@ async def _run_kmock(
                 in (kmock.resource(helpers.PYTORCHJOBS), kmock.resource(helpers.TRAINJOBS))
                 and not obj.deleted
             )
-            deadline = time.perf_counter() + 60
+            await asyncio.to_thread(controller.mark_reconciled)
+            if delete:
+                deleted_s = await _delete_all_kmock(api, helpers, timeout)
+                await asyncio.sleep(DELETE_SETTLE_S)
+            deadline = time.perf_counter() + RESULTS_TIMEOUT_S
             while (child := controller.results()) is None:
                 if time.perf_counter() > deadline:
                     raise RuntimeError("the controller process sent no results")
@@ -384,6 +468,7 @@ async def _run_kmock(
     result = _result(
         "kmock", runs, paced, namespaces, applied, status_seen, started, child, jobs, refused[0]
     )
+    result["delete_s"] = deleted_s
     # kmock serves from this process, which also applies the runs: its CPU is the API's side.
     result["api_cpu_per_run_ms"] = own_cpu / runs * 1e3
     result["other_cpu_per_run_ms"] = {"this process (kmock + client)": own_cpu / runs * 1e3}
@@ -391,18 +476,6 @@ async def _run_kmock(
 
 
 # --- a real API server ----------------------------------------------------------------------
-
-
-def cluster_body(index: int, runs: int, namespaces: int) -> dict[str, Any]:
-    """The index-th run as a user applies it: the spec as written, the server defaults it."""
-    import copy
-
-    return {
-        "apiVersion": RUN_API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": run_name(index, runs), "namespace": namespace_of(index, namespaces)},
-        "spec": copy.deepcopy(SPECS[index % len(SPECS)]),
-    }
 
 
 def _run_cluster(
@@ -414,6 +487,8 @@ def _run_cluster(
     timeout: float,
     keep_logs: Path | None = None,
     write_costs: int = 0,
+    delete: bool = False,
+    trace: bool = False,
 ) -> dict[str, Any]:
     from bench.controller_cluster import CONTROLLER_USER, BenchCluster, RunClient
     from bench.controller_cluster import write_costs as measure_write_costs
@@ -427,7 +502,8 @@ def _run_cluster(
         client = RunClient(bench.kube.kubeconfig)
         client.start_watch()
         target = {"api": "cluster", "kubeconfig": str(bench.controller_kubeconfig)}
-        controller = _ControllerProcess(target, runs, workers)
+        controller = _ControllerProcess(target, runs, workers, trace)
+        deleted_s = None
         try:
             deadline = time.perf_counter() + 180
             while not controller.is_ready():
@@ -465,14 +541,19 @@ def _run_cluster(
                 f"all {runs} runs reconciled",
             )
             time.sleep(SETTLE_S)
-            deadline = time.perf_counter() + 60
+            # The reconcile phase ends here: its requests and CPU are counted up to this point.
+            wall_end = time.time()
+            own_cpu = time.process_time() - own_cpu
+            cpu_after = bench.component_cpu_s()
+            controller.mark_reconciled()
+            if delete:
+                deleted_s = client.delete_all(timeout)
+                time.sleep(DELETE_SETTLE_S)
+            deadline = time.perf_counter() + RESULTS_TIMEOUT_S
             while (child := controller.results()) is None:
                 if time.perf_counter() > deadline:
                     raise RuntimeError("the controller process sent no results")
                 time.sleep(0.05)
-            wall_end = time.time()
-            own_cpu = time.process_time() - own_cpu
-            cpu_after = bench.component_cpu_s()
         finally:
             controller.close()
             client.stop()
@@ -509,6 +590,7 @@ def _run_cluster(
                 **{verb: n / runs for verb, n in requests["by_verb"].items()},
             },
             controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
+            delete_s=deleted_s,
         )
         if write_costs:
             result["write_costs"] = measure_write_costs(bench, client, write_costs)
@@ -533,6 +615,7 @@ ROWS = [
     ("API server CPU per run", ("api_cpu_per_run_ms",), "ms"),
     ("controller RSS ready", ("rss_ready_mib",), "MiB"),
     ("controller RSS peak", ("rss_peak_mib",), "MiB"),
+    ("controller RSS reconciled", ("rss_reconciled_mib",), "MiB"),
     ("controller RSS at the end", ("rss_end_mib",), "MiB"),
 ]
 
@@ -603,14 +686,17 @@ def run(
     timeout: float = 600,
     keep_logs: Path | None = None,
     write_costs: int = 0,
+    delete: bool = False,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """One API's measurements (``workers``: kopf's handler threads; ``paced``: apply each run
-    only after the previous one's status names its job)."""
+    only after the previous one's status names its job; ``delete``: then delete every run and
+    read the memory once they are gone; ``trace``: tracemalloc's view of where it grew)."""
     if api == "kmock":
-        return asyncio.run(_run_kmock(runs, workers, paced, namespaces, timeout))
+        return asyncio.run(_run_kmock(runs, workers, paced, namespaces, timeout, delete, trace))
     if api == "cluster":
         return _run_cluster(
-            runs, workers, paced, namespaces, nodes, timeout, keep_logs, write_costs
+            runs, workers, paced, namespaces, nodes, timeout, keep_logs, write_costs, delete, trace
         )
     raise ValueError(f"api {api!r}: want one of {', '.join(APIS)}")
 
@@ -625,13 +711,17 @@ def compare(
     timeout: float = 600,
     keep_logs: Path | None = None,
     write_costs: int = 0,
+    delete: bool = False,
+    trace: bool = False,
 ) -> dict[str, Any]:
     """Each API in turn (kmock first), in one invocation, with the cluster/kmock ratios."""
     results: dict[str, dict[str, Any]] = {}
     for api in apis:
         print(f"  [{api}] {runs} runs ...", file=sys.stderr, flush=True)
         results[api] = run(
-            runs, workers, paced, api, namespaces, nodes, timeout, keep_logs, write_costs
+            *(runs, workers, paced, api, namespaces, nodes, timeout, keep_logs, write_costs),
+            delete=delete,
+            trace=trace,
         )
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -714,6 +804,20 @@ def print_report(result: dict[str, Any]) -> None:
                 f"  {label:<28} n={c['n']:<4} {c['wall_ms']:6.1f} ms "
                 f"{c['apiserver_cpu_ms']:6.1f} ms {c['etcd_cpu_ms']:6.1f} ms"
             )
+    for api in apis:
+        r = results[api]
+        if r.get("delete_s") is not None:
+            idle = r["rss_ready_mib"]
+            print(
+                f"{api}: all runs deleted and released in {r['delete_s']:.1f} s; RSS at the end "
+                f"{r['rss_end_mib']:.0f} MiB = {r['rss_end_mib'] / idle:.2f} x ready ({idle:.0f} "
+                f"MiB); controller CPU after the runs were reconciled "
+                f"{r['cpu_after_reconciled_s']:.1f} s"
+            )
+        for phase, rows in r.get("traced_growth", {}).items():
+            print(f"{api}: tracemalloc, ready -> {phase}, largest growth by file:")
+            for row in rows:
+                print(f"    {row['kib']:>10.0f} KiB {row['blocks']:>9} blocks  {row['file']}")
     print("goals:")
     for api in apis:
         for goal, verdict in result["goals"][api].items():
@@ -761,6 +865,18 @@ def main(argv: list[str] | None = None) -> None:
         help="cluster: afterwards, time N requests of each kind a reconcile makes, alone "
         "(the API server's CPU per request; default 0: skip)",
     )
+    parser.add_argument(
+        "--delete",
+        action="store_true",
+        help="after the runs are reconciled, delete them all and read the controller's memory "
+        "once they are gone (does it come back?)",
+    )
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the controller's allocations and report the files whose memory grew most "
+        "(slows it down: no timings from such a run)",
+    )
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.nodes < 1 or args.namespaces < 1:
@@ -776,6 +892,8 @@ def main(argv: list[str] | None = None) -> None:
         args.timeout,
         args.keep_logs,
         args.write_costs,
+        delete=args.delete,
+        trace=args.tracemalloc,
     )
     harness.emit(result, args.json, print_report)
 

@@ -152,6 +152,24 @@ def test_controller_reconcile_bench_reconciles_every_run_once(paced: bool) -> No
     assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
 
 
+def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(capsys) -> None:
+    """--delete --tracemalloc: every run deleted and released by the controller (its finalizer
+    removed), the memory read once they are gone, and tracemalloc's growth by file reported."""
+    from bench import controller_reconcile
+
+    result = controller_reconcile.run(runs=4, workers=2, delete=True, trace=True)
+    assert result["delete_s"] is not None and result["delete_s"] > 0
+    assert result["jobs_created"] == 4
+    assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
+    assert result["rss_reconciled_mib"] > 0 and result["rss_end_mib"] > 0
+    assert set(result["traced_growth"]) == {"reconciled", "end"}
+    assert all(row["file"] and "kib" in row for row in result["traced_growth"]["reconciled"])
+    controller_reconcile.print_report(result)
+    out = capsys.readouterr().out
+    assert "all runs deleted and released in" in out
+    assert "tracemalloc, ready -> end, largest growth by file:" in out
+
+
 def test_controller_reconcile_compare_spreads_namespaces_and_reports_ratios(capsys) -> None:
     """kmock for real (4 runs over 2 namespaces); the cluster column is kmock's result with
     made-up request counts, so the side-by-side report and its ratios are checked here without
