@@ -9,12 +9,10 @@ decision, tests/e2e/test_progress.py the real API server."""
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import random
 from collections.abc import Mapping
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -22,6 +20,7 @@ import pytest
 from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.progress_auth import RunAuthenticator, Verdict
+from megdet.controller.progress_binding import RunRef
 from megdet.controller.progress_hub import (
     MAX_INT64,
     HubFull,
@@ -48,16 +47,10 @@ class Authenticator(RunAuthenticator):
     """The real cache and limiter around a fake decision: ``good`` tokens are their run's."""
 
     def __init__(self, good: Mapping[str, str], **kwargs: Any) -> None:
-        # The run lookup and pod binding the decision may take are never asked: _decide is
-        # the fake's (only what the dataclass declares is passed).
-        around = {
-            "runs": lambda namespace, name: SimpleNamespace(name=name, uid=f"uid-{name}"),
-            "binding": None,
-        }
-        declared = {f.name for f in dataclasses.fields(RunAuthenticator)}
         super().__init__(
             review=self._no_review,
-            **{k: v for k, v in around.items() if k in declared},
+            runs=lambda namespace, name: RunRef(name=name, uid=f"uid-{name}"),
+            binding=None,  # never asked: _decide is the fake's
             **kwargs,
         )
         self.good = dict(good)
@@ -67,9 +60,9 @@ class Authenticator(RunAuthenticator):
     def _no_review(token: str, audiences: list[str]) -> Mapping[str, Any]:
         raise AssertionError("the fake decides without a TokenReview")
 
-    def _decide(self, token: str, namespace: str, run: Any, *_: Any, **__: Any) -> Verdict:
+    def _decide(self, token: str, namespace: str, run: RunRef) -> Verdict:
         self.decisions += 1
-        name = getattr(run, "name", run)
+        name = run.name
         if self.good.get(token) == name:
             return Verdict(200, "the run's pod", f"{name}-worker-0")
         return Verdict(403, "not this run's token")
