@@ -36,6 +36,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 import tomllib
 import zipfile
 from pathlib import Path
@@ -170,11 +171,13 @@ def install_from_git(pins: dict, repo: str, commit: str, archs: str, jobs: int) 
             say("compiling the C++ ops only (no --archs)")
         # --no-deps: detectron2's setup.py caps iopath below our pin and asks for black and
         # scipy, which training does not import; its runtime deps come from the pin list.
+        start = time.monotonic()
         subprocess.run(
             [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--no-deps",
              "--no-build-isolation", str(src)],
             check=True, env=env,
         )  # fmt: skip
+        say(f"built and installed in {time.monotonic() - start:.0f} s")
     (site_packages() / "detectron2" / MARKER).write_text(f"{repo}@{commit} archs={archs}\n")
     check_extension(cuda=bool(archs))
 
