@@ -41,6 +41,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -464,11 +465,11 @@ def run(quick: bool = False, before_tree: str | None = None, **overrides: Any) -
     for key, value in overrides.items():
         if value is not None:
             setattr(args, key, value)
-    shim = Path(os.environ.get("TMPDIR", "/tmp")) / f"megdet-bench-shim-{os.getpid()}"
     result: dict[str, Any] = {"params": vars(args).copy(), "trees": {}}
-    if before_tree:
-        result["trees"]["before"] = measure(Path(before_tree).resolve(), args, shim)
-    result["trees"]["after"] = measure(None, args, shim)
+    with tempfile.TemporaryDirectory(prefix="megdet-bench-shim-") as shim:
+        if before_tree:
+            result["trees"]["before"] = measure(Path(before_tree).resolve(), args, Path(shim))
+        result["trees"]["after"] = measure(None, args, Path(shim))
     return result
 
 
