@@ -32,6 +32,7 @@ import argparse
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -180,6 +181,61 @@ def install_from_git(pins: dict, repo: str, commit: str, archs: str, jobs: int) 
         say(f"built and installed in {time.monotonic() - start:.0f} s")
     (site_packages() / "detectron2" / MARKER).write_text(f"{repo}@{commit} archs={archs}\n")
     check_extension(cuda=bool(archs))
+    if archs:
+        (library,) = (site_packages() / "detectron2").glob("_C*.so")
+        found = check_archs(library, archs)
+        say(f"{library.name} holds GPU code for {' '.join(sorted(found))}")
+
+
+#: A CUDA fat binary's header magic (little endian), as nvcc embeds it in ``.nv_fatbin``.
+FATBIN_MAGIC = 0xBA55ED50
+
+
+def fatbin_archs(data: bytes) -> set[str]:
+    """The GPU code in a shared library's fat binaries: ``sm_XY`` cubins, ``compute_XY`` PTX.
+
+    Layout (what cuobjdump reads): a 16-byte header (magic, version, header size, payload
+    size), then entries of (kind: 1 PTX / 2 cubin, _, entry header size, payload size, ...,
+    arch at byte 28).
+    """
+    found: set[str] = set()
+    magic = struct.pack("<I", FATBIN_MAGIC)
+    pos = data.find(magic)
+    while pos != -1:
+        header, payload = struct.unpack_from("<HQ", data, pos + 6)
+        entry, end = pos + header, pos + header + payload
+        while entry + 32 <= end:
+            kind, _, entry_header, size = struct.unpack_from("<HHIQ", data, entry)
+            if kind not in (1, 2) or entry_header == 0:
+                break
+            arch = struct.unpack_from("<I", data, entry + 28)[0]
+            found.add(f"{'compute' if kind == 1 else 'sm'}_{arch}")
+            entry += entry_header + size
+        pos = data.find(magic, max(end, pos + 4))
+    return found
+
+
+def expected_archs(arch_list: str) -> set[str]:
+    """``7.5;9.0+PTX`` -> {"sm_75", "sm_90", "compute_90"}."""
+    out = set()
+    for entry in filter(None, (a.strip() for a in arch_list.split(";"))):
+        digits = entry.removesuffix("+PTX").replace(".", "")
+        out.add(f"sm_{digits}")
+        if entry.endswith("+PTX"):
+            out.add(f"compute_{digits}")
+    return out
+
+
+def check_archs(library: Path, arch_list: str) -> set[str]:
+    """Fail unless ``library`` holds code for every arch of ``arch_list``; return what it holds."""
+    found = fatbin_archs(library.read_bytes())
+    missing = expected_archs(arch_list) - found
+    if missing:
+        raise InstallError(
+            f"{library.name} has no code for {', '.join(sorted(missing))} "
+            f"(TORCH_CUDA_ARCH_LIST={arch_list}; it holds {', '.join(sorted(found)) or 'none'})"
+        )
+    return found
 
 
 def check_extension(cuda: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 from pathlib import Path
 
@@ -88,3 +89,32 @@ def test_the_dev_venv_holds_the_pinned_wheels_python_code():
     pin = d2.load_pins(PYPROJECT)["detectron2_cpu_wheel"]
     assert (target / d2.MARKER).read_text().strip() == pin
     assert not list(target.glob("_C*.so"))
+
+
+def _fatbin(entries: list[tuple[int, int]]) -> bytes:
+    """A fat binary as nvcc lays it out: (kind 1 PTX / 2 cubin, arch) entries, 8-byte payloads."""
+    body = b""
+    for kind, arch in entries:
+        header = struct.pack("<HHIQ", kind, 0x101, 64, 8) + b"\0" * 12
+        header += struct.pack("<I", arch) + b"\0" * (64 - 32)
+        body += header + b"payload!"
+    return struct.pack("<IHHQ", d2.FATBIN_MAGIC, 1, 16, len(body)) + body
+
+
+def test_fatbin_archs_reads_cubins_and_ptx_from_every_fat_binary():
+    lib = b"\x7fELF junk" + _fatbin([(2, 75), (2, 80)]) + b"more" + _fatbin([(2, 90), (1, 90)])
+    assert d2.fatbin_archs(lib) == {"sm_75", "sm_80", "sm_90", "compute_90"}
+    assert d2.fatbin_archs(b"no gpu code here") == set()
+
+
+def test_a_library_missing_a_declared_arch_fails_naming_it(tmp_path):
+    lib = tmp_path / "_C.so"
+    lib.write_bytes(_fatbin([(2, 80), (2, 90), (1, 90)]))
+    assert d2.check_archs(lib, "8.0;9.0+PTX") == {"sm_80", "sm_90", "compute_90"}
+    with pytest.raises(d2.InstallError, match=r"no code for compute_120, sm_120, sm_75"):
+        d2.check_archs(lib, "7.5;8.0;12.0+PTX")
+
+
+def test_expected_archs():
+    assert d2.expected_archs("7.5;10.0;12.0+PTX") == {"sm_75", "sm_100", "sm_120", "compute_120"}
+    assert d2.expected_archs("") == set()
