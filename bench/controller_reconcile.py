@@ -116,6 +116,25 @@ def _short_path(filename: str) -> str:
     return os.path.relpath(filename, ROOT) if filename.startswith(str(ROOT)) else filename
 
 
+def _held_bodies() -> dict[str, int]:
+    """Kubernetes objects (as decoded dicts) of the kinds the controller serves or owns that are
+    still alive in this process, by kind: after every run is deleted, what should be none."""
+    import collections
+    import gc
+
+    gc.collect()
+    groups = ("megdet.io/", "kubeflow.org/", "trainer.kubeflow.org/", "networking.k8s.io/")
+    held: collections.Counter[str] = collections.Counter()
+    for obj in gc.get_objects():
+        if (
+            isinstance(obj, dict)
+            and str(obj.get("apiVersion", "")).startswith(groups)
+            and isinstance(obj.get("metadata"), dict)
+        ):
+            held[str(obj.get("kind"))] += 1
+    return dict(held)
+
+
 def _controller(
     target: dict[str, str],
     runs: int,
@@ -198,15 +217,18 @@ def _controller(
                 cpu.append(time.process_time())
                 if trace:
                     snaps["reconciled"] = tracemalloc.take_snapshot()
+                    held["reconciled"] = _held_bodies()
                 recorded.set()
         cpu[1] = time.process_time()
         rss["end"] = _memory_kib("VmRSS")
         if trace:
             snaps["end"] = tracemalloc.take_snapshot()
+            held["end"] = _held_bodies()
         kopf_stop.set()
 
     rss: dict[str, int] = {}
     snaps: dict[str, Any] = {}
+    held: dict[str, dict[str, int]] = {}
     cpu = [0.0, 0.0]
     threading.Thread(target=relay, daemon=True).start()
     asyncio.run(
@@ -229,6 +251,7 @@ def _controller(
             # ready -> every run reconciled (or -> stop when that was never marked)
             "cpu_s": (cpu[2] if len(cpu) > 2 else cpu[1]) - cpu[0],
             "cpu_after_reconciled_s": cpu[1] - cpu[2] if len(cpu) > 2 else 0.0,
+            "held_bodies": held,
             "traced": {
                 phase: _top_growth(snaps[phase], snaps["ready"])
                 for phase in ("reconciled", "end")
@@ -339,6 +362,7 @@ def _result(
         "rss_reconciled_mib": child["rss_reconciled_kib"] / 1024,
         "cpu_after_reconciled_s": child["cpu_after_reconciled_s"],
         "traced_growth": child["traced"],
+        "held_bodies": child["held_bodies"],
         "rss_end_mib": child["rss_end_kib"] / 1024,
         "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
     }
@@ -814,6 +838,9 @@ def print_report(result: dict[str, Any]) -> None:
                 f"MiB); controller CPU after the runs were reconciled "
                 f"{r['cpu_after_reconciled_s']:.1f} s"
             )
+        for phase, kinds in r.get("held_bodies", {}).items():
+            listed = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items())) or "none"
+            print(f"{api}: objects still held by the controller when {phase}: {listed}")
         for phase, rows in r.get("traced_growth", {}).items():
             print(f"{api}: tracemalloc, ready -> {phase}, largest growth by file:")
             for row in rows:
