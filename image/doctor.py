@@ -148,7 +148,8 @@ def probe_detectron2() -> Detectron2Info | None:
     except ImportError:
         return Detectron2Info(detectron2.__version__, source, "none")
     if _C.has_cuda():
-        return Detectron2Info(detectron2.__version__, source, "cuda", _C.get_cuda_version(), archs)
+        cuda = str(_C.get_cuda_version()).removeprefix("CUDA ")  # it says "CUDA 13.0"
+        return Detectron2Info(detectron2.__version__, source, "cuda", cuda, archs)
     return Detectron2Info(detectron2.__version__, source, "cpu")
 
 
@@ -158,7 +159,8 @@ def detectron2_lines(info: Detectron2Info | None) -> list[str]:
     ops = {
         "none": "none (no _C: NMS and ROIAlign from torchvision, CPU and CUDA; no rotated "
         "boxes, no deformable convolution)",
-        "cpu": "C++ only (CPU; no CUDA kernels of its own: CUDA tensors need torchvision's ops)",
+        "cpu": "C++ only (CPU kernels; its rotated-box and deformable ops have no CUDA kernels, "
+        "NMS and ROIAlign on GPUs come from torchvision)",
         "cuda": f"C++ and CUDA (compiled with CUDA {info.ops_cuda}"
         + (f" for {';'.join(info.archs)})" if info.archs else ")"),
     }[info.ops]
