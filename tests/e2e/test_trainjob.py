@@ -57,6 +57,15 @@ def ns(kube, trainer_v2, controller):
     return name
 
 
+def run_events(kube, ns: str, name: str) -> list[dict]:
+    events = get_json(kube, "events", "-n", ns)["items"]
+    return [
+        e
+        for e in events
+        if e["involvedObject"].get("kind") == "MegDetRun" and e["involvedObject"]["name"] == name
+    ]
+
+
 def phase(kube, ns: str, name: str) -> str | None:
     run = get_or_none(kube, "mdr", name, "-n", ns)
     return ((run or {}).get("status") or {}).get("phase")
@@ -168,6 +177,9 @@ def test_a_16_gpu_run_goes_through_trainer_and_jobset(kube, ns, controller) -> N
     assert run["status"]["startTime"] and run["status"]["completionTime"], run["status"]
     row = kube.kubectl("get", "mdr", RUN, "-n", ns).stdout.splitlines()[1].split()
     assert row[:5] == [RUN, "Succeeded", "16", "16", "32"]
+    # Never refused for good: a TrainJob create that Trainer's webhook answered before its
+    # cache saw the TrainingRuntime is retried (Retrying), not a Failed run.
+    assert not [e for e in run_events(kube, ns, RUN) if e["reason"] in ("JobRefused", "Failed")]
 
 
 def test_trainers_env_launches_a_world_of_16(kube, ns) -> None:
@@ -283,7 +295,9 @@ def test_a_queued_run_waits_suspended_until_kueue_admits_it(kube, ns, queue) -> 
         timeout=60,
         message="Workload pending for GPU quota",
     )
-    time.sleep(2)  # and it stays so: nothing runs
+    # Kueue has decided (no quota: the Workload pending): the TrainJob stays suspended, and
+    # its JobSet too, so no pod exists.
+    assert get_json(kube, "trainjob", QUEUED, "-n", ns)["spec"]["suspend"] is True
     assert phase(kube, ns, QUEUED) == "Suspended"
     assert not pods_of(kube, ns, f"{JOBSET_LABEL}={QUEUED}")
 
@@ -310,3 +324,64 @@ def test_a_queued_run_waits_suspended_until_kueue_admits_it(kube, ns, queue) -> 
     run = get_json(kube, "mdr", QUEUED, "-n", ns)
     suspended = condition(run, "Suspended")
     assert suspended is not None and suspended["status"] == "False", run["status"]
+
+
+# -- A refusal that heals --------------------------------------------------------------------
+
+QUOTA_NS, QUOTA_RUN = "trainjob-quota-e2e", "quota-8"
+TRAINJOB_COUNT = "count/trainjobs.trainer.kubeflow.org"
+
+
+def quota(jobs: int) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "trainjobs", "namespace": QUOTA_NS},
+        "spec": {"hard": {TRAINJOB_COUNT: str(jobs)}},
+    }
+
+
+def test_a_quota_refusal_is_retried_until_the_quota_has_room(kube, ns) -> None:
+    """The real quota admission plugin refuses the TrainJob (403 "exceeded quota"): the run
+    waits Pending, Created=False reason Retrying, the runtime already created; once the quota
+    has room the retry creates the TrainJob. Held suspended: no GPU is needed."""
+    name = namespace(kube, QUOTA_NS)
+    apply_objects(kube, *volumes(name), quota(0))
+    eventually(
+        lambda: (get_json(kube, "resourcequota", "trainjobs", "-n", name).get("status") or {})
+        .get("hard", {})
+        .get(TRAINJOB_COUNT)
+        == "0",
+        timeout=60,
+        message="the quota's usage computed by the controller-manager",
+    )
+    spec = run_spec(runName=QUOTA_RUN, gpus=8, runPolicy={"suspend": True})
+    apply_objects(kube, mdr(QUOTA_RUN, name, spec))
+    created = eventually(
+        lambda: (c := condition(get_or_none(kube, "mdr", QUOTA_RUN, "-n", name), "Created"))
+        and c["reason"] == "Retrying"
+        and c,
+        timeout=60,
+        message="Created=False reason Retrying",
+    )
+    assert created["status"] == "False" and "exceeded quota: trainjobs" in created["message"]
+    assert "HTTP 403 Forbidden" in created["message"] and "Not final" in created["message"]
+    assert phase(kube, name, QUOTA_RUN) == "Pending"
+    assert get_or_none(kube, "trainingruntime", QUOTA_RUN, "-n", name) is not None
+    assert get_or_none(kube, "trainjob", QUOTA_RUN, "-n", name) is None
+
+    apply_objects(kube, quota(1))
+    job = eventually(
+        lambda: get_or_none(kube, "trainjob", QUOTA_RUN, "-n", name),
+        timeout=120,  # the retry's backoff, at most a minute
+        message="the TrainJob created once the quota has room",
+    )
+    assert job["spec"]["suspend"] is True
+    eventually(lambda: phase(kube, name, QUOTA_RUN) == "Suspended", timeout=60, message="Suspended")
+    run = get_json(kube, "mdr", QUOTA_RUN, "-n", name)
+    assert (
+        condition(run, "Created")["status"] == "True"
+        and run["status"]["jobUID"] == (job["metadata"]["uid"])
+    )
+    reasons = [e["reason"] for e in run_events(kube, name, QUOTA_RUN) if e["type"] == "Warning"]
+    assert reasons.count("Retrying") == 1 and "JobRefused" not in reasons, reasons
