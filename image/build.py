@@ -356,10 +356,14 @@ def build_command(
     cache: Path,
     detectron2_src: Path | None,
     root: Path = ROOT,
+    iidfile: Path | None = None,
 ) -> list[str]:
-    """``podman build`` of one target, with the host's CA bundle and pip.conf mounted read-only."""
+    """``podman build`` of one target, with the host's CA bundle and pip.conf mounted read-only
+    (``iidfile``: where podman writes the id of the image it built)."""
     cmd = ["podman", "build", *ENGINE_FLAGS, "--target", variant.target, "--tag", tag,
            "--file", str(root / "Dockerfile")]  # fmt: skip
+    if iidfile is not None:
+        cmd += ["--iidfile", str(iidfile)]
     for key in sorted(args):
         cmd += ["--build-arg", f"{key}={args[key]}"]
     cmd += ["--volume", f"{CA_BUNDLE}:{CA_BUNDLE}:ro"]
@@ -442,12 +446,10 @@ def build(
     env = engine_env(cache)
     base = base_image(pins, cache, env)
     tag = tag_for(variant, data["project"]["version"])
-    cmd = build_command(
-        variant, build_args(variant, pins, base, commit, jobs), tag, cache, src, root
-    )
     iidfile = cache / f"iid-{digest[:16]}"
     iidfile.unlink(missing_ok=True)
-    cmd[2:2] = ["--iidfile", str(iidfile)]
+    args = build_args(variant, pins, base, commit, jobs)
+    cmd = build_command(variant, args, tag, cache, src, root, iidfile=iidfile)
     say(f"{variant.name}: building {tag}")
     say("$ " + " ".join(cmd))
     start = time.monotonic()

@@ -102,12 +102,15 @@ def test_controller_args_only_set_its_base(pins):
 def test_build_command(tmp_path, pins):
     variant = b.VARIANTS["train"]
     args = {"B": "2", "A": "1"}
-    cmd = b.build_command(variant, args, "t:1", tmp_path, Path("/src/d2.git"), ROOT)
+    cmd = b.build_command(
+        variant, args, "t:1", tmp_path, Path("/src/d2.git"), ROOT, iidfile=tmp_path / "iid"
+    )
     assert cmd[:2] == ["podman", "build"]
     assert "--pull=never" in cmd  # nothing from a registry
     assert cmd[cmd.index("--format") + 1] == "docker"  # OCI format would drop SHELL
     assert cmd[cmd.index("--target") + 1] == "train"
     assert cmd[cmd.index("--file") + 1] == str(ROOT / "Dockerfile")
+    assert cmd[cmd.index("--iidfile") + 1] == str(tmp_path / "iid")
     assert [cmd[i + 1] for i, c in enumerate(cmd) if c == "--build-arg"] == ["A=1", "B=2"]
     volumes = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--volume"]
     assert volumes == [
