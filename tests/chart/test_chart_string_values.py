@@ -391,7 +391,45 @@ def set_value(values: dict[str, Any], path: tuple[str, ...], key: str, value: st
         node = node.setdefault(name, [] if following == "[]" else {})
 
 
-STRING_PATHS = sorted(string_paths(SCHEMA))
+#: Subtrees whose strings cannot all be set in one values file (an extraEgress destination is an
+#: ipBlock alone or selectors, never both): each has its own round-trip values below, and the
+#: walk's guard checks that those values set every string of the subtree.
+SEPARATE = (("networkPolicy", "extraEgress"),)
+ALL_STRING_PATHS = sorted(string_paths(SCHEMA))
+STRING_PATHS = [p for p in ALL_STRING_PATHS if not any(p[: len(s)] == s for s in SEPARATE)]
+
+# extraEgress with YAML 1.1 lookalikes wherever its schema lets them in (label values and
+# keys, expression values); CIDRs are what their pattern allows.
+EXTRA_EGRESS = [
+    {"to": [{"ipBlock": {"cidr": "10.20.0.0/16", "except": ["10.20.5.0/24"]}}]},
+    {
+        "to": [
+            {
+                "namespaceSelector": {
+                    "matchLabels": {"yes": "on"},
+                    "matchExpressions": [{"key": "null", "operator": "In", "values": ["012"]}],
+                },
+                "podSelector": {
+                    "matchLabels": {"true": "0x1f"},
+                    "matchExpressions": [{"key": "no", "operator": "NotIn", "values": ["1e3"]}],
+                },
+            }
+        ]
+    },
+]
+
+
+def _set_paths(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The string paths (as string_paths names them) that ``value`` sets."""
+    if isinstance(value, str):
+        yield path
+    elif isinstance(value, list):
+        for item in value:
+            yield from _set_paths(item, (*path, "[]"))
+    elif isinstance(value, dict):
+        map_like = path and path[-1] == "matchLabels"
+        for key, item in value.items():
+            yield from _set_paths(item, (*path, "*" if map_like else key))
 
 
 @st.composite
@@ -441,6 +479,18 @@ def test_every_string_field_of_the_schema_has_a_place():
     # Guards the walk: a new string value must say where it lands, or this fails.
     assert set(STRING_PATHS) == set(PLACES)
     assert len(STRING_PATHS) >= 40
+    # ...and every string of a separately checked subtree is set by its own values.
+    separate = {p for p in ALL_STRING_PATHS if p not in STRING_PATHS}
+    assert separate <= set(_set_paths(EXTRA_EGRESS, ("networkPolicy", "extraEgress")))
+
+
+@pytest.mark.parametrize("target", ["pytorchjob", "trainjob"])
+def test_extra_egress_strings_come_back_unchanged(render, target):
+    policy_values = {"enabled": True, "restrictEgress": True, "extraEgress": EXTRA_EGRESS}
+    values = {"target": target, "networkPolicy": policy_values}
+    (policy,) = [o for o in render(values).objects if o["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["egress"][-len(EXTRA_EGRESS) :] == EXTRA_EGRESS
+    _keys_are_strings(policy, "NetworkPolicy")
 
 
 @settings(
