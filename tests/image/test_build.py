@@ -221,7 +221,7 @@ def test_older_archives_of_a_variant_are_pruned_and_others_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
 
 
-def test_the_context_leaves_out_the_local_cluster_and_examples(tmp_path):
+def test_the_context_leaves_out_the_local_cluster_and_examples():
     # make cluster keeps its state (etcd data, sockets) in .cluster/ under the repository.
     patterns = b.dockerignore_patterns(ROOT)
     for path in (".cluster/etcd/member/snap/db", "examples/run.yaml", ".gitignore"):
