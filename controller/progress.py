@@ -84,6 +84,8 @@ class ProgressService:
     active: Callable[[], bool] = field(default_factory=lambda: Always().active)
     keeper: CAKeeper | None = None
     label: PodLabel | None = None
+    #: The served runs, from their watch (what a report is checked against).
+    runs: RunDirectory = field(default_factory=RunDirectory)
     stop_event: threading.Event = field(default_factory=threading.Event)
     #: Whether this replica was the active one at the last look of the leadership thread.
     was_active: bool = False
@@ -224,7 +226,9 @@ def start(
     server.active = active
     keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem), active)
     keeper.watch(api_client, timeout, list(namespaces or []))
-    service = ProgressService(server, hub, cert, active=active, keeper=keeper, label=label)
+    service = ProgressService(
+        server, hub, cert, active=active, keeper=keeper, label=label, runs=runs
+    )
     register(registry, keeper)
     service.start()
     logger.info("progress: serving https://%s:%d (reports every %gs at most)", addr, port, interval)

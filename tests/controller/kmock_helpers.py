@@ -464,6 +464,7 @@ class OperatorThread:
         self.progress = progress
         self.pod_namespace = pod_namespace
         self.progress_service: Any = None
+        self.reconciler: Reconciler | None = None
         self.leadership: Any = None
         self.namespaces = namespaces or []
         self.peering = peering
@@ -492,11 +493,10 @@ class OperatorThread:
             self.error = err
 
     async def _main(self) -> None:
-        registry = build_registry(
-            Reconciler(
-                Cluster(self._client(), timeout=self.timeout), self.backoff, policy=self.policy
-            )
+        self.reconciler = Reconciler(
+            Cluster(self._client(), timeout=self.timeout), self.backoff, policy=self.policy
         )
+        registry = build_registry(self.reconciler)
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:
