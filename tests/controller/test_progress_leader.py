@@ -1,6 +1,6 @@
 """Which replica serves progress (controller/progress_leader.py): kopf's peering rule read from
 the peering object, and the active replica's pod label. Pure; the replicas against kmock are in
-test_progress_ha.py, on the real API server in tests/e2e/test_progress_ha.py."""
+test_progress_ha.py, on the real API server in tests/e2e/test_e2e_progress_ha.py."""
 
 from __future__ import annotations
 
