@@ -43,7 +43,12 @@ writes (its progress annotations) land in the counts.
 
     .venv/bin/python -m bench.controller_reconcile [--api kmock|cluster|both] [--runs 200]
         [--nodes 4] [--namespaces 1] [--workers N] [--paced] [--json] [--keep-logs DIR]
-        [--write-costs N]
+        [--write-costs N] [--delete] [--tracemalloc]
+
+``--delete``: once every run is reconciled, delete them all, wait until the controller has
+released each one and read its memory again (does it come back?). ``--tracemalloc``: trace the
+controller's allocations and report the files whose memory grew, and the served or owned
+objects still alive in it, when reconciled and at the end.
 """
 
 from __future__ import annotations
