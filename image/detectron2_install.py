@@ -137,6 +137,7 @@ def cuda_env(pins: dict, work: Path, archs: str) -> dict[str, str]:
     if not cuda:
         raise InstallError("--archs given but torch is a CPU build: nothing to compile CUDA for")
     home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    env: dict[str, str] = {}
     if not (home / "bin" / "nvcc").is_file():
         key = ".".join(cuda.split(".")[:2])
         wheels = pins.get("nvcc_wheels", {}).get(key)
@@ -147,15 +148,16 @@ def cuda_env(pins: dict, work: Path, archs: str) -> dict[str, str]:
                 f"[tool.megdet.nvcc_wheels] has no nvcc for {key} (only for {known})"
             )
         home = cuda_home_from_wheels(wheels, work / "cuda")
-    # torch's ATen/cuda headers include cuBLAS/cuSPARSE headers: a devel image has them in
-    # CUDA_HOME, a pip install in torch's own nvidia-* wheels.
-    includes = [str(h.parent) for h in site_packages().glob("nvidia/*/include/cusparse.h")]
+        # torch's ATen/cuda headers include cuBLAS/cuSPARSE headers: a devel image has them
+        # in CUDA_HOME, a toolkit from wheels has not: torch's own nvidia-* wheels do.
+        includes = [str(h.parent) for h in site_packages().glob("nvidia/*/include/cusparse.h")]
+        env["CPATH"] = ":".join(filter(None, [*includes, os.environ.get("CPATH", "")]))
     return {
+        **env,
         "FORCE_CUDA": "1",
         "CUDA_HOME": str(home),
         "TORCH_CUDA_ARCH_LIST": archs,
         "PATH": f"{home / 'bin'}:{os.environ.get('PATH', '')}",
-        "CPATH": ":".join(filter(None, [*includes, os.environ.get("CPATH", "")])),
     }
 
 

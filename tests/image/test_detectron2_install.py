@@ -74,6 +74,23 @@ def test_an_existing_nvcc_is_used_as_is(tmp_path, monkeypatch):
     assert env["FORCE_CUDA"] == "1" and env["CUDA_HOME"] == str(tmp_path)
     assert env["TORCH_CUDA_ARCH_LIST"] == "8.0;9.0+PTX"
     assert env["PATH"].startswith(f"{tmp_path}/bin:")
+    # A toolkit has its own cuBLAS/cuSPARSE headers: no second copy from torch's wheels.
+    assert "CPATH" not in env
+
+
+def test_nvcc_from_wheels_adds_torchs_library_headers(tmp_path, monkeypatch):
+    monkeypatch.setattr(d2, "torch_cuda", lambda: "13.0")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    home = tmp_path / "work" / "cuda" / "nvidia" / "cu13"
+    monkeypatch.setattr(d2, "cuda_home_from_wheels", lambda wheels, target: home)
+    site = tmp_path / "site"
+    (site / "nvidia" / "cu13" / "include").mkdir(parents=True)
+    (site / "nvidia" / "cu13" / "include" / "cusparse.h").write_text("")
+    monkeypatch.setattr(d2, "site_packages", lambda: site)
+    monkeypatch.delenv("CPATH", raising=False)
+    env = d2.cuda_env({"nvcc_wheels": {"13.0": ["w"]}}, tmp_path / "work", "9.0")
+    assert env["CUDA_HOME"] == str(home)
+    assert env["CPATH"] == str(site / "nvidia" / "cu13" / "include")
 
 
 def test_the_wheel_install_is_skipped_when_already_there(tmp_path, monkeypatch):
