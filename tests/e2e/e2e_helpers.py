@@ -247,14 +247,19 @@ def iter_docs(text: str) -> Iterator[dict[str, Any]]:
 
 
 def free_gpus(kube: Cluster) -> int:
-    """GPUs the nodes have that no scheduled, unfinished pod requests."""
-    total = sum(
-        int(n["status"]["allocatable"].get("nvidia.com/gpu", 0))
+    """GPUs the untainted nodes have that no scheduled, unfinished pod requests (a tainted node,
+    such as the real node, takes only the pods that tolerate it: the charts' do not)."""
+    nodes = {
+        n["metadata"]["name"]: n
         for n in get_json(kube, "nodes")["items"]
-    )
+        if not any(
+            t.get("effect") in ("NoSchedule", "NoExecute") for t in n["spec"].get("taints", [])
+        )
+    }
+    total = sum(int(n["status"]["allocatable"].get("nvidia.com/gpu", 0)) for n in nodes.values())
     used = 0
     for pod in get_json(kube, "pods", "-A")["items"]:
-        if pod["spec"].get("nodeName") and pod["status"].get("phase") not in (
+        if pod["spec"].get("nodeName") in nodes and pod["status"].get("phase") not in (
             "Succeeded",
             "Failed",
         ):
