@@ -113,19 +113,13 @@ def get_cuda_home(work: Path, torch_cuda: str, pins: dict) -> Path:
             f"for it (only for {known}; NVIDIA's CUDA 12 wheels ship no nvcc driver): set "
             f"CUDA_HOME to a CUDA {key} toolkit with bin/nvcc"
         )
-    target = work / "cuda-wheels"
-    run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(target),
-         *wheels])  # fmt: skip
-    nvcc = sorted(target.glob("nvidia/*/bin/nvcc"))
-    if not nvcc:
-        fail(f"no bin/nvcc in {wheels}")
-    home = nvcc[0].parent.parent
-    # torch's cpp_extension links with -L$CUDA_HOME/lib -lcudart: the wheels ship only .so.N.
-    for lib in (home / "lib").glob("libcudart.so.*"):
-        link = home / "lib" / "libcudart.so"
-        if not link.exists():
-            link.symlink_to(lib.name)
-    return home
+    from megdet.image.detectron2_install import InstallError, cuda_home_from_wheels
+
+    try:  # the image's build installs nvcc the same way (image/detectron2_install.py)
+        return cuda_home_from_wheels(wheels, work / "cuda-wheels")
+    except (InstallError, subprocess.CalledProcessError) as err:
+        fail(f"nvcc from the wheels {wheels}: {err}")
+        raise  # fail() exits; this keeps the type checker's view of the return
 
 
 def library_include_dirs() -> list[Path]:
