@@ -574,6 +574,7 @@ def _run_cluster(
             wall_end = time.time()
             own_cpu = time.process_time() - own_cpu
             cpu_after = bench.component_cpu_s()
+            jobs = bench.count_jobs()  # before any deletion lets the garbage collector in
             controller.mark_reconciled()
             if delete:
                 deleted_s = client.delete_all(timeout)
@@ -587,7 +588,6 @@ def _run_cluster(
             controller.close()
             client.stop()
         requests = bench.controller_requests(wall_start, wall_end)
-        jobs = bench.count_jobs()
         refused = sum(
             n for call, n in requests["non_2xx"].items() if call == "patch megdetruns/status 409"
         )
