@@ -755,6 +755,9 @@ class Cluster:
                 f"--tls-cert-file={pki / 'controller-manager-serving.crt'}",
                 f"--tls-private-key-file={pki / 'controller-manager-serving.key'}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # A quota's usage of a custom resource (TrainJobs) is computed at the full
+                # resync, 5 min by default: a throwaway cluster's quotas should count at once.
+                "--resource-quota-sync-period=10s",
                 "--profiling=false",
             ],
         )
