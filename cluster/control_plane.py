@@ -199,6 +199,24 @@ def port_taken(port: int) -> bool:
     return False
 
 
+def stop_process_group(pid: int, grace: float = 15) -> bool:
+    """SIGTERM ``pid``'s process group, SIGKILL it after ``grace`` seconds; reap it if it is our
+    child. Returns whether it was running."""
+    if not _alive(pid):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if _alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+    return True
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -419,20 +437,8 @@ class Cluster:
         # One at a time, in reverse start order: the API server stops in about a second while
         # etcd is still there, but waits out its whole grace period once etcd is gone first.
         for name in reversed(list(state["pids"])):
-            pid = state["pids"][name]
-            if not _alive(pid):
-                continue
-            stopped.append(name)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 15
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
+            if stop_process_group(state["pids"][name]):
+                stopped.append(name)
         if keep_logs and self.logs.exists():
             shutil.rmtree(keep_logs, ignore_errors=True)
             shutil.copytree(self.logs, keep_logs)

@@ -945,21 +945,9 @@ def _owner_alive(owner: Mapping[str, Any]) -> bool:
 
 
 def _stop(pid: int, grace: float = 15) -> bool:
-    from megdet.cluster.control_plane import _alive
+    from megdet.cluster.control_plane import stop_process_group
 
-    if not _alive(pid):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if _alive(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, os.WNOHANG)
-    return True
+    return stop_process_group(pid, grace)
 
 
 def _cgroup_roots() -> list[Path]:
