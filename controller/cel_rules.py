@@ -31,7 +31,7 @@ __all__ = [
     "IMMUTABLE_FIELDS",
     "OVERRIDE_VALUE_NOTE",
     "overrides_map",
-    "owned_override_message",
+    "owned_override_cel_message",
     "pod_metadata_rules",
     "rescaled_schedule_rules",
     "resolve_rules",
@@ -90,7 +90,7 @@ OVERRIDE_VALUE_NOTE = (
 )
 
 
-def owned_override_message(key: str) -> str:
+def owned_override_cel_message(key: str) -> str:
     """Why a MegDetRun may not set the detectron2 key ``key`` in extraOverrides."""
     value = OWNED_OVERRIDES[key]
     rule_id = "ownedOverridePolicy" if value in DROPPED_VALUES else "ownedOverrideField"
@@ -115,7 +115,7 @@ def overrides_map(node: Mapping[str, Any], out: dict[str, Any]) -> None:
     rules += [
         {
             "rule": f"!({json.dumps(key)} in self)",
-            "message": owned_override_message(key),
+            "message": owned_override_cel_message(key),
         }
         for key, value in sorted(OWNED_OVERRIDES.items())
     ]

@@ -26,7 +26,7 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from megdet.controller.cel_rules import owned_override_message
+from megdet.controller.cel_rules import owned_override_cel_message
 from megdet.controller.crd import build_crd, spec_schema
 from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.controller.render import (
@@ -124,7 +124,7 @@ def owned_override_problems(spec: Mapping[str, Any]) -> list[Problem]:
     return [
         Problem(
             field_path(["extraOverrides", key]),
-            owned_override_message(key),
+            owned_override_cel_message(key),
         )
         for key in sorted(overrides)
         if key in OWNED_OVERRIDES

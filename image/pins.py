@@ -14,8 +14,6 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-_PIN = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;#]+)")
-
 
 def load_pyproject(path: str | Path) -> dict[str, Any]:
     with open(path, "rb") as f:
@@ -32,20 +30,6 @@ def requirements(
         reqs += project["optional-dependencies"][extra]
     skip = {_normalize(name) for name in exclude}
     return [r for r in reqs if _normalize(_name(r)) not in skip]
-
-
-def pinned_versions(pyproject: dict[str, Any]) -> dict[str, str]:
-    """Every ``name==version`` pin in dependencies and extras, by normalized name."""
-    project = pyproject["project"]
-    reqs = list(project.get("dependencies", []))
-    for extra in project.get("optional-dependencies", {}).values():
-        reqs += extra
-    pins = {}
-    for req in reqs:
-        match = _PIN.match(req)
-        if match:
-            pins[_normalize(match.group(1))] = match.group(3)
-    return pins
 
 
 def _name(requirement: str) -> str:

@@ -23,13 +23,3 @@ LONGEST_REPLICA_SUFFIX = len("-worker-") + len(str(MAX_GPUS - 2))
 
 #: The longest job (release fullname, MegDetRun) name: 63 - 13 = 50 characters.
 MAX_JOB_NAME_LENGTH = DNS_LABEL_MAX - LONGEST_REPLICA_SUFFIX
-
-
-def job_name_problem(name: str) -> str | None:
-    """Why ``name`` cannot name a job (too long for the operator's Services), or None."""
-    if len(name) <= MAX_JOB_NAME_LENGTH:
-        return None
-    return (
-        f"name {name!r} is {len(name)} characters; at most {MAX_JOB_NAME_LENGTH}, so that the "
-        f"training operator's Services <name>-worker-<index> stay within {DNS_LABEL_MAX}"
-    )

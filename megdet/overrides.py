@@ -23,7 +23,6 @@ scale; the trainer rescales them), ``SOLVER.WARMUP_FACTOR``, ``SOLVER.GAMMA``, `
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 
 from megdet.messages import python_message
 
@@ -66,16 +65,11 @@ OWNED_OVERRIDES: dict[str, str] = {
 CHART_FILE = "charts/megdet/files/owned-overrides.yaml"
 
 
-def owned_override_message(key: str, field: str = "extraOverrides") -> str:
+def owned_override_message(key: str) -> str:
     """The error for overriding an owned ``key``; the chart's ``fail`` prints the same text."""
-    return python_message("ownedOverride", field=field, key=key, value=OWNED_OVERRIDES[key])
-
-
-def override_problems(overrides: Mapping[str, object], field: str = "extraOverrides") -> list[str]:
-    """One message per owned key in ``overrides`` (sorted by key); empty when all are free."""
-    return [
-        owned_override_message(key, field) for key in sorted(overrides) if key in OWNED_OVERRIDES
-    ]
+    return python_message(
+        "ownedOverride", field="extraOverrides", key=key, value=OWNED_OVERRIDES[key]
+    )
 
 
 def chart_file_text() -> str:

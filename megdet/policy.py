@@ -37,7 +37,6 @@ __all__ = [
     "PolicyError",
     "Rule",
     "check",
-    "privileged_knobs",
     "validations",
 ]
 
@@ -670,10 +669,6 @@ def unconfining_annotations(spec: Mapping[str, Any]) -> list[str]:
     ]
 
 
-def uses_pod_security(spec: Mapping[str, Any]) -> bool:
-    return uses_pod_security_context(spec) or bool(unconfining_annotations(spec))
-
-
 def uses_host_path(spec: Mapping[str, Any]) -> bool:
     return any(
         isinstance(v, Mapping) and "hostPath" in v for v in _list(_get(spec, "extraVolumes"))
@@ -752,12 +747,6 @@ KNOB_USES: tuple[KnobUse, ...] = (
     ),
 )
 
-KNOB_USE: dict[str, Callable[[Mapping[str, Any]], bool]] = {
-    "hostNetwork": uses_host_network,
-    "ibRootMode": uses_ib_root_mode,
-    "podSecurity": uses_pod_security,
-    "hostPath": uses_host_path,
-}
 #: Each knob in words (the first way it is used).
 KNOB_WHAT: dict[str, str] = {}
 for _use in KNOB_USES:
@@ -1070,13 +1059,6 @@ def check(spec: Any, policy: Policy) -> list[tuple[str, str]]:
         if message:
             problems.append((rule.path, message))
     return problems
-
-
-def privileged_knobs(spec: Any) -> list[str]:
-    """The privileged knobs a spec uses (keys of :data:`PRIVILEGED_KNOBS`)."""
-    if not isinstance(spec, Mapping):
-        return []
-    return [knob for knob, uses in KNOB_USE.items() if uses(spec)]
 
 
 def grant_message(knob: str, what: str | None = None) -> str:

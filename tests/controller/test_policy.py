@@ -38,7 +38,7 @@ from megdet.cli import UsageError
 from megdet.controller import metrics
 from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.daemon import load_policy
-from megdet.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check, privileged_knobs
+from megdet.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "megdet-operator"
@@ -157,7 +157,6 @@ SECURE = {
 def test_the_chart_defaults_and_a_restricted_run_pass_the_default_policy() -> None:
     assert problems({}) == {}
     assert problems(SECURE) == {}
-    assert privileged_knobs(SECURE) == []
 
 
 @pytest.mark.parametrize(
@@ -276,9 +275,12 @@ def test_what_the_new_knobs_let_through_by_default_and_when_opened() -> None:
     shared = Policy.from_values({"multusNamespaces": ["", "net-shared"]})
     assert problems({**SECURE, "network": {"multusNetworks": "net-shared/ib, own"}}, shared) == {}
     # The AppArmor annotation is the podSecurity knob, with the grant like podSecurityContext.
-    assert privileged_knobs(
-        {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/c": "unconfined"}}
-    ) == ["podSecurity"]
+    unconfined = {"container.apparmor.security.beta.kubernetes.io/c": "unconfined"}
+    assert problems({**SECURE, "podAnnotations": unconfined}) == {
+        "spec.podAnnotations": "an AppArmor or seccomp annotation that does not confine the pods "
+        "(unconfined; confined are runtime/default and localhost/<profile>) is not allowed by "
+        "the cluster's MegDet policy (policy.privileged.podSecurity: false)"
+    }
 
 
 def test_queues_when_the_policy_names_them_or_requires_one() -> None:
@@ -321,7 +323,9 @@ def test_wildcards_and_a_policy_that_allows_the_privileged_knobs() -> None:
         }
     )
     assert problems(spec, open_policy) == {}
-    assert privileged_knobs(spec) == ["hostNetwork", "hostPath"]
+    # The two knobs the spec uses, each refused by its own policy.privileged key.
+    assert "policy.privileged.hostNetwork: false" in problems(spec)["spec.network.hostNetwork"]
+    assert "policy.privileged.hostPath: false" in problems(spec)["spec.extraVolumes"]
 
 
 def test_any_spec_gives_problems_not_exceptions() -> None:

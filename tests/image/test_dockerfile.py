@@ -11,10 +11,17 @@ from pathlib import Path
 import pytest
 
 from megdet import __version__
-from megdet.image.pins import load_pyproject, pinned_versions, requirements
+from megdet.image.pins import load_pyproject, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
+
+
+def pinned_versions(pyproject: dict) -> dict[str, str]:
+    """Every ``name==version`` pin in the dependencies and all extras, by lower-case name."""
+    extras = list(pyproject["project"]["optional-dependencies"])
+    pins = (req.partition("==") for req in requirements(pyproject, extras))
+    return {name.strip().lower(): version.strip() for name, _, version in pins}
 
 
 def instructions(text: str) -> list[tuple[str, str]]:
