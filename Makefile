@@ -107,7 +107,7 @@ clean:
 # The MegDetRun CRD is generated from charts/megdet/values.schema.json and values.yaml
 # (tests/controller/test_crd.py fails when the committed copy is stale).
 crd: setup
-	$(BIN)/python -m megdet.controller.crd
+	$(BIN)/python -m megdet.controller.offline.crd
 
 # The detectron2 override keys that named values own (megdet/overrides.py), as the run chart reads
 # them (tests/chart fails when charts/megdet/files/owned-overrides.yaml is stale).

@@ -22,7 +22,7 @@ COMMAND_MODULES = (
     "megdet.plan_cli",
     "megdet.trainer.cli",
     "megdet.image.cli",
-    "megdet.controller.offline",
+    "megdet.controller.offline.cli",
     "megdet.controller.daemon",
 )
 

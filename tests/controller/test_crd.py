@@ -18,17 +18,17 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller import crd as crd_module
 from megdet.controller.api import DROPPED_VALUES
-from megdet.controller.cel_rules import IMMUTABLE_FIELDS
-from megdet.controller.crd import (
+from megdet.controller.offline import crd as crd_module
+from megdet.controller.offline.cel_rules import IMMUTABLE_FIELDS
+from megdet.controller.offline.crd import (
     CRD_FILE,
     MissingDescriptionsError,
     build_crd,
     crd_yaml,
     spec_schema,
 )
-from megdet.controller.schema import (
+from megdet.controller.offline.schema import (
     apply_defaults,
     cel_problems,
     coerce_numbers,
@@ -385,7 +385,7 @@ def test_cel_python_and_the_rust_interpreter_agree_on_every_rule(root, spec, old
 
 
 def test_json_schema_constructs_map_to_structural_ones():
-    from megdet.controller.openapi import convert as _convert
+    from megdet.controller.offline.openapi import convert as _convert
 
     level = _convert(
         {

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megdet.controller.offline import refusal_lines
+from megdet.controller.offline.cli import refusal_lines
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = """\

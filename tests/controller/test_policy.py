@@ -59,7 +59,7 @@ def test_the_charts_defaults_are_the_modules_defaults() -> None:
 
 
 def test_the_generated_admission_validations_are_current() -> None:
-    from megdet.controller.crd import spec_schema
+    from megdet.controller.offline.crd import spec_schema
 
     committed = yaml.safe_load((CHART / "files" / "policy-validations.yaml").read_text())
     assert committed == policy_module.generated(spec_schema()), "run `make policy`"
@@ -74,7 +74,7 @@ def test_the_generated_admission_validations_are_current() -> None:
 def test_the_admission_policy_compares_every_spec_field_but_suspend() -> None:
     """The matchCondition names each field of the CRD's spec (a field added to the CRD and
     not compared would let its changes past the policy) and runPolicy's but suspend."""
-    from megdet.controller.crd import spec_schema
+    from megdet.controller.offline.crd import spec_schema
 
     schema = spec_schema()
     (condition,) = policy_module.match_conditions(schema)

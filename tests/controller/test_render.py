@@ -21,6 +21,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from megdet.controller.api import DROPPED_VALUES
+from megdet.controller.offline.validation import (
+    crd_problems,
+    crd_spec_schema,
+    default_spec,
+    plan_problems,
+)
 from megdet.controller.problems import InvalidRunError, Problem
 from megdet.controller.render import (
     CHART_DIR_ENV,
@@ -28,12 +34,6 @@ from megdet.controller.render import (
     ChartRenderer,
     chart_dir,
     render_run,
-)
-from megdet.controller.validation import (
-    crd_problems,
-    crd_spec_schema,
-    default_spec,
-    plan_problems,
 )
 from megdet.plan import plan_run
 

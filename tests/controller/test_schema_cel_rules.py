@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from megdet.controller.cel_rules import GENERATED, resolve_rules
-from megdet.controller.crd import build_crd, spec_schema
+from megdet.controller.offline.cel_rules import GENERATED, resolve_rules
+from megdet.controller.offline.crd import build_crd, spec_schema
 from megdet.messages import MESSAGES, cel_message
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "megdet"

@@ -23,9 +23,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.render import RUN_SPEC_VALUES, render_run
-from megdet.controller.schema import schema_problems
-from megdet.controller.validation import (
+from megdet.controller.offline.schema import schema_problems
+from megdet.controller.offline.validation import (
     chart_problems,
     crd_problems,
     crd_spec_schema,
@@ -33,6 +32,7 @@ from megdet.controller.validation import (
     plan_problems,
     validate_run,
 )
+from megdet.controller.render import RUN_SPEC_VALUES, render_run
 from megdet.plan import RunSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -101,7 +101,7 @@ def read_documents(paths: Iterable[str]) -> tuple[list[Document], list[str]]:
 
 def document_problems(doc: Document) -> list[str]:
     """Every problem with one MegDetRun, as ``spec.field: message`` strings."""
-    from megdet.controller.validation import validate_run
+    from megdet.controller.offline.validation import validate_run
 
     body = doc.body
     problems = [f"{key}: unknown field" for key in sorted(set(body) - _TOP_LEVEL)]

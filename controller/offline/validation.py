@@ -1,6 +1,6 @@
 """Every check a MegDetRun's spec goes through offline, as a list of field-named problems.
 
-This is ``megdet validate`` without a cluster (``controller/offline.py``): what the API server
+This is ``megdet validate`` without a cluster (``controller/offline/cli.py``): what the API server
 and the controller would say, with no server at hand. On a cluster the API server applies
 layers 1 and 2 itself and the controller only renders (``controller/planning.py``); ``megdet
 validate --kubeconfig`` asks the server instead. The layers run in the order the cluster
@@ -26,8 +26,14 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from megdet.controller.cel_rules import owned_override_cel_message
-from megdet.controller.crd import build_crd, spec_schema
+from megdet.controller.offline.cel_rules import owned_override_cel_message
+from megdet.controller.offline.crd import build_crd, spec_schema
+from megdet.controller.offline.schema import (
+    apply_defaults,
+    cel_problems,
+    coerce_numbers,
+    schema_problems,
+)
 from megdet.controller.problems import InvalidRunError, Problem, field_path
 from megdet.controller.render import (
     RUN_SPEC_VALUES,
@@ -36,7 +42,6 @@ from megdet.controller.render import (
     plain,
     spec_error_problem,
 )
-from megdet.controller.schema import apply_defaults, cel_problems, coerce_numbers, schema_problems
 from megdet.overrides import OWNED_OVERRIDES
 from megdet.plan import SpecError, plan_run
 
