@@ -123,11 +123,11 @@ messages: setup
 	$(BIN)/python -m megdet.messages > $(MESSAGES_FILE).tmp
 	mv $(MESSAGES_FILE).tmp $(MESSAGES_FILE)
 
-# The operator chart's admission policy validations, generated from megdet/policy.py's rules
+# The operator chart's admission policy validations, generated from controller/policy.py's rules
 # (tests/controller/test_policy.py fails when the committed copy is stale).
 POLICY_FILE := charts/megdet-operator/files/policy-validations.yaml
 policy: setup
-	$(BIN)/python -m megdet.policy > $(POLICY_FILE).tmp
+	$(BIN)/python -m megdet.controller.policy > $(POLICY_FILE).tmp
 	mv $(POLICY_FILE).tmp $(POLICY_FILE)
 
 # Every generated file, in dependency order: the CRD's CEL rules read the owned-overrides list.

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from megdet.cli import UsageError, whole_number
-from megdet.policy import Policy, PolicyError
+from megdet.controller.policy import Policy, PolicyError
 
 __all__ = ["build_parser_args", "positive_seconds", "priority_value", "register", "run"]
 

@@ -52,6 +52,8 @@ from megdet.controller.planning import (
     suspend_patch,
     with_digest,
 )
+from megdet.controller.policy import Policy
+from megdet.controller.policy import check as check_policy
 from megdet.controller.progress_hub import Milestones
 from megdet.controller.status import (
     CHILD_REFUSED,
@@ -76,8 +78,6 @@ from megdet.controller.status_writer import (
     raiser,
     run_meta,
 )
-from megdet.policy import Policy
-from megdet.policy import check as check_policy
 
 __all__ = ["OUTPUTS_INDEX", "Reconciler"]
 

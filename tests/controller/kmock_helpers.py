@@ -30,8 +30,8 @@ from kubernetes import client as k8s
 from megdet.controller import metrics
 from megdet.controller.kubeapi import Backoff, Cluster
 from megdet.controller.operator import build_registry, configure
+from megdet.controller.policy import Policy
 from megdet.controller.reconciler import Reconciler
-from megdet.policy import Policy
 
 NAMESPACE = "vision"
 RUNS = "megdet.io/v1alpha1/megdetruns"

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - the rule table reads best one case per line
-"""The cluster's MegDet policy (megdet/policy.py): its values, its rules, the generated admission
+"""The cluster's MegDet policy (controller/policy.py): its values, its rules, the generated admission
 validations, and the controller refusing a run outside it before creating anything.
 
 The admission side (the same rules as CEL in a ValidatingAdmissionPolicy, and the RBAC grant for
@@ -33,12 +33,12 @@ from kmock_helpers import (
     stop_operator,
 )
 
-from megdet import policy as policy_module
 from megdet.cli import UsageError
 from megdet.controller import metrics
+from megdet.controller import policy as policy_module
 from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.daemon import load_policy
-from megdet.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check
+from megdet.controller.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "megdet-operator"

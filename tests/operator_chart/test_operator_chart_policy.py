@@ -10,7 +10,7 @@ import yaml
 from operator_chart_helpers import CHART_DIR, RELEASE, render, render_error
 
 from megdet.controller.offline.crd import spec_schema
-from megdet.policy import Policy, match_conditions, validations
+from megdet.controller.policy import Policy, match_conditions, validations
 
 FULLNAME = RELEASE
 
