@@ -2,7 +2,9 @@
 
 - :class:`Cluster` reads and writes objects with the official ``kubernetes`` client
   (``CustomObjectsApi``), as kopf's own examples do from sync handlers; reads answer ``None``
-  for 404.
+  for 404. With a :class:`JobCache` it answers "no such job" and "the job just created" from
+  the controller's own watch of the jobs instead of asking the API server (:class:`JobCache`
+  says why that is safe).
 - :func:`retryable` and :class:`Backoff`: which failures kopf retries, and after how long.
 - A refused create: :class:`KindNotServed` (404: the cluster lacks the kind),
   :class:`RefusalHeals` (a refusal that heals by itself or by an admin, not by the run's
@@ -14,9 +16,14 @@
 
 from __future__ import annotations
 
+import collections
+import contextlib
+import copy
 import json
 import re
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +46,7 @@ __all__ = [
     "NOT_REFUSALS",
     "Backoff",
     "Cluster",
+    "JobCache",
     "JobRefused",
     "KindNotServed",
     "RefusalHeals",
@@ -208,16 +216,211 @@ def refusal_message(
     )
 
 
+#: A job's fields the handlers read (:func:`slim_job`): who owns it, its uid and version, its
+#: labels and annotations, its suspend flag (api.SUSPEND_PATH) and its status.
+_KEPT_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "ownerReferences",
+    "labels",
+    "annotations",
+)
+
+#: kopf index id of the run-owned jobs of a kind (``megdet_jobs_pytorchjob``).
+JOB_INDEX_PREFIX = "megdet_jobs_"
+
+
+def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What :class:`JobCache` keeps of a job it created until the watch delivers it: the fields
+    the handlers read (metadata that says whose it is, the suspend flag, the status); the pod
+    templates and the rest of the spec stay out (a PyTorchJob's spec is most of its size)."""
+    from megdet.controller.api import SUSPEND_PATH
+
+    meta = body.get("metadata") or {}
+    kind = body.get("kind")
+    out: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": kind,
+        "metadata": {k: copy.deepcopy(meta[k]) for k in _KEPT_METADATA if k in meta},
+    }
+    path = SUSPEND_PATH.get(str(kind))
+    if path is not None:
+        value: Any = body
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if value is not None:
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
+    if "status" in body:
+        out["status"] = copy.deepcopy(body["status"])
+    return out
+
+
+class JobCache:
+    """Which run-owned jobs exist, as the controller's own watch of them says (a kopf index
+    per job kind, fed by the same watch as the job mirror: kopf fills it from its first list
+    before any handler runs, and drops a job when the watch says it is deleted or no run
+    controls it any more), so that the reads whose answer may safely be a little old are not
+    sent to the API server:
+
+    - "does the run's job exist?" when the watch has never seen it: no. A stale "no" (a job
+      the watch has not delivered yet, or one no run controls: those are not indexed) makes
+      the create answer 409, and the next read of that name asks the API server
+      (:meth:`refresh`);
+    - the job this process has just created: the create's own answer (:func:`slim_job`),
+      until the watch delivers it (at most ``ttl`` seconds). A status written right after the
+      create sees the job; the state the job reaches meanwhile comes with its next event,
+      which the job's mirror writes (the status is level-triggered).
+
+    A job the watch has seen is read from the API server: a reconcile or a mirror that needs
+    its state reads it fresh, under the run's lock. A kind is answered from the cache only once
+    its index has been seen (kopf hands every index to each indexing call); until then, and for
+    every other kind, reads go to the API server. The index holds a uid per job; nothing of a
+    job outlives it.
+    """
+
+    def __init__(self, ttl: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl = ttl
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: kind -> kopf's index for it (Mapping (namespace, name) -> Store of uids).
+        self._indices: dict[str, Mapping[Any, Any]] = {}
+        #: (kind, namespace, name) -> (expiry, the create's answer, slimmed), oldest first.
+        self._created: collections.OrderedDict[tuple[str, str, str], tuple[float, dict]] = (
+            collections.OrderedDict()
+        )
+        #: names whose next read asks the API server (a create answered 409).
+        self._refresh: set[tuple[str, str, str]] = set()
+        #: reads answered here (the job is missing, or just created) / sent to the server
+        self.hits = 0
+        self.misses = 0
+
+    def register(self, registry: Any, when: Callable[..., bool] | None = None) -> None:
+        """A kopf index per job kind on ``registry`` (``when``: which jobs; the mirror's
+        filter, jobs a run controls)."""
+        import kopf
+
+        from megdet.controller.api import TARGET_BY_KIND
+
+        for (api_version, kind), plural in OWNED_KINDS.items():
+            if kind not in TARGET_BY_KIND:
+                continue
+            group, version = api_version.split("/", 1)
+            index_id = JOB_INDEX_PREFIX + kind.lower()
+            kopf.index(group, version, plural, registry=registry, id=index_id, when=when)(
+                self._indexer(kind, index_id)
+            )
+
+    def _indexer(self, kind: str, index_id: str) -> Callable[..., Any]:
+        async def index(body: Mapping[str, Any], **kwargs: Any) -> dict[Any, Any]:
+            # Async: kopf calls it on its event loop, no hop to its handler threads.
+            meta = body.get("metadata") or {}
+            key = (kind, meta.get("namespace"), meta.get("name"))
+            with self._lock:
+                if kind not in self._indices and index_id in kwargs:
+                    self._indices[kind] = kwargs[index_id]
+                created = self._created.get(key)  # type: ignore[arg-type]
+                if created is not None and created[1]["metadata"].get("uid") == meta.get("uid"):
+                    del self._created[key]  # type: ignore[arg-type]  # delivered
+            return {(meta.get("namespace"), meta.get("name")): meta.get("uid")}
+
+        index.__name__ = index.__qualname__ = f"index_{kind.lower()}"
+        return index
+
+    def __len__(self) -> int:
+        """Jobs held: in the indices and created but not yet delivered by the watch."""
+        with self._lock:
+            self._expire()
+            return sum(len(i) for i in self._indices.values()) + len(self._created)
+
+    def serves(self, kind: str) -> bool:
+        with self._lock:
+            return kind in self._indices
+
+    def lookup(self, kind: str, namespace: str, name: str) -> tuple[bool, dict | None]:
+        """(answered, the job or None); ``answered`` False: ask the API server."""
+        key = (kind, namespace, name)
+        with self._lock:
+            index = self._indices.get(kind)
+            if index is None or key in self._refresh:
+                self._refresh.discard(key)
+                self.misses += 1
+                return False, None
+            self._expire()
+            created = self._created.get(key)
+            if created is not None:
+                self.hits += 1
+                return True, copy.deepcopy(created[1])
+        try:
+            seen = (namespace, name) in index
+        except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
+            seen = True
+        if seen:
+            self.misses += 1
+            return False, None
+        self.hits += 1
+        return True, None
+
+    def created(self, obj: Mapping[str, Any]) -> None:
+        """This process created ``obj`` (the API server's answer): answered from it until the
+        watch delivers it."""
+        kind, meta = str(obj.get("kind")), obj.get("metadata") or {}
+        key = (kind, meta.get("namespace"), meta.get("name"))
+        with self._lock:
+            if kind not in self._indices:
+                return
+            index = self._indices[kind]
+            with contextlib.suppress(RuntimeError):
+                store = index.get((meta.get("namespace"), meta.get("name")))
+                if store and meta.get("uid") in list(store):
+                    return  # the watch delivered it before the create answered
+            self._created.pop(key, None)  # type: ignore[arg-type]
+            self._created[key] = (self._clock() + self.ttl, slim_job(obj))  # type: ignore[index]
+            self._expire()
+
+    def refresh(self, kind: str, namespace: str, name: str) -> None:
+        """The next read of this job asks the API server (a create of it answered 409: the
+        cache's "no such job" was stale, or the name holds a job no run controls)."""
+        with self._lock:
+            if kind in self._indices:
+                self._refresh.add((kind, namespace, name))
+                self._created.pop((kind, namespace, name), None)
+
+    def _expire(self) -> None:
+        now = self._clock()
+        while self._created:
+            key, (expiry, _obj) = next(iter(self._created.items()))
+            if expiry > now:
+                break
+            del self._created[key]
+
+
 class Cluster:
     """The API calls the controller makes, through the official ``kubernetes`` client.
 
     Every method raises ``kubernetes.client.ApiException`` or a urllib3 error on failure,
     except that reads return ``None``/``[]`` for 404. :func:`retryable` sorts the errors.
+    ``cache``: the :class:`JobCache` job reads are answered from where it can (True: a fresh
+    one; False: none, every read asks the API server). It answers nothing until
+    :meth:`JobCache.register` has put its indices on the operator's registry
+    (:func:`megdet.controller.operator.build_registry` does, for the reconciler's cluster).
     """
 
-    def __init__(self, api_client: k8s.ApiClient, timeout: float = 10.0) -> None:
+    def __init__(
+        self, api_client: k8s.ApiClient, timeout: float = 10.0, cache: JobCache | bool = True
+    ) -> None:
         self.api = k8s.CustomObjectsApi(api_client)
         self.timeout = timeout
+        self.cache: JobCache | None = (
+            cache if isinstance(cache, JobCache) else JobCache() if cache else None
+        )
 
     @staticmethod
     def _ref(api_version: str, kind: str) -> tuple[str, str, str]:
@@ -226,6 +429,10 @@ class Cluster:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         """The object, or None when it does not exist."""
+        if self.cache is not None:
+            answered, cached = self.cache.lookup(kind, namespace, name)
+            if answered:
+                return cached
         group, version, plural = self._ref(api_version, kind)
         try:
             return self.api.get_namespaced_custom_object(
@@ -239,9 +446,17 @@ class Cluster:
     def create(self, obj: Mapping[str, Any]) -> dict:
         group, version, plural = self._ref(obj["apiVersion"], obj["kind"])
         namespace = obj["metadata"]["namespace"]
-        return self.api.create_namespaced_custom_object(
-            group, version, namespace, plural, dict(obj), _request_timeout=self.timeout
-        )
+        try:
+            created = self.api.create_namespaced_custom_object(
+                group, version, namespace, plural, dict(obj), _request_timeout=self.timeout
+            )
+        except k8s.ApiException as err:
+            if err.status == 409 and self.cache is not None:
+                self.cache.refresh(obj["kind"], namespace, obj["metadata"]["name"])
+            raise
+        if self.cache is not None:
+            self.cache.created(created)
+        return created
 
     def replace(self, obj: Mapping[str, Any]) -> dict:
         """PUT ``obj`` whole (with ``metadata.resourceVersion``: only over that version)."""

@@ -34,6 +34,10 @@ def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
     # handler runs); a reconcile reads it instead of listing the namespace.
     kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=OUTPUTS_INDEX)(handlers.index_outputs)
     kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="cleanup")(handlers.cleanup)
+    # The run-owned jobs as their watch delivers them: the job reads (controller/kubeapi.py).
+    cache = getattr(handlers.cluster, "cache", None)
+    if cache is not None:
+        cache.register(registry, when=handlers.owned_by_run)
     for (api_version, kind), plural in OWNED_KINDS.items():
         if kind in TARGET_BY_KIND:
             group, version = api_version.split("/", 1)

@@ -7,13 +7,20 @@ identity plus ``fullnameOverride = <run name>`` (the job is named after the run)
 chart renders, the controller creates: there is one job builder.
 
 The chart is loaded once per process and reused. The controller renders a run once per
-reconcile and creates what that render returned.
+reconcile and creates what that render returned. A run whose inputs (name, namespace, the values
+the controller built from its spec) are what they were at its last render is not rendered again:
+:class:`ChartRenderer` keeps the last render of each run (at most ``memo_size`` runs, the least
+recently rendered dropped first) and hands out copies of it, so a reconcile retried or resumed
+on the same spec generation costs no render. The controller's delete handler drops the run's
+entry (:func:`forget_run`).
 """
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
+import json
 import math
 import os
 import re
@@ -40,6 +47,7 @@ __all__ = [
     "RenderedRun",
     "chart_dir",
     "default_renderer",
+    "forget_run",
     "non_finite_problems",
     "plain",
     "render_run",
@@ -144,13 +152,60 @@ class RenderedRun:
         }
 
 
-class ChartRenderer:
-    """The run chart, loaded once; renders runs (thread-safe: one render at a time)."""
+#: Runs whose last render :class:`ChartRenderer` keeps (a render's objects and merged values
+#: are 20-40 KiB of Python objects: 64 runs are a few MiB).
+MEMO_SIZE = 64
 
-    def __init__(self, path: Path | str | None = None) -> None:
+
+class ChartRenderer:
+    """The run chart, loaded once; renders runs (thread-safe: one render at a time).
+
+    ``memo_size``: runs whose last render is kept and reused while their inputs stay the same
+    (0: none)."""
+
+    def __init__(self, path: Path | str | None = None, memo_size: int = MEMO_SIZE) -> None:
         self.path = Path(path) if path is not None else chart_dir()
         self._chart = helm_python.Chart.load(str(self.path))
         self._lock = threading.Lock()
+        self.memo_size = memo_size
+        #: (namespace, name) -> (the inputs as canonical JSON, that render), oldest first.
+        self._memo: collections.OrderedDict[tuple[str, str], tuple[str, RenderedRun]] = (
+            collections.OrderedDict()
+        )
+        self._memo_lock = threading.Lock()
+        self.renders = 0
+        self.reused = 0
+
+    def memo_keys(self) -> list[tuple[str, str]]:
+        """The (namespace, name) of the runs whose last render is kept."""
+        with self._memo_lock:
+            return list(self._memo)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the run's kept render (the run is deleted)."""
+        with self._memo_lock:
+            self._memo.pop((namespace, name), None)
+
+    def _recall(self, key: tuple[str, str], inputs: str | None) -> RenderedRun | None:
+        if inputs is None or not self.memo_size:
+            return None
+        with self._memo_lock:
+            kept = self._memo.get(key)
+            if kept is None or kept[0] != inputs:
+                return None
+            self._memo.move_to_end(key)
+            self.reused += 1
+            return _copy_rendered(kept[1])
+
+    def _keep(self, key: tuple[str, str], inputs: str | None, rendered: RenderedRun) -> None:
+        if inputs is None or not self.memo_size:
+            return
+        kept = _copy_rendered(rendered)  # the caller adopts (mutates) the objects it gets
+        with self._memo_lock:
+            self._memo[key] = (inputs, kept)
+            self._memo.move_to_end(key)
+            while len(self._memo) > self.memo_size:
+                self._memo.popitem(last=False)
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -178,6 +233,16 @@ class ChartRenderer:
         if problems:
             raise InvalidRunError(problems)
         values = self.values(name, spec)
+        inputs = _inputs_key(namespace, values)
+        recalled = self._recall((namespace, name), inputs)
+        if recalled is not None:
+            return recalled
+        rendered = self._render(name, namespace, values)
+        self._keep((namespace, name), inputs, rendered)
+        return rendered
+
+    def _render(self, name: str, namespace: str, values: dict[str, Any]) -> RenderedRun:
+        self.renders += 1
         with self._lock:
             try:
                 files = self._chart.render(
@@ -207,6 +272,25 @@ class ChartRenderer:
             plan=plan,
             notes=notes,
         )
+
+
+def _inputs_key(namespace: str, values: Mapping[str, Any]) -> str | None:
+    """A render's inputs as canonical JSON (None: not JSON, so not kept)."""
+    try:
+        return json.dumps([namespace, values], sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _copy_rendered(rendered: RenderedRun) -> RenderedRun:
+    return RenderedRun(
+        name=rendered.name,
+        namespace=rendered.namespace,
+        values=copy.deepcopy(rendered.values),
+        objects=copy.deepcopy(rendered.objects),
+        plan=rendered.plan,
+        notes=rendered.notes,
+    )
 
 
 def split_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
@@ -324,3 +408,9 @@ def render_run(name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRu
     plan refuses. Call :func:`megdet.controller.validation.validate_run` first for every check.
     """
     return default_renderer().render(name, namespace, spec)
+
+
+def forget_run(namespace: str, name: str) -> None:
+    """Drop the run's kept render from the process-wide renderer (the run is deleted)."""
+    if default_renderer.cache_info().currsize:  # never load the chart just to forget
+        default_renderer().forget(namespace, name)

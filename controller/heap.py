@@ -1,0 +1,166 @@
+"""Hand the heap a burst of runs freed back to the operating system (issue 24, item 1).
+
+After a burst of runs the controller's live Python objects are back near their idle size, but
+glibc keeps the freed memory in its arenas (one per thread that allocated: the handler pool,
+the client's threads), so the process's RSS stays where the burst's peak left it. Measured on
+a real API server: 1,000 runs reconciled and deleted left 560 MiB of RSS against 201 MiB idle,
+of which only about 40 MiB were live objects (docs/benchmarks.md, "Does the memory come
+back?"). glibc's ``malloc_trim(0)`` returns the free pages of every arena to the OS.
+
+:class:`HeapTrimmer` calls it from a daemon thread that looks at the process every
+``interval`` seconds (two reads of ``/proc/self``; no locks, no Python objects walked):
+
+- when the process has gone idle after work (its CPU over the last interval below
+  ``idle_cpu`` of one core, after at least ``min_work_s`` of CPU since the last trim): a
+  ``gc.collect()`` and a trim, once per quiet period: the burst is over, give its memory back;
+- while busy, when the RSS has grown ``growth_mib`` above what the last trim left: a trim
+  without the collection (it costs tens of milliseconds and blocks other threads' ``malloc``
+  while it runs), at most once per ``min_gap_s``: a long burst does not pile up free heap.
+
+Where the C library has no ``malloc_trim`` (musl, macOS) it does nothing. The chart also sets
+``MALLOC_ARENA_MAX=2`` for the controller (fewer arenas, less memory stranded in them).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["HeapTrimmer", "TrimStats", "libc_trim", "rss_bytes"]
+
+logger = logging.getLogger(__name__)
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (``/proc/self/statm``; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def libc_trim() -> Callable[[], object] | None:
+    """glibc's ``malloc_trim(0)`` as a callable, or None where the C library lacks it."""
+    try:
+        libc = ctypes.CDLL(None)
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: trim(0)
+
+
+@dataclass
+class TrimStats:
+    """What the trimmer did: trims (idle / while busy), bytes of RSS they returned, seconds."""
+
+    idle: int = 0
+    busy: int = 0
+    released_bytes: int = 0
+    seconds: float = 0.0
+    last: list[tuple[float, int, int]] = field(default_factory=list)  # (when, rss before, after)
+
+
+class HeapTrimmer:
+    """Trim the C heap when a burst is over, and while one grows it (see the module's text).
+
+    ``trim``, ``rss``, ``cpu`` and ``clock`` are seams for the tests (default: glibc's
+    ``malloc_trim(0)``, :func:`rss_bytes`, ``time.process_time``, ``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        interval: float = 2.0,
+        *,
+        idle_cpu: float = 0.05,
+        min_work_s: float = 2.0,
+        growth_mib: float = 64.0,
+        min_gap_s: float = 30.0,
+        trim: Callable[[], object] | None = None,
+        rss: Callable[[], int] = rss_bytes,
+        cpu: Callable[[], float] = time.process_time,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval={interval}: must be > 0 seconds")
+        self.interval = interval
+        self.idle_cpu = idle_cpu
+        self.min_work_s = min_work_s
+        self.growth = int(growth_mib * 2**20)
+        self.min_gap_s = min_gap_s
+        self._trim = trim if trim is not None else libc_trim()
+        self._rss, self._cpu, self._clock = rss, cpu, clock
+        self.stats = TrimStats()
+        now, used = clock(), cpu()
+        self._last_check, self._last_cpu = now, used
+        self._trimmed_at, self._cpu_at_trim, self._rss_after = now - min_gap_s, used, rss()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def available(self) -> bool:
+        """Whether this C library can trim (glibc)."""
+        return self._trim is not None
+
+    def check(self) -> str | None:
+        """One look at the process: trim if it is due. Returns ``"idle"`` or ``"busy"`` for
+        the trim it made, None for none."""
+        now, used = self._clock(), self._cpu()
+        elapsed = now - self._last_check
+        load = (used - self._last_cpu) / elapsed if elapsed > 0 else 1.0
+        self._last_check, self._last_cpu = now, used
+        if self._trim is None:
+            return None
+        if load < self.idle_cpu and used - self._cpu_at_trim >= self.min_work_s:
+            gc.collect()
+            self._do_trim(now, "idle")
+            return "idle"
+        if now - self._trimmed_at >= self.min_gap_s and self._rss() - self._rss_after >= (
+            self.growth
+        ):
+            self._do_trim(now, "busy")
+            return "busy"
+        return None
+
+    def _do_trim(self, now: float, kind: str) -> None:
+        before = self._rss()
+        started = time.perf_counter()
+        self._trim()  # type: ignore[misc]
+        self.stats.seconds += time.perf_counter() - started
+        after = self._rss()
+        setattr(self.stats, kind, getattr(self.stats, kind) + 1)
+        self.stats.released_bytes += max(0, before - after)
+        self.stats.last = [*self.stats.last[-9:], (now, before, after)]
+        self._trimmed_at, self._cpu_at_trim, self._rss_after = now, self._cpu(), after
+        logger.debug("heap trim (%s): RSS %d -> %d MiB", kind, before >> 20, after >> 20)
+
+    def start(self) -> HeapTrimmer:
+        """Check every ``interval`` seconds in a daemon thread (a no-op without glibc)."""
+        if self._trim is None or self._thread is not None:
+            return self
+        self._thread = threading.Thread(target=self._loop, name="heap-trim", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception:  # never take the controller down for a trim
+                logger.exception("heap trim failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval + 1)
+            self._thread = None

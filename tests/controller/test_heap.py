@@ -1,0 +1,103 @@
+"""controller/heap.py: when the controller hands its freed heap back (issue 24, item 1)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from megdet.controller.heap import HeapTrimmer, libc_trim, rss_bytes
+
+MIB = 2**20
+
+
+class Process:
+    """A fake process: its clock, CPU time and RSS, moved by the test; trims recorded."""
+
+    def __init__(self) -> None:
+        self.now, self.cpu, self.rss = 0.0, 0.0, 200 * MIB
+        self.trims = 0
+        self.freed = 0
+
+    def trim(self) -> None:
+        self.trims += 1
+        self.rss -= self.freed
+        self.freed = 0
+
+    def trimmer(self, **kw) -> HeapTrimmer:
+        return HeapTrimmer(
+            2.0,
+            trim=self.trim,
+            rss=lambda: self.rss,
+            cpu=lambda: self.cpu,
+            clock=lambda: self.now,
+            **kw,
+        )
+
+    def tick(self, seconds: float, cpu: float, grow_mib: float = 0, freed_mib: float = 0):
+        self.now += seconds
+        self.cpu += cpu
+        self.rss += int(grow_mib * MIB)
+        self.freed += int(freed_mib * MIB)
+
+
+def test_trims_once_when_a_burst_is_over() -> None:
+    p = Process()
+    t = p.trimmer()
+    for _ in range(5):  # a burst: busy, the RSS grows a little each tick
+        p.tick(2, 1.8, grow_mib=4, freed_mib=3)
+        assert t.check() is None
+    p.tick(2, 0.01)  # quiet
+    assert t.check() == "idle"
+    assert p.trims == 1 and p.rss == 200 * MIB + 5 * MIB
+    assert t.stats.idle == 1 and t.stats.released_bytes == 15 * MIB
+    for _ in range(20):  # still quiet: no trim per tick
+        p.tick(2, 0.01)
+        assert t.check() is None
+    assert p.trims == 1
+
+
+def test_an_idle_controller_is_not_trimmed_for_its_background_work() -> None:
+    p = Process()
+    t = p.trimmer()
+    for _ in range(50):  # 100 s at 1 % of a core: 1 s of CPU, under min_work_s
+        p.tick(2, 0.02)
+        assert t.check() is None
+    assert p.trims == 0
+
+
+def test_trims_while_busy_when_the_rss_grows_and_not_more_often_than_min_gap() -> None:
+    p = Process()
+    t = p.trimmer(growth_mib=32, min_gap_s=10)
+    kinds = []
+    for _ in range(20):  # 40 s busy, +20 MiB per tick
+        p.tick(2, 1.9, grow_mib=20, freed_mib=10)
+        kinds.append(t.check())
+    busy = [i for i, k in enumerate(kinds) if k == "busy"]
+    assert busy and all(k in (None, "busy") for k in kinds)
+    assert all(b - a >= 5 for a, b in itertools.pairwise(busy))  # >= 10 s apart
+    assert t.stats.busy == len(busy) == p.trims
+
+
+def test_without_malloc_trim_it_does_nothing() -> None:
+    t = HeapTrimmer(2.0, trim=None)
+    t._trim = None  # as on a C library without malloc_trim
+    assert not t.available
+    assert t.check() is None
+    assert t.start()._thread is None
+
+
+def test_bad_interval_is_refused() -> None:
+    with pytest.raises(ValueError, match="interval"):
+        HeapTrimmer(0)
+
+
+def test_glibc_trim_and_rss_on_this_machine() -> None:
+    trim = libc_trim()
+    if trim is None:
+        pytest.skip("this C library has no malloc_trim")
+    assert rss_bytes() > 0
+    blocks = [bytearray(4000) for _ in range(20000)]  # 80 MB through malloc
+    del blocks[::2]
+    trim()  # must not crash; the RSS after it is the benchmark's business
+    assert rss_bytes() > 0

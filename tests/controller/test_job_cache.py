@@ -1,0 +1,113 @@
+"""controller/kubeapi.py JobCache: the job reads answered from the controller's own watch
+(issue 24, item 3), and when they go to the API server instead."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from megdet.controller.kubeapi import JOB_INDEX_PREFIX, JobCache, slim_job
+
+INDEX_ID = JOB_INDEX_PREFIX + "pytorchjob"
+
+
+def job(name: str, uid: str, version: str = "1", status: Any = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": uid,
+            "resourceVersion": version,
+            "ownerReferences": [{"uid": "run-uid", "controller": True}],
+            "managedFields": [{"manager": "x"}],
+        },
+        "spec": {
+            "runPolicy": {"suspend": True},
+            "pytorchReplicaSpecs": {"Master": {"template": {"spec": {"containers": []}}}},
+        },
+    }
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+class FakeKopf:
+    """kopf's side: an index per id (key -> store of values), fed by the indexing function."""
+
+    def __init__(self, cache: JobCache) -> None:
+        self.index: dict[Any, list[dict[str, Any]]] = {}
+        self.function = cache._indexer("PyTorchJob", INDEX_ID)
+
+    def event(self, body: dict[str, Any]) -> None:
+        values = asyncio.run(self.function(body=body, **{INDEX_ID: self.index}))
+        self.index.update({k: [v] for k, v in values.items()})
+        assert values == {
+            (body["metadata"]["namespace"], body["metadata"]["name"]): (body["metadata"]["uid"])
+        }  # the index holds a uid per job, nothing more
+
+    def deleted(self, body: dict[str, Any]) -> None:
+        self.index.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
+
+
+def test_slim_job_keeps_what_the_handlers_read() -> None:
+    slim = slim_job(job("a", "u1", status={"conditions": [{"type": "Created"}]}))
+    assert slim["metadata"]["uid"] == "u1" and slim["metadata"]["ownerReferences"]
+    assert "managedFields" not in slim["metadata"]
+    assert slim["spec"] == {"runPolicy": {"suspend": True}}  # the suspend flag only
+    assert slim["status"] == {"conditions": [{"type": "Created"}]}
+
+
+def test_nothing_is_answered_before_the_kinds_index_is_seen() -> None:
+    cache = JobCache()
+    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)
+    cache.created(job("a", "u1"))  # not kept: the cache does not serve the kind yet
+    assert len(cache) == 0
+    assert cache.lookup("TrainJob", "ns", "a") == (False, None)
+
+
+def test_a_job_the_watch_never_saw_is_missing_and_one_it_saw_is_read_fresh() -> None:
+    cache = JobCache()
+    kopf = FakeKopf(cache)
+    kopf.event(job("a", "u1", status={"phase": "x"}))
+    assert cache.serves("PyTorchJob")
+    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)  # exists: ask the server
+    assert cache.lookup("PyTorchJob", "ns", "b") == (True, None)
+    kopf.deleted(job("a", "u1"))
+    assert cache.lookup("PyTorchJob", "ns", "a") == (True, None)
+    assert len(cache) == 0
+
+
+def test_a_job_just_created_is_answered_from_the_create_until_the_watch_has_it() -> None:
+    now = [0.0]
+    cache = JobCache(ttl=10, clock=lambda: now[0])
+    kopf = FakeKopf(cache)
+    kopf.event(job("other", "u0"))
+    cache.created(job("a", "u1", version="5"))
+    answered, found = cache.lookup("PyTorchJob", "ns", "a")
+    assert answered and found["metadata"]["resourceVersion"] == "5"
+    assert "pytorchReplicaSpecs" not in found["spec"]  # slim
+    found["metadata"]["uid"] = "changed"  # a copy: the cache is not the caller's
+    # an older incarnation of the name still in the watch is not the created one
+    kopf.index[("ns", "a")] = ["old-uid"]
+    assert cache.lookup("PyTorchJob", "ns", "a")[1]["metadata"]["uid"] == "u1"
+    kopf.event(job("a", "u1", version="7", status={"s": 1}))  # delivered: read it fresh
+    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)
+    assert len(cache) == 2  # "other" and "a", nothing created left over
+    cache.created(job("b", "u2"))
+    now[0] = 11  # never delivered (created and deleted at once): forgotten after ttl
+    assert cache.lookup("PyTorchJob", "ns", "b") == (True, None)
+    assert len(cache) == 2
+    kopf.event(job("c", "u3"))  # the watch was faster than the create's answer
+    cache.created(job("c", "u3"))
+    assert cache.lookup("PyTorchJob", "ns", "c") == (False, None) and len(cache) == 3
+
+
+def test_a_create_answered_409_sends_the_next_read_to_the_server() -> None:
+    cache = JobCache()
+    kopf = FakeKopf(cache)
+    kopf.event(job("other", "u0"))
+    cache.refresh("PyTorchJob", "ns", "foreign")  # a job no run controls: not in the index
+    assert cache.lookup("PyTorchJob", "ns", "foreign") == (False, None)
+    assert cache.lookup("PyTorchJob", "ns", "foreign") == (True, None)  # once
