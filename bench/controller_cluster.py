@@ -70,16 +70,19 @@ def _log(message: str) -> None:
 class BenchCluster:
     """A control plane for one benchmark: start, install, hand out kubeconfigs, stop."""
 
-    def __init__(self, nodes: int = 4, root: Path | None = None) -> None:
+    def __init__(
+        self, nodes: int = 4, root: Path | None = None, training_operator: bool = False
+    ) -> None:
         from megdet.cluster.control_plane import Cluster
 
         self.nodes = nodes
+        self.training_operator = training_operator
         self.root = root or Path(tempfile.gettempdir()) / f"megdet-bench-cluster-{os.getpid()}"
         self.kube = Cluster(
             root=self.root,
             ports_mode="auto",
             nodes=min(nodes, FIRST_NODES),
-            training_operator=False,
+            training_operator=training_operator,
             echo=_log,
         )
         self.controller_kubeconfig = self.root / "controller.kubeconfig"
@@ -242,12 +245,83 @@ class BenchCluster:
                 out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         return out
 
+    def operator_requests(self) -> dict[str, float]:
+        """The training operator's API requests so far, by method and answer code: client-go's
+        ``rest_client_requests_total`` on its metrics endpoint (the audit log leaves the
+        operators' user out). Empty without the training operator."""
+        if not self.training_operator:
+            return {}
+        import re
+        import urllib.request
+
+        port = (self.kube.state() or {"ports": {}})["ports"]["training-operator-metrics"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = collections.defaultdict(float)
+        sample = re.compile(r"^rest_client_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+        for line in text.splitlines():
+            found = sample.match(line)
+            if found:
+                labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group("labels")))
+                key = f"{labels.get('method', '?')} {labels.get('code', '?')}"
+                out[key] += float(found.group("value"))
+        return dict(out)
+
+    def wait_quiet(
+        self, pids: Iterable[int], quiet_s: float = 3.0, below: float = 0.05, timeout: float = 300
+    ) -> float:
+        """Wait until the processes ``pids`` together use less than ``below`` of a core for
+        ``quiet_s`` in a row (the training operator and the controller done with the jobs'
+        pods and status changes). Returns the seconds waited."""
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            total = 0.0
+            for pid in pids:
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                    total += (int(fields[11]) + int(fields[12])) / tick
+            return total
+
+        started = time.perf_counter()
+        quiet_since, last, last_cpu = started, started, cpu()
+        while time.perf_counter() - started < timeout:
+            time.sleep(1.0)
+            now, used = time.perf_counter(), cpu()
+            if (used - last_cpu) / (now - last) >= below:
+                quiet_since = now
+            last, last_cpu = now, used
+            if now - quiet_since >= quiet_s:
+                return now - started
+        _log(f"not quiet after {timeout:.0f} s; measuring anyway")
+        return time.perf_counter() - started
+
+    def count_pods(self) -> dict[str, int]:
+        """Pods by phase in every namespace (what the training operator made of the jobs)."""
+        out = self.kube.kubectl(
+            "get",
+            "pods",
+            "-A",
+            "--no-headers",
+            "-o",
+            "custom-columns=P:.status.phase",
+            timeout=120,
+        ).stdout
+        return dict(collections.Counter(out.split()))
+
+    def jobs_by_kind(self) -> dict[str, int]:
+        """PyTorchJobs and TrainJobs in every namespace."""
+        out = {}
+        for kind, resource in (
+            ("PyTorchJob", "pytorchjobs.kubeflow.org"),
+            ("TrainJob", "trainjobs.trainer.kubeflow.org"),
+        ):
+            text = self.kube.kubectl("get", resource, "-A", "-o", "name", timeout=120).stdout
+            out[kind] = len(text.split())
+        return out
+
     def count_jobs(self) -> int:
-        total = 0
-        for resource in ("pytorchjobs.kubeflow.org", "trainjobs.trainer.kubeflow.org"):
-            out = self.kube.kubectl("get", resource, "-A", "-o", "name", timeout=120).stdout
-            total += len(out.split())
-        return total
+        return sum(self.jobs_by_kind().values())
 
 
 def write_costs(bench: BenchCluster, client: RunClient, count: int) -> dict[str, dict[str, float]]:

@@ -77,11 +77,16 @@ APIS = ("kmock", "cluster")
 APPLY_THREADS = 8
 #: Seconds after the last status before the controller is told to stop.
 SETTLE_S = 1.0
-#: With --delete: seconds after the last run is released before the memory is read.
-DELETE_SETTLE_S = 3.0
+#: With --delete: seconds after the last run is released before the memory is read (the heap
+#: trimmer looks every 2 s and trims once the controller has been quiet for one look).
+DELETE_SETTLE_S = 6.0
 #: Seconds the controller may take to stop and send its results (tracemalloc's snapshots and
 #: their comparison take tens of seconds on a loaded machine).
 RESULTS_TIMEOUT_S = 300.0
+#: How the controller process runs (``--no-heap-trim``, ``--arena-max``): the heap trimmer of
+#: controller/heap.py as ``megdet controller`` starts it, and glibc's ``MALLOC_ARENA_MAX`` (0:
+#: glibc's default, 8 per core; the operator chart sets 2).
+TUNING: dict[str, Any] = {"heap_trim": True, "arena_max": 0, "job_cache": True}
 
 
 def _kmock_helpers() -> Any:
@@ -170,6 +175,11 @@ def _controller(
     from megdet.controller.planning import plan_children
     from megdet.controller.reconciler import Reconciler
 
+    trimmer = None
+    if target.get("heap_trim", True):
+        from megdet.controller.heap import HeapTrimmer
+
+        trimmer = HeapTrimmer().start()  # as `megdet controller` starts it
     helpers = _kmock_helpers()
     bodies = [helpers.run_body(f"pure-{i:04d}", served_spec(i)) for i in range(runs)]
     plan_children(bodies[0])  # loads the chart once, as the first real reconcile would
@@ -178,7 +188,11 @@ def _controller(
         started = time.perf_counter()
         plan_children(body)
         pure.append(time.perf_counter() - started)
-    del bodies, body  # the memory figures are the controller's, not these copies'
+    del bodies, body  # the memory figures are the controller's, not these copies
+    from megdet.controller.render import default_renderer
+
+    renderer = default_renderer()
+    renders_before = renderer.renders
 
     config = k8s.Configuration()
     if target["api"] == "kmock":
@@ -193,9 +207,12 @@ def _controller(
     api.user_agent = "megdet-controller"  # as `megdet controller` sets it
 
     durations: list[float] = []
+    cluster = Cluster(api, timeout=10.0, cache=target.get("job_cache", True))
     registry = build_registry(
         Reconciler(
-            Cluster(api, timeout=10.0), Backoff(base=0.05, cap=1.0), observe=durations.append
+            cluster,
+            Backoff(base=0.05, cap=1.0),
+            observe=durations.append,
         )
     )
 
@@ -257,6 +274,22 @@ def _controller(
             "cpu_s": (cpu[2] if len(cpu) > 2 else cpu[1]) - cpu[0],
             "cpu_after_reconciled_s": cpu[1] - cpu[2] if len(cpu) > 2 else 0.0,
             "held_bodies": held,
+            "job_cache": None
+            if cluster.cache is None
+            else {
+                "hits": cluster.cache.hits,
+                "misses": cluster.cache.misses,
+                "held": len(cluster.cache),
+            },
+            "renders": {"renders": renderer.renders - renders_before, "reused": renderer.reused},
+            "heap_trims": None
+            if trimmer is None
+            else {
+                "idle": trimmer.stats.idle,
+                "busy": trimmer.stats.busy,
+                "released_mib": trimmer.stats.released_bytes / 2**20,
+                "seconds": trimmer.stats.seconds,
+            },
             "traced": {
                 phase: _top_growth(snaps[phase], snaps["ready"])
                 for phase in ("reconciled", "end")
@@ -273,6 +306,7 @@ class _ControllerProcess:
         self, target: dict[str, str], runs: int, workers: int | None, trace: bool = False
     ) -> None:
         ctx = mp.get_context("spawn")
+        target = {**target, **TUNING}
         self.ready, self.stop = ctx.Event(), ctx.Event()
         self._reconciled, self._recorded = ctx.Event(), ctx.Event()
         self.parent, child = ctx.Pipe()
@@ -285,7 +319,19 @@ class _ControllerProcess:
             ),
             daemon=True,
         )
-        self.proc.start()
+        # glibc reads MALLOC_ARENA_MAX when the process starts: the spawned child's environment.
+        saved = os.environ.get("MALLOC_ARENA_MAX")
+        if TUNING.get("arena_max"):
+            os.environ["MALLOC_ARENA_MAX"] = str(TUNING["arena_max"])
+        else:
+            os.environ.pop("MALLOC_ARENA_MAX", None)
+        try:
+            self.proc.start()
+        finally:
+            if saved is None:
+                os.environ.pop("MALLOC_ARENA_MAX", None)
+            else:
+                os.environ["MALLOC_ARENA_MAX"] = saved
 
     def is_ready(self) -> bool:
         if self.ready.is_set():
@@ -368,6 +414,10 @@ def _result(
         "cpu_after_reconciled_s": child["cpu_after_reconciled_s"],
         "traced_growth": child["traced"],
         "held_bodies": child["held_bodies"],
+        "heap_trims": child.get("heap_trims"),
+        "job_cache": child.get("job_cache"),
+        "renders": child.get("renders"),
+        "tuning": dict(TUNING),
         "rss_end_mib": child["rss_end_kib"] / 1024,
         "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
     }
@@ -518,11 +568,12 @@ def _run_cluster(
     write_costs: int = 0,
     delete: bool = False,
     trace: bool = False,
+    training_operator: bool = False,
 ) -> dict[str, Any]:
     from bench.controller_cluster import CONTROLLER_USER, BenchCluster, RunClient
     from bench.controller_cluster import write_costs as measure_write_costs
 
-    bench = BenchCluster(nodes)
+    bench = BenchCluster(nodes, training_operator=training_operator)
     started_up = time.perf_counter()
     try:
         bench.start()
@@ -543,6 +594,7 @@ def _run_cluster(
             wall_start = time.time()
             started = time.perf_counter()
             own_cpu, cpu_before = time.process_time(), bench.component_cpu_s()
+            operator_before = bench.operator_requests()
             if paced:
                 created = []
                 for i in range(runs):
@@ -570,11 +622,19 @@ def _run_cluster(
                 f"all {runs} runs reconciled",
             )
             time.sleep(SETTLE_S)
+            quiet_s = None
+            if training_operator:
+                # The anchor: until the training operator has made the PyTorchJobs' pods and
+                # statuses, and the controller has mirrored them, both quiet.
+                pids = [bench.kube.state()["pids"]["training-operator"], controller.proc.pid]
+                quiet_s = bench.wait_quiet(pids, timeout=timeout)
             # The reconcile phase ends here: its requests and CPU are counted up to this point.
             wall_end = time.time()
             own_cpu = time.process_time() - own_cpu
             cpu_after = bench.component_cpu_s()
-            jobs = bench.count_jobs()  # before any deletion lets the garbage collector in
+            operator_after = bench.operator_requests()
+            by_kind = bench.jobs_by_kind()  # before any deletion lets the garbage collector in
+            jobs = sum(by_kind.values())
             controller.mark_reconciled()
             if delete:
                 deleted_s = client.delete_all(timeout)
@@ -621,11 +681,57 @@ def _run_cluster(
             controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
             delete_s=deleted_s,
         )
+        if training_operator:
+            result["anchor"] = _anchor(
+                result,
+                by_kind,
+                operator_after,
+                operator_before,
+                (
+                    cpu_after.get("training-operator", 0.0)
+                    - cpu_before.get("training-operator", 0.0)
+                ),
+                quiet_s,
+                bench.count_pods(),
+            )
         if write_costs:
             result["write_costs"] = measure_write_costs(bench, client, write_costs)
         return result
     finally:
         bench.stop(keep_logs=keep_logs)
+
+
+def _anchor(
+    result: dict[str, Any],
+    by_kind: dict[str, int],
+    requests_after: dict[str, float],
+    requests_before: dict[str, float],
+    operator_cpu_s: float,
+    quiet_s: float | None,
+    pods: dict[str, int],
+) -> dict[str, Any]:
+    """Our controller beside the Kubeflow training operator (Go, controller-runtime) over the
+    same span and the same PyTorchJobs: CPU and API requests, per run and per job."""
+    jobs = by_kind.get("PyTorchJob", 0) or 1
+    made = {k: v - requests_before.get(k, 0.0) for k, v in requests_after.items()}
+    made = {k: v for k, v in sorted(made.items(), key=lambda kv: -kv[1]) if v}
+    per_job_ms = operator_cpu_s / jobs * 1e3
+    ours = result["controller_cpu_per_run_ms"]
+    operator_requests = sum(made.values()) / jobs
+    return {
+        "pytorchjobs": by_kind.get("PyTorchJob", 0),
+        "pods": pods,
+        "quiet_after_s": quiet_s,
+        "operator_cpu_per_job_ms": per_job_ms,
+        "controller_cpu_per_run_ms": ours,
+        "cpu_ratio_controller_over_operator": ours / per_job_ms if per_job_ms else float("nan"),
+        "operator_requests_per_job": operator_requests,
+        "operator_requests_by_method_code": made,
+        "controller_requests_per_run": result["api_requests_per_run"]["total"],
+        "requests_ratio": result["api_requests_per_run"]["total"] / operator_requests
+        if operator_requests
+        else float("nan"),
+    }
 
 
 # --- both -----------------------------------------------------------------------------------
@@ -717,6 +823,7 @@ def run(
     write_costs: int = 0,
     delete: bool = False,
     trace: bool = False,
+    training_operator: bool = False,
 ) -> dict[str, Any]:
     """One API's measurements (``workers``: kopf's handler threads; ``paced``: apply each run
     only after the previous one's status names its job; ``delete``: then delete every run and
@@ -725,7 +832,8 @@ def run(
         return asyncio.run(_run_kmock(runs, workers, paced, namespaces, timeout, delete, trace))
     if api == "cluster":
         return _run_cluster(
-            runs, workers, paced, namespaces, nodes, timeout, keep_logs, write_costs, delete, trace
+            *(runs, workers, paced, namespaces, nodes, timeout, keep_logs, write_costs),
+            *(delete, trace, training_operator),
         )
     raise ValueError(f"api {api!r}: want one of {', '.join(APIS)}")
 
@@ -742,6 +850,7 @@ def compare(
     write_costs: int = 0,
     delete: bool = False,
     trace: bool = False,
+    training_operator: bool = False,
 ) -> dict[str, Any]:
     """Each API in turn (kmock first), in one invocation, with the cluster/kmock ratios."""
     results: dict[str, dict[str, Any]] = {}
@@ -751,6 +860,7 @@ def compare(
             *(runs, workers, paced, api, namespaces, nodes, timeout, keep_logs, write_costs),
             delete=delete,
             trace=trace,
+            training_operator=training_operator,
         )
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -825,6 +935,20 @@ def print_report(result: dict[str, Any]) -> None:
         )
         if results["cluster"]["api_requests"]["non_2xx"]:
             print(f"  non-2xx answers: {results['cluster']['api_requests']['non_2xx']}")
+    anchor = results.get("cluster", {}).get("anchor")
+    if anchor:
+        print(
+            f"anchor: the training operator over the same span ({anchor['pytorchjobs']} "
+            f"PyTorchJobs, pods {anchor['pods']}, quiet {anchor['quiet_after_s']:.0f} s after "
+            f"the last status):\n"
+            f"  controller CPU per run {anchor['controller_cpu_per_run_ms']:.1f} ms; training "
+            f"operator CPU per PyTorchJob {anchor['operator_cpu_per_job_ms']:.1f} ms; ratio "
+            f"{anchor['cpu_ratio_controller_over_operator']:.2f}\n"
+            f"  API requests: controller {anchor['controller_requests_per_run']:.2f} per run, "
+            f"training operator {anchor['operator_requests_per_job']:.2f} per PyTorchJob "
+            f"({anchor['operator_requests_by_method_code']}); ratio "
+            f"{anchor['requests_ratio']:.2f}"
+        )
     costs = results.get("cluster", {}).get("write_costs")
     if costs:
         print("requests alone (no controller), per request: wall, kube-apiserver CPU, etcd CPU")
@@ -843,6 +967,29 @@ def print_report(result: dict[str, Any]) -> None:
                 f"MiB); controller CPU after the runs were reconciled "
                 f"{r['cpu_after_reconciled_s']:.1f} s"
             )
+        trims = r.get("heap_trims")
+        tuning = r.get("tuning") or {}
+        print(
+            f"{api}: job cache {'on' if tuning.get('job_cache', True) else 'off'}; "
+            f"MALLOC_ARENA_MAX {tuning.get('arena_max') or 'unset'}; heap trimmer "
+            + (
+                "off"
+                if not trims
+                else f"{trims['idle']} idle + {trims['busy']} busy trims, "
+                f"{trims['released_mib']:.0f} MiB returned in {trims['seconds'] * 1e3:.0f} ms"
+            )
+        )
+        cache, renders = r.get("job_cache"), r.get("renders") or {}
+        print(
+            f"{api}: job reads from the cache "
+            + (
+                f"{cache['hits']}, from the server {cache['misses']}; held at the end "
+                f"{cache['held']}"
+                if cache
+                else "off"
+            )
+            + f"; renders {renders.get('renders')}, reused {renders.get('reused')}"
+        )
         for phase, kinds in r.get("held_bodies", {}).items():
             listed = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items())) or "none"
             print(f"{api}: objects still held by the controller when {phase}: {listed}")
@@ -909,8 +1056,40 @@ def main(argv: list[str] | None = None) -> None:
         help="trace the controller's allocations and report the files whose memory grew most "
         "(slows it down: no timings from such a run)",
     )
+    parser.add_argument(
+        "--training-operator",
+        action="store_true",
+        help="cluster: run the Kubeflow training operator too (it makes the PyTorchJobs' pods "
+        "on the kwok nodes) and report its CPU and API requests per job beside the "
+        "controller's per run (the anchor)",
+    )
+    parser.add_argument(
+        "--heap-trim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the controller's heap trimmer (controller/heap.py) as `megdet controller` "
+        "does (default: on; --no-heap-trim: the controller before it)",
+    )
+    parser.add_argument(
+        "--arena-max",
+        type=int,
+        default=0,
+        metavar="N",
+        help="MALLOC_ARENA_MAX for the controller process (default 0: glibc's own; the operator "
+        "chart sets 2)",
+    )
+    parser.add_argument(
+        "--job-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="answer the controller's job reads from its watch (controller/kubeapi.py JobCache; "
+        "default: on; --no-job-cache: every read asks the API server, as before)",
+    )
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
+    if args.arena_max < 0:
+        parser.error("--arena-max must be 0 (glibc's default) or more")
+    TUNING.update(heap_trim=args.heap_trim, arena_max=args.arena_max, job_cache=args.job_cache)
     if args.runs < 1 or args.nodes < 1 or args.namespaces < 1:
         parser.error("--runs, --nodes and --namespaces must be at least 1")
     apis = APIS if args.api == "both" else (args.api,)
@@ -926,6 +1105,7 @@ def main(argv: list[str] | None = None) -> None:
         args.write_costs,
         delete=args.delete,
         trace=args.tracemalloc,
+        training_operator=args.training_operator,
     )
     harness.emit(result, args.json, print_report)
 
