@@ -289,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
             policy=load_policy(args.policy_file),
             # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
             checkpoint_events=args.progress_checkpoint_events,
+            progress_url=args.progress_url,  # given to every run's render ("" = none)
         )
     )
 
@@ -319,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
     identity = detect_own_id(manual=False)
     service = None
     if args.progress_url:
-        from megdet.controller import planning, progress
+        from megdet.controller import progress
         from megdet.controller.progress_leader import (
             Always,
             PeeringLeadership,
@@ -366,7 +367,6 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         except OSError as err:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
-        planning.PROGRESS_URL = args.progress_url
     try:
         kopf.run(
             registry=registry,

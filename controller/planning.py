@@ -37,7 +37,6 @@ from megdet.controller.status import TERMINAL_PHASES, had_job
 
 __all__ = [
     "DIGEST_ANNOTATION",
-    "PROGRESS_URL",
     "RUN_ENV",
     "Invalid",
     "OutputClaim",
@@ -68,10 +67,6 @@ logger = logging.getLogger(__name__)
 #: Env the controller gives every container of a run, through the chart's ``extraEnv`` (after
 #: the user's entries, so these win: the kubelet keeps the last of equal names).
 RUN_ENV = ("MEGDET_RUN_UID", "MEGDET_RUN_NAME")
-#: The base URL of the controller's progress endpoint (``--progress-url``; controller/progress.py),
-#: given to every run as the chart value ``progress`` (owned by the controller, not a spec
-#: field); "" = progress reporting off. Set once at start by ``megdet controller``.
-PROGRESS_URL = ""
 
 # ------------------------------------------------------------------------------------------
 # The pure part: a run -> the objects to own, or the problems that stop it.
@@ -104,7 +99,9 @@ class Planned:
         return TARGET_BY_KIND[self.job["kind"]]
 
 
-def plan_children(run: Mapping[str, Any], unsafe_weights: bool = False) -> Invalid | Planned:
+def plan_children(
+    run: Mapping[str, Any], unsafe_weights: bool = False, progress_url: str = ""
+) -> Invalid | Planned:
     """Plan a MegDetRun and render what it owns, once. Never raises for any run body.
 
     The API server has already applied the CRD (structural schema, defaults, CEL rules,
@@ -116,7 +113,8 @@ def plan_children(run: Mapping[str, Any], unsafe_weights: bool = False) -> Inval
     (:mod:`megdet.controller.validation`).
 
     ``unsafe_weights``: the cluster policy's ``unsafeWeights``, the chart's
-    ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides).
+    ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides). ``progress_url``:
+    the progress endpoint's base URL (``--progress-url``), see :func:`with_progress`.
     """
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
@@ -131,7 +129,8 @@ def plan_children(run: Mapping[str, Any], unsafe_weights: bool = False) -> Inval
     problems = operator_value_problems(spec)
     if problems:
         return Invalid(tuple(problems))
-    values = with_progress(with_run_env(spec, name, meta.get("uid")), meta.get("uid"))
+    values = with_run_env(spec, name, meta.get("uid"))
+    values = with_progress(values, meta.get("uid"), progress_url)
     if unsafe_weights:
         values = {**values, "allowUnsafeWeights": True}
     try:
@@ -172,20 +171,22 @@ def operator_value_problems(spec: Mapping[str, Any]) -> list[Problem]:
     ]
 
 
-def with_progress(spec: Any, uid: Any) -> Any:
-    """``spec`` with the chart value ``progress`` when progress reporting is on (PROGRESS_URL).
+def with_progress(spec: Any, uid: Any, url: str) -> Any:
+    """``spec`` with the chart value ``progress`` when progress reporting is on: ``url``, the
+    base URL of the controller's progress endpoint (``--progress-url``), given to every run (a
+    value owned by the controller, not a spec field); "" = off.
 
     Added after validation (``progress`` is not a MegDetRun field: strict validation refuses
     it, as the API server does), so only the job's render sees it. The chart adds the run's
     path to the URL and the run's ``uid`` to the token audience; the controller publishes the
     CA ConfigMap (controller/progress_ca.py).
     """
-    if not PROGRESS_URL or not isinstance(spec, Mapping):
+    if not url or not isinstance(spec, Mapping):
         return spec
     run_uid = uid if isinstance(uid, str) else ""
     return {
         **spec,
-        "progress": {"url": PROGRESS_URL, "caConfigMap": CA_CONFIG_MAP, "runUID": run_uid},
+        "progress": {"url": url, "caConfigMap": CA_CONFIG_MAP, "runUID": run_uid},
     }
 
 

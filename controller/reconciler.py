@@ -24,7 +24,7 @@ from kubernetes import client as k8s
 
 from megdet.controller import metrics
 from megdet.controller.api import OWNED_KINDS, TARGET_BY_KIND
-from megdet.controller.job_state import TERMINAL_PHASES, job_state, trainjob_progress
+from megdet.controller.job_state import trainjob_progress
 from megdet.controller.kubeapi import (
     Backoff,
     Cluster,
@@ -57,27 +57,24 @@ from megdet.controller.policy import check as check_policy
 from megdet.controller.progress_hub import Milestones
 from megdet.controller.status import (
     CHILD_REFUSED,
+    POLICY_DENIED,
     RETRYING,
+    Created,
+    Decision,
+    Foreign,
+    JobGone,
+    NotCreated,
+    Observed,
+    Refused,
+    SpecInvalid,
+    condition_of,
     conflict_message,
+    desired_status,
     finished,
     had_job,
-    invalid_status,
-    next_status,
-    planned_status,
-    progress_patch,
     refused_at,
 )
-from megdet.controller.status_writer import (
-    POLICY_DENIED,
-    StatusWriter,
-    condition_reason,
-    count_transition,
-    diff_touches,
-    now_text,
-    post_phase_event,
-    raiser,
-    run_meta,
-)
+from megdet.controller.status_writer import StatusWriter, diff_touches, now_text, raiser, run_meta
 
 __all__ = ["OUTPUTS_INDEX", "Reconciler"]
 
@@ -128,7 +125,9 @@ class Reconciler:
     does; the benchmark uses it for exact percentiles. ``policy``: the cluster's MegDet policy
     (default: the operator chart's secure defaults), checked before a run's job is created.
     ``checkpoint_events``: the TrainJob mirror posts a ``Checkpointed`` event every this many
-    checkpoints (``--progress-checkpoint-events``).
+    checkpoints (``--progress-checkpoint-events``). ``progress_url``: the progress endpoint's
+    base URL given to every run (``--progress-url``; "" = none, see
+    :func:`~megdet.controller.planning.with_progress`).
     """
 
     def __init__(
@@ -139,6 +138,7 @@ class Reconciler:
         observe: Callable[[float], None] | None = None,
         policy: Policy | None = None,
         checkpoint_events: int = 5,
+        progress_url: str = "",
     ) -> None:
         self.cluster = cluster
         self.backoff = backoff or Backoff()
@@ -146,6 +146,7 @@ class Reconciler:
         self.observe = observe
         self.policy = policy if policy is not None else Policy()
         self.checkpoint_events = checkpoint_events
+        self.progress_url = progress_url
         self.writer = StatusWriter(cluster, self.backoff, now)
         #: (namespace, run) -> the TrainJob mirror's milestone events state.
         self.milestones: dict[tuple[str, str], Milestones] = {}
@@ -173,9 +174,13 @@ class Reconciler:
         if generation is not None and refused_at(seen) == generation:
             # The API server refused this spec's job; retried when the spec changes.
             return
-        decision = plan_children(run, unsafe_weights=self.policy.unsafeWeights)
+        decision = plan_children(
+            run, unsafe_weights=self.policy.unsafeWeights, progress_url=self.progress_url
+        )
         if isinstance(decision, Invalid):
-            self._write_invalid(run, decision, generation, retry)
+            # Becoming Invalid sends a Warning event (reason Invalid) that names the fields.
+            self._write(run, SpecInvalid(tuple(decision.messages)), retry)
+            metrics.RECONCILES.labels("invalid").inc()
             return
 
         wanted = decision.job
@@ -189,22 +194,24 @@ class Reconciler:
         if not ours and (had_job(seen) or finished(seen)):
             # The run had its job and it is gone (deleted while this controller was away, or
             # its name now holds someone else's object): never a second job.
-            self.writer.job_gone(run, kind, job_name, retry)
+            self._write(run, JobGone(kind, job_name), retry, kind=kind)
             if job is not None and controlled_by(job, uid):
-                self.writer.foreign_job(run, job, True, retry)
+                self._write(run, Foreign(True), retry, job=job)
             metrics.RECONCILES.labels("success").inc()
             return
         if job is not None and not ours:
-            self.writer.conflict(run, kind, job_name, generation, retry)
+            self._conflict(run, kind, job_name, retry)
         if job is None:
-            self._wait_for_output_folder(run, outputs, generation, retry)
+            self._wait_for_output_folder(run, outputs, retry)
             # The cluster's policy, before anything is created for the run (a job that exists
             # was allowed when it was made: a stricter policy later does not stop it).
-            if not finished(seen) and not self._allowed(run, generation, retry):
+            if not finished(seen) and not self._allowed(run, retry):
                 return
         elif not finished(seen) and rechecks_policy(seen, reason, diff):
-            # A spec change (beyond suspend) of a run whose job exists: the policy as it is now.
-            if not self._change_allowed(run, generation, retry):
+            # A spec change (beyond suspend) of a run whose job exists: the policy as it is now
+            # (if denied: Valid=False, the phase and the job left as they are, the change not
+            # applied).
+            if not self._allowed(run, retry, keep_phase=True):
                 if reason == "update" and diff_touches(diff, SUSPEND_DIFF):
                     self._sync_suspend(decision, job, retry)  # suspend always goes through
                 return
@@ -218,61 +225,57 @@ class Reconciler:
             self._delete_unplanned(run, decision, None if reason == "resume" else diff, retry)
         self._write_planned(run, decision, retry, troubles)
 
-    def _write_invalid(
-        self, run: Mapping[str, Any], decision: Invalid, generation: Any, retry: int
-    ) -> None:
-        problems = decision.messages
+    def _write(
+        self,
+        run: Mapping[str, Any],
+        decision: Decision,
+        retry: int,
+        job: Mapping[str, Any] | None = None,
+        read: Mapping[str, Any] | None = None,
+        kind: str = "",
+    ) -> tuple[Mapping[str, Any], dict[str, Any], Any] | None:
+        """Bring the run's status to :func:`desired_status` of ``decision``, for ``job`` or,
+        level-triggered, for the job ``read`` names as it is now (read under the run's lock:
+        its mirror may have seen a newer state than this handler did). Returns (old status,
+        new status, the job) as :meth:`StatusWriter.write` does, None if the run is gone."""
+        generation = run_meta(run)[3]
+        found: list[Any] = [job]
 
-        def invalid(old: Mapping[str, Any], _run: Any) -> dict[str, Any]:
-            status = invalid_status(old, problems, self.now(), generation)
-            if finished(old):
-                status["phase"] = old["phase"]  # a finished run's result stands
-            return status
+        def compute(current: Mapping[str, Any]) -> dict[str, Any]:
+            if read is not None:
+                found[0] = self._get(read, retry)
+            return desired_status(current, found[0], decision, self.now(), generation)
 
-        # Becoming Invalid sends a Warning event (reason Invalid) that names the fields.
-        self.writer.write(run, invalid, "; ".join(problems), retry)
-        metrics.RECONCILES.labels("invalid").inc()
+        written = self.writer.write(
+            run, compute, retry, kind or (read or job or {}).get("kind", "")
+        )
+        return None if written is None else (*written, found[0])
 
-    def _wait_for_output_folder(
-        self, run: Mapping[str, Any], outputs: Any, generation: Any, retry: int
-    ) -> None:
+    def _not_created(self, run: Mapping[str, Any], reason: str, message: str, retry: int) -> None:
+        """``Created=False`` (a Warning event once per episode, not per retry); kopf retries
+        after the conflict delay."""
+        self._write(run, NotCreated(reason, message), retry)
+        metrics.RECONCILES.labels("conflict").inc()
+        raise kopf.TemporaryError(message, delay=self.backoff.conflict_delay)
+
+    def _conflict(self, run: Mapping[str, Any], kind: str, name: str, retry: int) -> None:
+        """An object of the name the run needs is not the run's: never overwritten, retried."""
+        self._not_created(run, "JobNameConflict", conflict_message(kind, name), retry)
+
+    def _wait_for_output_folder(self, run: Mapping[str, Any], outputs: Any, retry: int) -> None:
         """Raise kopf.TemporaryError while another live run goes first at the output folder."""
         holder = output_holder(outputs, run)
-        if holder is None:
-            return
-        message = output_in_use_message(run, holder)
-        self.writer.not_created(run, "OutputInUse", message, generation, retry)
-        metrics.RECONCILES.labels("conflict").inc()
-        raise kopf.TemporaryError(
-            f"output folder in use by MegDetRun {holder.name}", delay=self.backoff.conflict_delay
-        )
+        if holder is not None:
+            self._not_created(run, "OutputInUse", output_in_use_message(run, holder), retry)
 
-    def _allowed(self, run: Mapping[str, Any], generation: Any, retry: int) -> bool:
-        """Whether the cluster's policy allows the run; if not, its status says why."""
-        denied = [
-            f"{path}: {message}" for path, message in check_policy(run.get("spec"), self.policy)
-        ]
-        if denied:
-            self.writer.policy_denied(run, denied, generation, retry)
-        return not denied
-
-    def _change_allowed(self, run: Mapping[str, Any], generation: Any, retry: int) -> bool:
-        """Whether the policy allows a changed spec of a run whose job exists. If not:
-        Valid=False (PolicyDenied) and one Warning event, the phase and the job left as they
-        are (the job was allowed when it was made), and the change is not applied."""
+    def _allowed(self, run: Mapping[str, Any], retry: int, keep_phase: bool = False) -> bool:
+        """Whether the cluster's policy allows the run; if not, its status says why (Valid=False,
+        reason PolicyDenied, one Warning event; ``keep_phase``: its job exists)."""
         denied = [f"{p}: {m}" for p, m in check_policy(run.get("spec"), self.policy)]
-        if not denied:
-            return True
-
-        def kept(old: Mapping[str, Any], _run: Any) -> dict[str, Any]:
-            status = invalid_status(old, denied, self.now(), generation, reason=POLICY_DENIED)
-            return {k: v for k, v in status.items() if k != "phase"}
-
-        before = self.writer.write(run, kept, "", retry, phase_event=False)
-        metrics.RECONCILES.labels("denied").inc()
-        if before is not None and condition_reason(before, "Valid") != POLICY_DENIED:
-            kopf.warn(run, reason=POLICY_DENIED, message="; ".join(denied)[:1000])
-        return False
+        if denied:
+            self._write(run, SpecInvalid(tuple(denied), POLICY_DENIED, keep_phase), retry)
+            metrics.RECONCILES.labels("denied").inc()
+        return not denied
 
     def _create_missing(
         self,
@@ -300,33 +303,30 @@ class Reconciler:
             if trouble is None:
                 continue
             if job is None:
-                self._stop_for(run, trouble, generation, retry)
+                self._stop_for(run, trouble, retry)
                 return None, []
             troubles.append(trouble)
         if job is None:
             try:
                 job = self._create(wanted, generation, retry)
             except (KindNotServed, JobRefused, RefusalHeals) as err:
-                self._stop_for(run, trouble_of(err, self.backoff, retry), generation, retry)
+                self._stop_for(run, trouble_of(err, self.backoff, retry), retry)
                 return None, []
             if not controlled_by(job, uid):
-                self.writer.conflict(
-                    run, wanted["kind"], wanted["metadata"]["name"], generation, retry
-                )
+                self._conflict(run, wanted["kind"], wanted["metadata"]["name"], retry)
         return job, troubles
 
-    def _stop_for(
-        self, run: Mapping[str, Any], trouble: Trouble, generation: Any, retry: int
-    ) -> None:
+    def _stop_for(self, run: Mapping[str, Any], trouble: Trouble, retry: int) -> None:
         """The run's job is not created because of ``trouble``: say so on the run, and raise
         kopf.TemporaryError when it is retried (a refusal that heals, a kind not installed,
         a name taken); a final refusal returns (the spec's next change retries)."""
         if trouble.delay is None:
-            self.writer.refused(run, trouble.message, generation, retry)
+            self._write(run, Refused(trouble.message), retry)
+            metrics.RECONCILES.labels("refused").inc()
             return
         if trouble.reason == "JobNameConflict":
-            self.writer.conflict(run, trouble.kind, trouble.name, generation, retry)
-        self.writer.not_created(run, trouble.reason, trouble.message, generation, retry)
+            self._conflict(run, trouble.kind, trouble.name, retry)
+        self._write(run, NotCreated(trouble.reason, trouble.message), retry)
         metrics.RECONCILES.labels("error").inc()
         raise kopf.TemporaryError(trouble.message, delay=trouble.delay)
 
@@ -473,30 +473,9 @@ class Reconciler:
         retry: int,
         troubles: list[Trouble] | None = None,
     ) -> None:
-        namespace, name, uid, generation = run_meta(run)
-        wanted = decision.job
-        kind, job_name = wanted["kind"], wanted["metadata"]["name"]
-        children = [(t.reason, t.message) for t in troubles or ()]
-
-        def status_with_job(old: Mapping[str, Any], _run: Any) -> dict[str, Any] | None:
-            # Level-triggered: the job as it is now, read under the run's lock, not as this
-            # reconcile created or first read it (its mirror may have seen a newer state, or
-            # skipped it because this run had no status yet).
-            current = self._get(wanted, retry)
-            if current is None or not is_runs_job(current, uid, old):
-                return None  # deleted (or replaced) meanwhile: the job's mirror records that
-            return planned_status(
-                old,
-                decision,
-                current if current.get("status") else None,
-                self.now(),
-                generation,
-                job_uid=(current.get("metadata") or {}).get("uid"),
-                children=children,
-            )
-
-        before = self.writer.write(run, status_with_job, f"{kind} {job_name}", retry)
-        self.writer.children_event(run, before, children)
+        namespace, name, _uid, _generation = run_meta(run)
+        children = tuple((t.reason, t.message) for t in troubles or ())
+        self._write(run, Created(decision, children), retry, read=decision.job)
         plan = decision.rendered.plan
         metrics.record_run_info(
             namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
@@ -566,75 +545,32 @@ class Reconciler:
         if not is_runs_job(job, ref.get("uid"), run.get("status")):
             # Under the job's name, naming the run as controller, but not the job the
             # controller created (status.jobUID): someone else's. Said on the run, not mirrored.
-            self.writer.foreign_job(run, job, type != "DELETED", retry)
+            self._write(run, Foreign(type != "DELETED"), retry, job=job)
             return
-        if type == "DELETED":
-            final = job_state(job) if job.get("status") else None
-            self.writer.job_gone(run, job["kind"], job["metadata"]["name"], retry, final)
+        if type == "DELETED":  # its last state counts first (a job deleted as it finished)
+            self._write(run, JobGone(job["kind"], job["metadata"]["name"]), retry, job=job)
             return
-        self._mirror(run, job, ref["name"], retry)
+        # Level-triggered: the job as it is now, read under the run's lock; the event only
+        # says that it changed.
+        written = self._write(run, Observed(), retry, read=job)
+        if written is not None and job["kind"] == "TrainJob":
+            self._progress_events(run, *written)
 
-    def _mirror(self, run: dict[str, Any], job: dict[str, Any], name: str, retry: int) -> None:
-        namespace = job["metadata"].get("namespace")
-        uid = (run.get("metadata") or {}).get("uid")
-        seen: dict[str, Any] = {}
-
-        def mirrored(old: Mapping[str, Any], current: Mapping[str, Any]) -> dict | None:
-            meta = current.get("metadata") or {}
-            if meta.get("deletionTimestamp"):
-                return None
-            if old.get("phase") in (None, "Invalid"):
-                return None  # the run's own reconcile writes its first status
-            # Level-triggered: the job as it is now (read under the run's lock); the event
-            # only says that it changed.
-            now_job = self._get(job, retry)
-            if now_job is None or not now_job.get("status"):
-                return None  # deleted meanwhile: its DELETED event records that
-            if not old.get("jobUID") or not is_runs_job(now_job, uid, old):
-                # Only the job whose uid the run's reconcile recorded (it writes the first
-                # status, jobUID with it): a replaced job is not the run's.
-                return None
-            state = job_state(now_job)
-            # target: trainjob: what the trainer reported to Trainer's status server,
-            # mirrored into status.progress (None: nothing reported yet).
-            progress, problems = (
-                trainjob_progress(now_job) if now_job["kind"] == "TrainJob" else (None, [])
-            )
-            seen.update(state=state, progress=progress)
-            patch = next_status(old, state, self.now(), meta.get("generation"))
-            changed = None if progress is None else progress_patch(old.get("progress"), progress)
-            if changed is not None:
-                patch["progress"] = changed
-                if problems:
-                    logger.warning(
-                        "run %s/%s: TrainJob trainerStatus: %s",
-                        namespace,
-                        name,
-                        "; ".join(problems),
-                    )
-            return patch or None
-
-        before = self.writer.write(run, mirrored, "", retry, phase_event=False)
-        if before is None:
-            return
-        state, progress = seen["state"], seen["progress"]
-        post_phase_event(run, before.get("phase"), state.phase, state.message)
-        if progress is not None:
-            self._milestone_events(run, (namespace, name), before, progress)
-        count_transition(namespace, TARGET_BY_KIND[job["kind"]], before.get("phase"), state.phase)
-        if state.phase in TERMINAL_PHASES:
-            logger.info("run %s/%s %s", namespace, name, state.phase)
-
-    def _milestone_events(
-        self,
-        run: Mapping[str, Any],
-        key: tuple[str, str],
-        before: Mapping[str, Any],
-        progress: Mapping[str, Any],
+    def _progress_events(
+        self, run: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any], job: Any
     ) -> None:
-        """Milestone events, as the pytorchjob endpoint posts them (controller/progress_hub.py)."""
+        """A TrainJob's mirrored progress (what the trainer reported to Trainer's status
+        server), once per change: its problems logged, its milestone events posted as the
+        pytorchjob endpoint posts them (controller/progress_hub.py)."""
+        progress = new.get("progress")
+        if not isinstance(progress, Mapping) or progress == old.get("progress"):
+            return
+        key = run_meta(run)[:2]
+        problems = trainjob_progress(job)[1] if isinstance(job, Mapping) else []
+        if problems:
+            logger.warning("run %s/%s: TrainJob trainerStatus: %s", *key, "; ".join(problems))
         if key not in self.milestones:
-            written = before.get("progress") if isinstance(before.get("progress"), Mapping) else {}
+            written = old.get("progress") if isinstance(old.get("progress"), Mapping) else {}
             self.milestones[key] = Milestones.from_written(written, self.checkpoint_events)
         for reason, message in self.milestones[key].note(progress, time.monotonic()):
             kopf.event(dict(run), type="Normal", reason=reason, message=message[:1000])
@@ -659,7 +595,7 @@ def rechecks_policy(seen: Mapping[str, Any], reason: str, diff: Any) -> bool:
     other than suspend alone (its owner may always suspend and resume it; labels and
     annotations are no spec change), and while the run is denied (until a spec inside the
     policy, or a looser policy, clears it)."""
-    if condition_reason(seen, "Valid") == POLICY_DENIED:
+    if (condition_of(seen, "Valid") or {}).get("reason") == POLICY_DENIED:
         return True
     if reason != "update":
         return False

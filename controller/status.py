@@ -1,16 +1,21 @@
-"""MegDetRun status: conditions and the status each reconcile outcome writes. Pure, no I/O.
+"""MegDetRun status: what a run's status should be, and the events its change posts. Pure.
 
-:func:`next_status` folds a job's :class:`~megdet.controller.job_state.JobState` into the
-run's status (phase, conditions, restarts, start and completion times); the other builders
-give the status of a run that is invalid, planned, not created, refused or whose job is gone.
-Everything here is deterministic given ``now``, so it is tested without an API server.
-Conditions follow the Kubernetes conventions, as the Kubeflow operators set theirs (see
-:mod:`megdet.controller.job_state` for the upstream semantics read).
+:func:`desired_status` is the one place a run's status is decided: from the run (its status
+as just read), its job (as just read) and what a handler decided (a :data:`Decision`: the spec
+is invalid or denied, the job was not created, was refused, exists, is mirrored, is gone, or
+an object under its name is not the run's). :func:`next_status` folds a job's
+:class:`~megdet.controller.job_state.JobState` into it (phase, conditions, restarts, start
+and completion times). :func:`events` derives the events from the old and the new status (a
+phase change, a condition entering a new episode). Everything here is deterministic given
+``now``, so it is tested without an API server. Conditions follow the Kubernetes
+conventions, as the Kubeflow operators set theirs (see :mod:`megdet.controller.job_state`
+for the upstream semantics read).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from megdet.controller.job_state import (
@@ -19,6 +24,7 @@ from megdet.controller.job_state import (
     JobState,
     count_of,
     job_state,
+    trainjob_progress,
 )
 
 if TYPE_CHECKING:
@@ -33,22 +39,27 @@ __all__ = [
     "JOB_PRESENT",
     "JOB_REFUSED",
     "NOT_CREATED_BY_CONTROLLER",
+    "POLICY_DENIED",
     "RETRYING",
-    "children_conditions",
+    "WARNING_CONDITIONS",
+    "Created",
+    "Decision",
+    "Event",
+    "Foreign",
+    "JobGone",
+    "NotCreated",
+    "Observed",
+    "Refused",
+    "SpecInvalid",
     "condition_of",
     "conflict_message",
-    "conflict_status",
+    "desired_status",
+    "events",
     "finished",
-    "foreign_job_status",
     "had_job",
-    "invalid_status",
-    "job_deleted_status",
     "next_status",
-    "not_created_status",
-    "planned_status",
     "progress_patch",
     "refused_at",
-    "refused_status",
     "set_condition",
 ]
 
@@ -75,6 +86,8 @@ RETRYING = "Retrying"
 #: run as its controller: a namespace user's job, never adopted nor mirrored.
 FOREIGN_JOB = "ForeignJob"
 NOT_CREATED_BY_CONTROLLER = "NotCreatedByController"
+#: The Valid condition's reason (and the event's) for a run outside the cluster's policy.
+POLICY_DENIED = "PolicyDenied"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
 #: (the controller created, or found, its job), one per mirrored phase, and JobPresent (only
 #: once the job has gone).
@@ -146,16 +159,7 @@ def next_status(
     of the current phase turns True; those of other mirrored phases that exist turn False
     (they are not added until they first happen, as the Kubeflow operator does).
     """
-    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
-    for kind in ACTIVE_PHASES:
-        if kind == state.phase:
-            conditions = set_condition(
-                conditions, kind, True, state.reason, state.message, now, generation
-            )
-        elif any(c.get("type") == kind for c in conditions):
-            conditions = set_condition(
-                conditions, kind, False, f"Not{kind}", f"phase is {state.phase}", now, generation
-            )
+    conditions = _phase_conditions(_conditions(old), state, state.phase, now, generation)
     patch: dict[str, Any] = {"phase": state.phase, "conditions": conditions}
     restarts = count_of(old, "restarts")
     if state.phase == "Restarting" and old.get("phase") != "Restarting":
@@ -171,28 +175,6 @@ def next_status(
     return patch
 
 
-def invalid_status(
-    old: Mapping[str, Any],
-    problems: Sequence[str],
-    now: str,
-    generation: int | None,
-    reason: str = "InvalidSpec",
-) -> dict[str, Any]:
-    """Status for a spec that failed validation (or the cluster's policy: ``reason``
-    ``PolicyDenied``): phase Invalid, condition Valid=False."""
-    message = "; ".join(problems)
-    conditions = set_condition(
-        [c for c in old.get("conditions") or [] if isinstance(c, Mapping)],
-        "Valid",
-        False,
-        reason,
-        message,
-        now,
-        generation,
-    )
-    return {"phase": "Invalid", "conditions": conditions, "observedGeneration": generation}
-
-
 def condition_of(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     """The condition of type ``kind`` in a run's status, if any."""
     conditions = status.get("conditions") if isinstance(status, Mapping) else None
@@ -206,7 +188,7 @@ def had_job(status: Mapping[str, Any]) -> bool:
     """Whether the controller created (or found) this run's job once: ``Created=True``.
 
     Such a run never gets a second job: if the job is gone, it was deleted (the operator's
-    ``ttlSecondsAfterFinished`` or a ``kubectl delete``), see :func:`job_deleted_status`.
+    ``ttlSecondsAfterFinished`` or a ``kubectl delete``), see :class:`JobGone`.
     """
     created = condition_of(status, "Created")
     return created is not None and created.get("status") == "True"
@@ -233,228 +215,6 @@ def finished(status: Mapping[str, Any]) -> bool:
     )
 
 
-def job_deleted_status(
-    old: Mapping[str, Any], kind: str, name: str, now: str, generation: int | None
-) -> dict[str, Any] | None:
-    """Status for a run whose job is gone after it had been created; None if already recorded.
-
-    A finished run keeps its phase (its result stands) and gains ``JobPresent=False``. A run
-    that had not finished becomes ``Failed`` (reason ``JobDeleted``): the controller never
-    re-creates a job behind the user's back, since that would start training again.
-    """
-    present = condition_of(old, JOB_PRESENT)
-    if present is not None and present.get("status") == "False":
-        return None
-    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
-    phase = old.get("phase")
-    if phase in TERMINAL_PHASES:
-        message = (
-            f"{kind} {name} was deleted after the run ended (the training operator's "
-            "ttlSecondsAfterFinished, or a delete by hand); the run's result stands and the "
-            "controller does not run it again: delete and re-create the MegDetRun to train again"
-        )
-        return {
-            "conditions": set_condition(
-                conditions, JOB_PRESENT, False, JOB_DELETED, message, now, generation
-            )
-        }
-    message = (
-        f"{kind} {name} was deleted while the run was {phase or 'starting'}; the controller "
-        "does not re-create it (that would take the GPUs again): delete and re-create the "
-        "MegDetRun to run again (it resumes from the last checkpoint in its output folder)"
-    )
-    conditions = set_condition(
-        conditions, JOB_PRESENT, False, JOB_DELETED, message, now, generation
-    )
-    patch = next_status(
-        {**old, "conditions": conditions}, JobState("Failed", JOB_DELETED, message), now, generation
-    )
-    if old.get("startTime") is None:
-        patch.pop("startTime", None)  # it never ran as far as the controller saw
-    return patch
-
-
-def foreign_job_status(
-    old: Mapping[str, Any],
-    kind: str,
-    name: str,
-    uid: Any,
-    present: bool,
-    now: str,
-    generation: int | None,
-) -> dict[str, Any] | None:
-    """``ForeignJob`` for a job under the run's job name, controlled (it says) by the run, that
-    is not the job the controller created (``status.jobUID``); ``present=False``: it is gone.
-    None when the status already says so (or, for a gone one, never said it was there)."""
-    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
-    current = condition_of(old, FOREIGN_JOB)
-    if present:
-        message = (
-            f"{kind} {name} (uid {uid}) names this MegDetRun as its controller but is not the "
-            f"job the controller created (status.jobUID {old.get('jobUID')}): someone else "
-            "created it under the job's name. The controller neither adopts it nor mirrors its "
-            "status, and never creates a second job for the run; delete that object"
-        )
-        reason = NOT_CREATED_BY_CONTROLLER
-    else:
-        if current is None or current.get("status") != "True":
-            return None
-        message = f"{kind} {name} (uid {uid}), not created by the controller, was deleted"
-        reason = "ForeignJobDeleted"
-    if (
-        current is not None
-        and current.get("status") == ("True" if present else "False")
-        and current.get("message") == message
-    ):
-        return None
-    return {
-        "conditions": set_condition(
-            conditions, FOREIGN_JOB, present, reason, message, now, generation
-        )
-    }
-
-
-def children_conditions(
-    old: Mapping[str, Any],
-    problems: Sequence[tuple[str, str]],
-    now: str,
-    generation: int | None,
-) -> list[dict[str, Any]] | None:
-    """The run's conditions with ``ChildrenReady`` for ``problems`` ((reason, message) of each
-    object of the run, other than its job, that is not as the spec says); None when nothing
-    changes: no problem and no ``ChildrenReady`` yet (the condition appears with the first
-    problem, as the mirrored phases appear when they first happen)."""
-    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
-    if problems:
-        reasons = {reason for reason, _ in problems}
-        reason = reasons.pop() if len(reasons) == 1 else "ChildrenNotReady"
-        message = "; ".join(message for _, message in problems)
-        return set_condition(conditions, CHILDREN_READY, False, reason, message, now, generation)
-    if condition_of(old, CHILDREN_READY) is None:
-        return None
-    return set_condition(
-        conditions,
-        CHILDREN_READY,
-        True,
-        "ChildrenReady",
-        "every object of the run matches its spec",
-        now,
-        generation,
-    )
-
-
-def _children_only(
-    old: Mapping[str, Any], reason: str, message: str, now: str, generation: int | None
-) -> dict[str, Any]:
-    """A refusal or failure while the run's job exists: about one of its other objects, so it
-    goes to ``ChildrenReady``; ``Created`` and the phase (the job's) are left as they are."""
-    return {"conditions": children_conditions(old, [(reason, message)], now, generation)}
-
-
-def refused_status(
-    old: Mapping[str, Any], message: str, now: str, generation: int | None
-) -> dict[str, Any]:
-    """Status for a run whose job the API server refused: phase Failed, ``Created=False``.
-
-    ``Failed=True`` (reason ``JobRefused``) goes with the phase, as for every mirrored phase; no
-    start or completion time, since nothing ran. Not :func:`finished`: a spec change retries.
-    A run that has its job (``Created=True``) keeps it recorded: the refusal was of another of
-    its objects, ``ChildrenReady=False`` (reason ``ChildRefused``).
-    """
-    if had_job(old):
-        return _children_only(old, CHILD_REFUSED, message, now, generation)
-    conditions = [c for c in old.get("conditions") or [] if isinstance(c, Mapping)]
-    conditions = set_condition(conditions, "Created", False, JOB_REFUSED, message, now, generation)
-    for kind in ACTIVE_PHASES:
-        if kind == "Failed":
-            conditions = set_condition(
-                conditions, kind, True, JOB_REFUSED, message, now, generation
-            )
-        elif any(c.get("type") == kind for c in conditions):
-            conditions = set_condition(
-                conditions, kind, False, f"Not{kind}", "phase is Failed", now, generation
-            )
-    return {"phase": "Failed", "conditions": conditions, "observedGeneration": generation}
-
-
-def planned_status(
-    old: Mapping[str, Any],
-    planned: Planned,
-    job: Mapping[str, Any] | None,
-    now: str,
-    generation: Any,
-    job_uid: str | None = None,
-    children: Sequence[tuple[str, str]] = (),
-) -> dict[str, Any]:
-    """Status for a run whose job exists (``job``) or was just created (``job=None``);
-    ``job_uid``: the job's ``metadata.uid``, recorded as ``status.jobUID`` (the first one
-    recorded stays: the mirror follows only that job); ``children``: (reason, message) of each
-    other object of the run that is not as the spec says (``ChildrenReady``)."""
-    status: dict[str, Any] = dict(planned.rendered.status_plan())
-    status["jobName"] = planned.job["metadata"]["name"]
-    recorded = old.get("jobUID") or job_uid
-    if recorded:
-        status["jobUID"] = recorded
-    status["target"] = planned.target
-    status["observedGeneration"] = generation
-    conditions = set_condition(
-        old.get("conditions") or [],
-        "Valid",
-        True,
-        "SpecValid",
-        "the spec passed validation",
-        now,
-        generation,
-    )
-    conditions = set_condition(
-        conditions,
-        "Created",
-        True,
-        "JobCreated",
-        f"{planned.job['kind']} {status['jobName']}",
-        now,
-        generation,
-    )
-    conditions = (
-        children_conditions({"conditions": conditions}, children, now, generation) or conditions
-    )
-    state = job_state(job) if job is not None else JobState("Pending", "JobCreated", "job created")
-    status.update(next_status({**old, "conditions": conditions}, state, now, generation))
-    return status
-
-
-def not_created_status(
-    old: Mapping[str, Any], reason: str, message: str, now: str, generation: Any
-) -> dict[str, Any]:
-    """Status for a valid run whose objects could not be created: ``Created=False``.
-
-    A run with no job is Pending; one that was Failed because its job was refused (the only
-    way a run without a job gets a terminal phase) is Pending again while it waits. A run that
-    has its job (``Created=True``) keeps it recorded: ``ChildrenReady=False`` says the rest.
-    """
-    if had_job(old):
-        return _children_only(old, reason, message, now, generation)
-    conditions = set_condition(
-        old.get("conditions") or [], "Created", False, reason, message, now, generation
-    )
-    phase = old.get("phase") or "Pending"
-    if phase in TERMINAL_PHASES:
-        phase = "Pending"
-        for kind in ACTIVE_PHASES:
-            if any(c.get("type") == kind and c.get("status") == "True" for c in conditions):
-                conditions = set_condition(
-                    conditions, kind, False, f"Not{kind}", "phase is Pending", now, generation
-                )
-    return {"phase": phase, "conditions": conditions, "observedGeneration": generation}
-
-
-def conflict_status(
-    old: Mapping[str, Any], kind: str, name: str, now: str, generation: Any
-) -> dict[str, Any]:
-    """Status for a run whose job name is taken by an object it does not own."""
-    return not_created_status(old, "JobNameConflict", conflict_message(kind, name), now, generation)
-
-
 def conflict_message(kind: str, name: str) -> str:
     return (
         f"{kind} {name} already exists and is not owned by this MegDetRun; "
@@ -469,3 +229,367 @@ def progress_patch(old: Any, new: Mapping[str, Any]) -> dict[str, Any] | None:
     if dict(before) == dict(new) and (isinstance(old, Mapping) or not new):
         return None
     return {**{key: None for key in before if key not in new}, **new}
+
+
+# ------------------------------------------------------------------------------------------
+# What a handler decided, and the status that follows from it.
+
+
+@dataclass(frozen=True)
+class SpecInvalid:
+    """The spec failed validation (``InvalidSpec``) or the cluster's policy
+    (:data:`POLICY_DENIED`): ``Valid=False``, phase Invalid, unless the run is finished (its
+    result stands) or ``keep_phase`` (a denied change of a run whose job exists: the job was
+    allowed when it was made, so the phase follows the job)."""
+
+    problems: tuple[str, ...]
+    reason: str = "InvalidSpec"
+    keep_phase: bool = False
+
+
+@dataclass(frozen=True)
+class NotCreated:
+    """A valid run whose objects could not be created (yet): ``Created=False`` with ``reason``
+    (``Retrying``, ``OutputInUse``, ``JobNameConflict``, ``JobKindNotInstalled``); Pending. A
+    run that has its job keeps it recorded: ``ChildrenReady=False`` says the rest."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The API server refused the run's job: phase Failed, ``Created=False`` and ``Failed=True``
+    (reason ``JobRefused``), no start or completion time since nothing ran. Not
+    :func:`finished`: a spec change retries. A run that has its job keeps it recorded: the
+    refusal was of another of its objects (``ChildrenReady=False``, ``ChildRefused``)."""
+
+    message: str
+
+
+@dataclass(frozen=True)
+class Created:
+    """The run's job exists (the job given to :func:`desired_status`; one without a status yet
+    is Pending): the plan's fields, ``Valid`` and ``Created`` True, the job's phase, and
+    ``ChildrenReady`` for ``children`` ((reason, message) of each other object of the run that
+    is not as the spec says). The first ``status.jobUID`` recorded stays."""
+
+    planned: Planned
+    children: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The job mirror: the job's phase (and a TrainJob's progress) folded into the status, once
+    the run's reconcile wrote its first status (phase and ``jobUID``)."""
+
+
+@dataclass(frozen=True)
+class JobGone:
+    """The run's job ``kind``/``name`` is gone after it had been created (the operator's TTL, or
+    a delete by hand): ``JobPresent=False`` (reason ``JobDeleted``). A finished run keeps its
+    result; one that had not finished becomes Failed: the controller never re-creates a job
+    behind the user's back, since that would start training again. The job given (its last
+    state, from the DELETED event) counts first: a job that finished and was deleted at once
+    (TTL 0) is still Succeeded or Failed."""
+
+    kind: str
+    name: str
+
+
+@dataclass(frozen=True)
+class Foreign:
+    """The job given is under the run's job name and names the run as its controller but is
+    not the job the controller created (``status.jobUID``): ``ForeignJob=True``; ``present=
+    False``: it is gone (``ForeignJob=False``, only if it was said to be there)."""
+
+    present: bool
+
+
+Decision = SpecInvalid | NotCreated | Refused | Created | Observed | JobGone | Foreign
+
+
+def desired_status(
+    run: Mapping[str, Any],
+    job: Mapping[str, Any] | None,
+    decision: Decision,
+    now: str,
+    generation: Any = None,
+) -> dict[str, Any]:
+    """The status ``run`` (as just read: its status and metadata) should hold after
+    ``decision``, given its ``job`` as just read (None: none). Pure; the status itself when
+    nothing changes (a run being deleted keeps its status: its cleanup is under way).
+    ``generation``: the one the decision was made for (default: the run's)."""
+    meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
+    old = run.get("status") if isinstance(run.get("status"), Mapping) else {}
+    if generation is None:
+        generation = meta.get("generation")
+    if meta.get("deletionTimestamp"):
+        return dict(old)
+    return {**old, **_changes(old, meta.get("uid"), job, decision, now, generation)}
+
+
+def _conditions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    conditions = status.get("conditions")
+    return [c for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
+
+
+def _changes(
+    old: Mapping[str, Any],
+    uid: Any,
+    job: Mapping[str, Any] | None,
+    decision: Decision,
+    now: str,
+    gen: Any,
+) -> dict[str, Any]:
+    from megdet.controller.planning import is_runs_job  # planning reads this module
+
+    conditions = _conditions(old)
+    match decision:
+        case SpecInvalid(problems, reason, keep_phase):
+            message = "; ".join(problems)
+            out = {
+                "conditions": set_condition(conditions, "Valid", False, reason, message, now, gen),
+                "observedGeneration": gen,
+            }
+            if not keep_phase and not finished(old):
+                out["phase"] = "Invalid"
+            return out
+        case NotCreated() | Refused() if had_job(old):
+            # About another of its objects: the job and the phase (the job's) stay.
+            reason = decision.reason if isinstance(decision, NotCreated) else CHILD_REFUSED
+            problem = (reason, decision.message)
+            return {"conditions": _children(conditions, [problem], now, gen)}
+        case NotCreated(reason, message):
+            conditions = set_condition(conditions, "Created", False, reason, message, now, gen)
+            phase = old.get("phase") or "Pending"
+            if phase in TERMINAL_PHASES:  # refused before: Pending again while it waits
+                phase = "Pending"
+                conditions = _phase_conditions(conditions, None, "Pending", now, gen)
+            return {"phase": phase, "conditions": conditions, "observedGeneration": gen}
+        case Refused(message):
+            conditions = set_condition(conditions, "Created", False, JOB_REFUSED, message, now, gen)
+            failed = JobState("Failed", JOB_REFUSED, message)
+            conditions = _phase_conditions(conditions, failed, "Failed", now, gen)
+            return {"phase": "Failed", "conditions": conditions, "observedGeneration": gen}
+        case Created(planned, children):
+            if job is None or not is_runs_job(job, uid, old):
+                return {}  # deleted (or replaced) meanwhile: the job's mirror records that
+            status: dict[str, Any] = dict(planned.rendered.status_plan())
+            status["jobName"] = planned.job["metadata"]["name"]
+            recorded = old.get("jobUID") or (job.get("metadata") or {}).get("uid")
+            if recorded:
+                status["jobUID"] = recorded
+            status["target"] = planned.target
+            status["observedGeneration"] = gen
+            conditions = set_condition(
+                conditions, "Valid", True, "SpecValid", "the spec passed validation", now, gen
+            )
+            what = f"{planned.job['kind']} {status['jobName']}"
+            conditions = set_condition(conditions, "Created", True, "JobCreated", what, now, gen)
+            conditions = _children(conditions, children, now, gen)
+            state = (
+                job_state(job)
+                if job.get("status")
+                else JobState("Pending", "JobCreated", "job created")
+            )
+            status.update(next_status({**old, "conditions": conditions}, state, now, gen))
+            return status
+        case Observed():
+            if old.get("phase") in (None, "Invalid") or not old.get("jobUID"):
+                return {}  # the run's own reconcile writes its first status (and jobUID)
+            if job is None or not job.get("status") or not is_runs_job(job, uid, old):
+                return {}  # gone (its DELETED event records that), or not the run's
+            out = next_status(old, job_state(job), now, gen)
+            progress, _problems = (
+                trainjob_progress(job) if job.get("kind") == "TrainJob" else (None, [])
+            )
+            if progress is not None:  # what the trainer reported to Trainer's status server
+                out["progress"] = progress
+            return out
+        case JobGone(kind, name):
+            return _job_gone(old, job, kind, name, now, gen)
+        case Foreign(present):
+            return _foreign(old, job or {}, present, now, gen)
+    raise TypeError(f"not a decision: {decision!r}")
+
+
+def _phase_conditions(
+    conditions: list[dict[str, Any]], state: JobState | None, phase: str, now: str, gen: Any
+) -> list[dict[str, Any]]:
+    """The mirrored phases' conditions for ``phase``: its own True (``state``'s reason), the
+    others that are True turned False (``state`` None: none turned True)."""
+    for kind in ACTIVE_PHASES:
+        if state is not None and kind == state.phase:
+            conditions = set_condition(
+                conditions, kind, True, state.reason, state.message, now, gen
+            )
+        elif any(
+            c.get("type") == kind and (state is not None or c.get("status") == "True")
+            for c in conditions
+        ):
+            conditions = set_condition(
+                conditions, kind, False, f"Not{kind}", f"phase is {phase}", now, gen
+            )
+    return conditions
+
+
+def _children(
+    conditions: list[Any], problems: Sequence[tuple[str, str]], now: str, gen: Any
+) -> list[dict[str, Any]]:
+    """``ChildrenReady`` False for ``problems``, True once there are none (it appears with the
+    first problem, as the mirrored phases appear when they first happen)."""
+    if problems:
+        reasons = {reason for reason, _ in problems}
+        reason = reasons.pop() if len(reasons) == 1 else "ChildrenNotReady"
+        message = "; ".join(message for _, message in problems)
+        return set_condition(conditions, CHILDREN_READY, False, reason, message, now, gen)
+    if condition_of({"conditions": conditions}, CHILDREN_READY) is None:
+        return [dict(c) for c in conditions]
+    return set_condition(
+        conditions,
+        CHILDREN_READY,
+        True,
+        "ChildrenReady",
+        "every object of the run matches its spec",
+        now,
+        gen,
+    )
+
+
+def _job_gone(
+    old: Mapping[str, Any],
+    job: Mapping[str, Any] | None,
+    kind: str,
+    name: str,
+    now: str,
+    gen: Any,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    final = job_state(job) if job is not None and job.get("status") else None
+    if final is not None and final.phase in TERMINAL_PHASES and not finished(old):
+        out = next_status(old, final, now, gen)
+    merged = {**old, **out}
+    present = condition_of(merged, JOB_PRESENT)
+    if present is not None and present.get("status") == "False":
+        return out  # recorded already
+    phase = merged.get("phase")
+    if phase in TERMINAL_PHASES:  # the result stands
+        message = (
+            f"{kind} {name} was deleted after the run ended (the training operator's "
+            "ttlSecondsAfterFinished, or a delete by hand); the run's result stands and the "
+            "controller does not run it again: delete and re-create the MegDetRun to train again"
+        )
+    else:
+        message = (
+            f"{kind} {name} was deleted while the run was {phase or 'starting'}; the controller "
+            "does not re-create it (that would take the GPUs again): delete and re-create the "
+            "MegDetRun to run again (it resumes from the last checkpoint in its output folder)"
+        )
+    conditions = _conditions(merged)
+    out["conditions"] = set_condition(
+        conditions, JOB_PRESENT, False, JOB_DELETED, message, now, gen
+    )
+    if phase not in TERMINAL_PHASES:
+        out.update(
+            next_status({**merged, **out}, JobState("Failed", JOB_DELETED, message), now, gen)
+        )
+        if merged.get("startTime") is None:
+            out.pop("startTime", None)  # it never ran as far as the controller saw
+    return out
+
+
+def _foreign(
+    old: Mapping[str, Any], job: Mapping[str, Any], present: bool, now: str, gen: Any
+) -> dict[str, Any]:
+    meta = job.get("metadata") or {}
+    kind, name, uid = job.get("kind"), meta.get("name"), meta.get("uid")
+    current = condition_of(old, FOREIGN_JOB)
+    if present:
+        message = (
+            f"{kind} {name} (uid {uid}) names this MegDetRun as its controller but is not the "
+            f"job the controller created (status.jobUID {old.get('jobUID')}): someone else "
+            "created it under the job's name. The controller neither adopts it nor mirrors its "
+            "status, and never creates a second job for the run; delete that object"
+        )
+        reason = NOT_CREATED_BY_CONTROLLER
+    elif current is None or current.get("status") != "True":
+        return {}  # never said to be there
+    else:
+        message = f"{kind} {name} (uid {uid}), not created by the controller, was deleted"
+        reason = "ForeignJobDeleted"
+    if current is not None and (current.get("status"), current.get("message")) == (
+        "True" if present else "False",
+        message,
+    ):
+        return {}  # said already
+    conditions = set_condition(_conditions(old), FOREIGN_JOB, present, reason, message, now, gen)
+    return {"conditions": conditions}
+
+
+# ------------------------------------------------------------------------------------------
+# The events a change of status posts: derived from the old and the new status.
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event on the run: ``source`` is "phase" for a phase change (a job's transition,
+    counted), else the type of the condition whose change it reports."""
+
+    type: str
+    reason: str
+    message: str
+    source: str
+
+
+#: The conditions whose arrival is news (a Warning event), each with the status it warns in.
+WARNING_CONDITIONS = {
+    "Created": "False",
+    CHILDREN_READY: "False",
+    "Valid": "False",
+    JOB_PRESENT: "False",
+    FOREIGN_JOB: "True",
+}
+#: The condition that says why a run is in a phase (the phase's own for the mirrored ones).
+_CAUSE = {"Invalid": "Valid", "Pending": "Created"}
+
+
+def _episode(cond: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells one episode of a condition from the next: its status and reason; for a
+    refusal also the generation (each refused spec is news), for a foreign job its message
+    (each foreign object, by its uid, is news)."""
+    if cond.get("type") == FOREIGN_JOB:
+        return cond.get("status"), cond.get("message")
+    if cond.get("reason") == JOB_REFUSED:
+        return cond.get("status"), cond.get("reason"), cond.get("observedGeneration")
+    return cond.get("status"), cond.get("reason")
+
+
+def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """The events the change from ``old`` to ``new`` posts: a Warning for each condition of
+    :data:`WARNING_CONDITIONS` that enters its warning status or a new episode of it (``Valid``
+    only for :data:`POLICY_DENIED`: an invalid spec is said by its phase), and one event per
+    phase change (Warning for Failed and Invalid, else Normal) unless a Warning already says
+    why (its reason is that of the phase's cause: a refused job, a deleted one, a denied
+    spec, a job not created). None when nothing changed."""
+    out: list[Event] = []
+    for kind, warns in WARNING_CONDITIONS.items():
+        cond = condition_of(new, kind)
+        if cond is None or cond.get("status") != warns:
+            continue
+        if kind == "Valid" and cond.get("reason") != POLICY_DENIED:
+            continue
+        before = condition_of(old, kind)
+        if before is not None and _episode(before) == _episode(cond):
+            continue
+        reason = FOREIGN_JOB if kind == FOREIGN_JOB else str(cond.get("reason"))
+        out.append(Event("Warning", reason, str(cond.get("message") or "")[:1000], kind))
+    was, phase = old.get("phase"), new.get("phase")
+    if phase is not None and phase != was:
+        cause = condition_of(new, _CAUSE.get(phase, phase)) or {}
+        if cause.get("reason") not in {e.reason for e in out}:
+            message = str(cause.get("message") or "")
+            text = f"phase {was or 'None'} -> {phase}" + (f": {message}" if message else "")
+            kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"
+            out.insert(0, Event(kind, phase, text[:1000], "phase"))
+    return out

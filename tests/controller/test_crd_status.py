@@ -12,11 +12,18 @@ from typing import Any
 import jsonschema
 import pytest
 
-from megdet.controller.crd import build_crd
 from megdet.controller.job_state import JobState
+from megdet.controller.offline.crd import build_crd
+from megdet.controller.offline.schema import to_json_schema
 from megdet.controller.planning import Planned, plan_children
-from megdet.controller.schema import to_json_schema
-from megdet.controller.status import conflict_status, invalid_status, next_status, planned_status
+from megdet.controller.status import (
+    Created,
+    NotCreated,
+    SpecInvalid,
+    conflict_message,
+    desired_status,
+    next_status,
+)
 
 NOW = "2026-11-30T10:00:00Z"
 RUN = {
@@ -32,6 +39,12 @@ def status_validator() -> jsonschema.Draft7Validator:
     (version,) = build_crd()["spec"]["versions"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     return jsonschema.Draft7Validator(to_json_schema(status))
+
+
+def planned_status(planned: Planned, job_uid: str | None = None) -> dict[str, Any]:
+    """The first status of a run whose job was just created."""
+    meta = {**planned.job["metadata"], **({"uid": job_uid} if job_uid else {})}
+    return desired_status(RUN, {**planned.job, "metadata": meta}, Created(planned), NOW, 3)
 
 
 def assert_fits(validator: jsonschema.Draft7Validator, status: dict[str, Any]) -> None:
@@ -54,7 +67,7 @@ def assert_fits(validator: jsonschema.Draft7Validator, status: dict[str, Any]) -
 def test_planned_status_fits_the_schema(status_validator, state):
     planned = plan_children(RUN)
     assert isinstance(planned, Planned)
-    status = planned_status({}, planned, None, NOW, 3, job_uid="job-uid-1")
+    status = planned_status(planned, job_uid="job-uid-1")
     assert_fits(status_validator, status)
     assert status["worldSize"] == 16 and status["jobName"] == "r50"
     assert status["jobUID"] == "job-uid-1"
@@ -64,13 +77,15 @@ def test_planned_status_fits_the_schema(status_validator, state):
 
 
 def test_invalid_and_conflict_status_fit_the_schema(status_validator):
-    invalid = invalid_status({}, ["spec.gpus: 12 is not a multiple of gpusPerNode 8"], NOW, 2)
+    problems = ("spec.gpus: 12 is not a multiple of gpusPerNode 8",)
+    invalid = desired_status(RUN, None, SpecInvalid(problems), NOW, 2)
     assert_fits(status_validator, invalid)
-    assert_fits(status_validator, conflict_status({}, "PyTorchJob", "r50", NOW, 2))
+    conflict = NotCreated("JobNameConflict", conflict_message("PyTorchJob", "r50"))
+    assert_fits(status_validator, desired_status(RUN, None, conflict, NOW, 2))
 
 
 def test_the_schema_check_has_teeth(status_validator):
-    status = planned_status({}, plan_children(RUN), None, NOW, 3)
+    status = planned_status(plan_children(RUN))
     with pytest.raises(AssertionError):
         assert_fits(status_validator, {**status, "phase": "Sleeping"})
     with pytest.raises(AssertionError):

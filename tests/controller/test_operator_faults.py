@@ -16,6 +16,7 @@ from kmock_helpers import (
     apply,
     arrivals,
     cond,
+    counted,
     delay,
     eventually,
     get,
@@ -26,6 +27,7 @@ from kmock_helpers import (
     objects,
     patch,
     reconciled,
+    reconciles,
     requests_to,
     run_body,
     start_operator,
@@ -169,6 +171,41 @@ async def test_a_job_event_that_changes_nothing_writes_nothing(cluster) -> None:
     finally:
         await stop_operator(op)
     assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) == writes
+
+
+async def test_a_reconcile_that_changes_nothing_writes_nothing(cluster) -> None:
+    """A reconcile whose desired status is the run's own sends no status PATCH and posts no
+    event: on a resume (the controller restarted) and on an update that changes no status (a
+    label: kopf reconciles on it), while the job runs."""
+    op = await start_operator(str(cluster.url))
+    try:
+        await apply(cluster, run_body("r"))
+        await eventually(lambda: converged(cluster, "r"), timeout=20, message="status to converge")
+        await job_condition(cluster, "r", cond("Created"), cond("Running"))
+        await eventually(
+            lambda: (get(cluster, RUNS, "r").get("status") or {}).get("phase") == "Running",
+            timeout=20,
+            message="Running",
+        )
+        await reconciled(cluster, "r")
+    finally:
+        await stop_operator(op)
+    writes = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
+    posted = len(requests_to(cluster, "POST", "/events"))
+    since = reconciles()
+    op = await start_operator(str(cluster.url))
+    try:
+        await counted(since)  # the resume reconcile ran
+        await patch(cluster, RUNS, "r", {"metadata": {"labels": {"team": "vision"}}})
+        await counted(since, 2)  # and the update's
+        await reconciled(cluster, "r")
+    finally:
+        await stop_operator(op)
+    # Both computed the run's status and wrote nothing: the status and the events are what
+    # they were.
+    assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) == writes
+    assert len(requests_to(cluster, "POST", "/events")) == posted
+    assert get(cluster, RUNS, "r")["status"]["phase"] == "Running"
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from megdet.controller.api import JOB_KINDS
 from megdet.controller.planning import Invalid, Planned, plan_children
-from megdet.controller.status import invalid_status, planned_status
+from megdet.controller.status import Created, SpecInvalid, desired_status
 
 NOW = "2026-11-30T10:00:00Z"
 UID = "0b6c3c4e-5a8e-4d1e-9a55-2f1f5d4f0c11"
@@ -94,7 +94,7 @@ def test_reconcile_never_raises_and_every_refusal_names_a_field(name: str, spec:
         for problem in decision.problems:
             assert problem.path.split(".")[0].split("[")[0] in ("spec", "metadata"), problem
             assert problem.message.strip(), problem
-        status = invalid_status({}, decision.messages, NOW, 2)
+        status = desired_status(run, None, SpecInvalid(tuple(decision.messages)), NOW, 2)
         assert status["phase"] == "Invalid"
         assert status["conditions"][0]["message"].startswith(decision.problems[0].path)
         return
@@ -106,7 +106,7 @@ def test_reconcile_never_raises_and_every_refusal_names_a_field(name: str, spec:
         (ref,) = obj["metadata"]["ownerReferences"]
         assert ref["uid"] == UID and ref["controller"] is True
         assert obj["metadata"]["namespace"] == "vision"
-    status = planned_status({}, decision, None, NOW, 2)
+    status = desired_status(run, job, Created(decision), NOW, 2)
     assert status["phase"] == "Pending" and status["jobName"] == job["metadata"]["name"]
     assert status["worldSize"] >= 1 and status["globalBatch"] >= 1
     assert math.isfinite(status["lr"]) and status["lr"] > 0

@@ -14,7 +14,7 @@ import pytest
 from progress_fakes import FakeNamespace, FakeReview, pod_uid
 
 from megdet import progress as protocol
-from megdet.controller import metrics, planning
+from megdet.controller import metrics
 from megdet.controller.planning import plan_children
 from megdet.controller.progress_auth import RunAuthenticator
 from megdet.controller.progress_ca import ServingCert, service_hosts
@@ -286,7 +286,7 @@ def test_token_bucket_refills_at_its_rate() -> None:
     assert bucket.take(599) is False and bucket.take(601) is True
 
 
-def test_the_controller_injects_progress_values_into_the_render(monkeypatch) -> None:
+def test_the_controller_injects_progress_values_into_the_render() -> None:
     """With --progress-url the run's pods get the env, token and CA; without, nothing."""
     body = {
         "apiVersion": "megdet.io/v1alpha1",
@@ -296,8 +296,7 @@ def test_the_controller_injects_progress_values_into_the_render(monkeypatch) -> 
     }
     plain = plan_children(body)
     assert "KUBEFLOW_TRAINER_SERVER_URL" not in json.dumps(plain.job)
-    monkeypatch.setattr(planning, "PROGRESS_URL", "https://op.ops.svc:8443")
-    planned = plan_children(body)
+    planned = plan_children(body, progress_url="https://op.ops.svc:8443")
     assert not hasattr(planned, "problems"), planned
     pod = planned.job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}

@@ -14,22 +14,50 @@ import pytest
 
 from megdet.controller.job_state import JobState, job_state, pytorchjob_state, trainjob_state
 from megdet.controller.status import (
-    children_conditions,
+    Created,
+    Decision,
+    Foreign,
+    JobGone,
+    NotCreated,
+    Refused,
+    SpecInvalid,
+    conflict_message,
+    desired_status,
     finished,
-    foreign_job_status,
     had_job,
-    invalid_status,
-    job_deleted_status,
     next_status,
-    not_created_status,
-    planned_status,
     refused_at,
-    refused_status,
     set_condition,
 )
 
 T0 = "2026-11-30T10:00:00Z"
 T1 = "2026-11-30T10:05:00Z"
+UID = "u-1"
+
+
+def after(
+    old: dict[str, Any], decision: Decision, now: str, generation: Any, job: Any = None
+) -> dict[str, Any]:
+    """The status a run (uid ``UID``) with status ``old`` should hold after ``decision``."""
+    return desired_status({"metadata": {"uid": UID}, "status": old}, job, decision, now, generation)
+
+
+def planned_run(generation: int = 2, gpus: int = 8) -> tuple[Any, dict[str, Any]]:
+    """A run's plan and its job as just created (no status yet)."""
+    from megdet.controller.planning import plan_children
+
+    run = {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": "r", "namespace": "vision", "uid": UID, "generation": generation},
+        "spec": {"gpus": gpus},
+    }
+    planned = plan_children(run)
+    return planned, planned.job
+
+
+def with_uid(job: dict[str, Any], uid: str) -> dict[str, Any]:
+    return {**job, "metadata": {**job["metadata"], "uid": uid}}
 
 
 def cond(kind: str, status: str = "True", reason: str = "", message: str = "") -> dict[str, Any]:
@@ -156,7 +184,8 @@ def test_next_status_sets_start_and_completion_times() -> None:
 
 
 def test_invalid_status_names_every_problem_and_sets_valid_false() -> None:
-    status = invalid_status({}, ["spec.gpus: 12 is not a multiple", "spec.x: unknown"], T0, 3)
+    problems = ("spec.gpus: 12 is not a multiple", "spec.x: unknown")
+    status = after({}, SpecInvalid(problems), T0, 3)
     assert status["phase"] == "Invalid"
     (valid,) = status["conditions"]
     assert valid["type"] == "Valid" and valid["status"] == "False"
@@ -176,13 +205,13 @@ def test_a_finished_runs_vanished_job_keeps_the_result_and_adds_job_present_fals
         "startTime": T0,
         "conditions": [cond("Created", reason="JobCreated"), cond("Succeeded")],
     }
-    patch = job_deleted_status(old, "PyTorchJob", "r", T1, 2)
-    assert "phase" not in patch  # the result stands
+    patch = after(old, JobGone("PyTorchJob", "r"), T1, 2)
+    assert patch["phase"] == "Succeeded"  # the result stands
     assert _types(patch)["JobPresent"] == ("False", "JobDeleted")
     assert _types(patch)["Succeeded"] == ("True", "Succeeded")
     assert "ttlSecondsAfterFinished" in patch["conditions"][-1]["message"]
     # Recorded once: nothing more to write the next time.
-    assert job_deleted_status({**old, **patch}, "PyTorchJob", "r", T1, 2) is None
+    assert after(patch, JobGone("PyTorchJob", "r"), T1, 2) == patch
     assert finished({**old, **patch}) and had_job({**old, **patch})
 
 
@@ -196,7 +225,7 @@ def test_an_unfinished_runs_vanished_job_fails_the_run(phase: str | None) -> Non
     if phase == "Running":
         old["startTime"] = T0
         old["conditions"].append(cond("Running"))
-    patch = job_deleted_status(old, "TrainJob", "r", T1, 4)
+    patch = after(old, JobGone("TrainJob", "r"), T1, 4)
     assert patch["phase"] == "Failed"
     types = _types(patch)
     assert types["Failed"] == ("True", "JobDeleted") and types["JobPresent"] == (
@@ -216,7 +245,7 @@ def test_an_unfinished_runs_vanished_job_fails_the_run(phase: str | None) -> Non
 
 def test_a_refused_job_fails_the_run_but_a_spec_change_may_retry() -> None:
     old = {"phase": "Pending", "conditions": [cond("Valid", reason="SpecValid")]}
-    status = refused_status(old, "the API server refused ...", T0, 3)
+    status = after(old, Refused("the API server refused ..."), T0, 3)
     assert status["phase"] == "Failed" and status["observedGeneration"] == 3
     assert _types(status)["Created"] == ("False", "JobRefused")
     assert _types(status)["Failed"] == ("True", "JobRefused")
@@ -242,9 +271,9 @@ def _created_and_running() -> dict[str, Any]:
 @pytest.mark.parametrize(
     "outcome",
     [
-        lambda old: refused_status(old, "the API server refused NetworkPolicy r", T1, 2),
-        lambda old: not_created_status(old, "JobNameConflict", "NetworkPolicy r is taken", T1, 2),
-        lambda old: not_created_status(old, "Retrying", "quota", T1, 2),
+        lambda old: after(old, Refused("the API server refused NetworkPolicy r"), T1, 2),
+        lambda old: after(old, NotCreated("JobNameConflict", "NetworkPolicy r is taken"), T1, 2),
+        lambda old: after(old, NotCreated("Retrying", "quota"), T1, 2),
     ],
     ids=["refused", "conflict", "retrying"],
 )
@@ -263,35 +292,42 @@ def test_a_run_whose_job_exists_stays_recorded_as_created(outcome) -> None:
 
 def test_children_ready_appears_with_a_problem_and_turns_true_once_fixed() -> None:
     old = _created_and_running()
-    assert children_conditions(old, [], T0, 1) is None  # nothing to say yet
-    bad = children_conditions(old, [("ChildRefused", "NetworkPolicy r: bad CIDR")], T0, 1)
-    assert _types({"conditions": bad})["ChildrenReady"] == ("False", "ChildRefused")
-    good = children_conditions({"conditions": bad}, [], T1, 2)
-    assert _types({"conditions": good})["ChildrenReady"] == ("True", "ChildrenReady")
-    both = children_conditions(old, [("ChildRefused", "a"), ("Retrying", "b")], T0, 1)
-    (ready,) = [c for c in both if c["type"] == "ChildrenReady"]
+    planned, job = planned_run()
+    job = with_uid(job, "job-1")
+
+    def children(status: dict[str, Any], *problems: tuple[str, str]) -> dict[str, Any]:
+        return after(status, Created(planned, problems), T1, 2, job)
+
+    assert "ChildrenReady" not in _types(children(old))  # nothing to say yet
+    bad = children(old, ("ChildRefused", "NetworkPolicy r: bad CIDR"))
+    assert _types(bad)["ChildrenReady"] == ("False", "ChildRefused")
+    good = children(bad)
+    assert _types(good)["ChildrenReady"] == ("True", "ChildrenReady")
+    both = children(old, ("ChildRefused", "a"), ("Retrying", "b"))
+    (ready,) = [c for c in both["conditions"] if c["type"] == "ChildrenReady"]
     assert ready["reason"] == "ChildrenNotReady" and ready["message"] == "a; b"
 
 
 def test_planned_status_keeps_the_first_job_uid_and_says_children_ready() -> None:
-    from megdet.controller.planning import plan_children
-
-    run = {
-        "apiVersion": "megdet.io/v1alpha1",
-        "kind": "MegDetRun",
-        "metadata": {"name": "r", "namespace": "vision", "uid": "u-1", "generation": 2},
-        "spec": {"gpus": 8},
-    }
+    planned, job = planned_run()
     old = _created_and_running()
-    status = planned_status(old, plan_children(run), None, T1, 2, job_uid="job-2",
-                            children=[("ChildRefused", "NetworkPolicy r: bad CIDR")])  # fmt: skip
+    problems = (("ChildRefused", "NetworkPolicy r: bad CIDR"),)
+    # Another job under the run's name (uid job-2): not the run's, nothing changes.
+    assert after(old, Created(planned, problems), T1, 2, with_uid(job, "job-2")) == old
+    status = after(old, Created(planned, problems), T1, 2, with_uid(job, "job-1"))
     assert status["jobUID"] == "job-1"
     assert _types(status)["ChildrenReady"] == ("False", "ChildRefused")
-    assert planned_status({}, plan_children(run), None, T1, 2, job_uid="j")["jobUID"] == "j"
+    assert after({}, Created(planned), T1, 2, with_uid(job, "j"))["jobUID"] == "j"
 
 
 def test_a_foreign_job_is_said_once_and_cleared_when_it_goes() -> None:
     old = _created_and_running()
+
+    def foreign_job_status(old, kind, name, uid, present, now, generation):
+        job = {"kind": kind, "metadata": {"name": name, "uid": uid}}
+        new = after(old, Foreign(present), now, generation, job)
+        return None if new == old else new
+
     patch = foreign_job_status(old, "PyTorchJob", "r", "forged-9", True, T0, 1)
     (foreign,) = [c for c in patch["conditions"] if c["type"] == "ForeignJob"]
     assert foreign["status"] == "True" and foreign["reason"] == "NotCreatedByController"
@@ -357,7 +393,6 @@ def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None
     import jsonschema
 
     from megdet.controller.planning import plan_children
-    from megdet.controller.status import conflict_status, planned_status
 
     schema = _crd_status_schema()
     run = {
@@ -367,7 +402,7 @@ def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None
         "spec": {"gpus": 16},
     }
     planned = plan_children(run)
-    status: dict[str, Any] = planned_status({}, planned, None, T0, 1)
+    status: dict[str, Any] = after({}, Created(planned), T0, 1, planned.job)
     written = [dict(status)]
     for state in (
         JobState("Running", "Running", "", start_time=T0),
@@ -377,12 +412,13 @@ def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None
     ):
         status.update(next_status(status, state, T1, 1))
         written.append(dict(status))
-    written.append(conflict_status(status, "PyTorchJob", "r", T1, 2))
-    written.append(invalid_status(status, ["spec.gpus: bad"], T1, 2))
-    written.append({**status, **job_deleted_status(status, "PyTorchJob", "r", T1, 2)})
+    conflict = NotCreated("JobNameConflict", conflict_message("PyTorchJob", "r"))
+    written.append(after(status, conflict, T1, 2))
+    written.append(after(status, SpecInvalid(("spec.gpus: bad",)), T1, 2))
+    written.append(after(status, JobGone("PyTorchJob", "r"), T1, 2))
     running = {**status, "phase": "Running"}
-    written.append({**running, **job_deleted_status(running, "PyTorchJob", "r", T1, 2)})
-    written.append({**status, **refused_status(status, "refused", T1, 2)})
+    written.append(after(running, JobGone("PyTorchJob", "r"), T1, 2))
+    written.append(after(status, Refused("refused"), T1, 2))
     for status in written:
         jsonschema.validate(status, schema)  # types, enums (phase)
         assert _pruned(status, schema) == []  # nothing the API server would silently drop
