@@ -30,7 +30,7 @@ help:
 setup: $(STAMP)
 
 # Re-run the install whenever the pin list or the installer changes.
-$(STAMP): pyproject.toml scripts/install_detectron2_cpu.py image/detectron2_install.py
+$(STAMP): pyproject.toml setup.py scripts/install_detectron2_cpu.py image/detectron2_install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -e ".[train,controller,dev]"

@@ -1,1 +1,1 @@
-"""Monitoring: Grafana dashboards as code, Prometheus alert rules, and helpers to run them."""
+"""Monitoring: Grafana dashboards as code and Prometheus alert rules (`make dashboards`)."""

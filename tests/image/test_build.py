@@ -222,7 +222,13 @@ def test_older_archives_of_a_variant_are_pruned_and_others_kept(tmp_path):
 
 
 def test_the_context_leaves_out_the_local_cluster_and_examples():
-    # make cluster keeps its state (etcd data, sockets) in .cluster/ under the repository.
+    # make cluster keeps its state (etcd data, sockets) in .cluster/ under the repository; the
+    # control plane's code (cluster/, megdet.cluster) is test infrastructure, in no image.
     patterns = b.dockerignore_patterns(ROOT)
-    for path in (".cluster/etcd/member/snap/db", "examples/run.yaml", ".gitignore"):
+    for path in (
+        ".cluster/etcd/member/snap/db",
+        "cluster/control_plane.py",
+        "examples/run.yaml",
+        ".gitignore",
+    ):
         assert b.is_ignored(path, patterns), path

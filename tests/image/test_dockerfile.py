@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -241,12 +242,59 @@ def test_dockerignore_keeps_the_context_small():
         assert entry in ignored
 
 
+def _package_folders(pyproject: dict) -> tuple[set[str], set[str]]:
+    """The folders of the shipped packages and of the dev-only ones (pyproject.toml)."""
+    folders = pyproject["tool"]["setuptools"]["package-dir"]
+    dev_only = set(pyproject["tool"]["megdet"]["packaging"]["dev_only"])
+    assert dev_only and dev_only <= set(folders)
+    return (
+        {path for name, path in folders.items() if name not in dev_only},
+        {folders[name] for name in dev_only},
+    )
+
+
 def test_build_context_keeps_every_packaged_folder(pyproject):
-    # The Dockerfile copies the whole context; a package folder or the readme that
+    # The Dockerfile copies the whole context; a package folder, setup.py or the readme that
     # .dockerignore drops would break `pip install` in the image.
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
-    needed = set(pyproject["tool"]["setuptools"]["package-dir"].values())
-    needed |= {"pyproject.toml", pyproject["project"]["readme"]}
+    shipped, _ = _package_folders(pyproject)
+    needed = shipped | {"pyproject.toml", "setup.py", pyproject["project"]["readme"]}
     assert not needed & ignored
     assert all((ROOT / path).exists() for path in needed)
+
+
+def test_the_images_get_no_test_infrastructure(pyproject):
+    # The test control plane (dev-only package) and the tests' harnesses stay out of both images.
+    from megdet.image import build
+
+    _, dev_only = _package_folders(pyproject)
+    files = build.context_files(ROOT)
+    assert files and not [f for f in files if f.split("/")[0] in dev_only | {"tests"}]
+    assert not [f for f in files if "prometheus_harness" in f or f.startswith("bench/")]
+
+
+def test_a_wheel_built_from_the_context_leaves_out_the_dev_only_packages(pyproject, tmp_path):
+    # What the images' `pip install /src` builds, from the files the image build sends: every
+    # shipped package, none of the dev-only ones (which the editable dev install still maps).
+    from megdet.image import build
+
+    src = tmp_path / "src"
+    for rel in build.context_files(ROOT):
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, src / rel)
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--wheel-dir", str(tmp_path / "dist"), str(src)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (wheel,) = (tmp_path / "dist").glob("megdet-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        packages = {
+            name.rsplit("/", 1)[0].replace("/", ".")
+            for name in archive.namelist()
+            if name.endswith("/__init__.py")
+        }
+    dev_only = set(pyproject["tool"]["megdet"]["packaging"]["dev_only"])
+    assert packages == set(pyproject["tool"]["setuptools"]["packages"]) - dev_only

@@ -16,9 +16,9 @@ import yaml
 from monitoring_helpers import ROOT, render_operator, rule_groups, rules_by_alert
 
 from megdet.monitoring.alerts import ALERTS, GROUPS
-from megdet.monitoring.prometheus import promtool
 from megdet.monitoring.queries import EXTERNAL_METRICS, metric_names
 from megdet.monitoring.registry import exported_metric_names
+from tests.prometheus_harness import promtool
 
 UNIT_TESTS = Path(__file__).with_name("alert_rules_test.yaml")
 OPERATIONS = ROOT / "docs" / "operations.md"

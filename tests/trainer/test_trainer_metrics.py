@@ -74,8 +74,8 @@ def test_metric_list_is_the_contract_and_the_registry_exposes_it():
 def test_single_process_exposition_passes_promtool_check_metrics():
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from megdet.monitoring.prometheus import promtool
     from megdet.trainer.metrics import TrainerMetrics
+    from tests.prometheus_harness import promtool
 
     registry = CollectorRegistry()
     metrics = TrainerMetrics(registry)

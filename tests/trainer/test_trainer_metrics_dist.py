@@ -155,7 +155,7 @@ def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path):
     missing = set(CONTRACT) - set(found)
     assert missing == {"megdet_train_gpu_memory_max_bytes", "megdet_eval_ap"}
 
-    from megdet.monitoring.prometheus import promtool
+    from tests.prometheus_harness import promtool
 
     # promtool is unpacked by `make test`'s set-up; a missing one is an error, never a skip.
     lint = promtool("check", "metrics", stdin=text)
