@@ -2,7 +2,7 @@
 
 In a pod it logs in with its service account; elsewhere with the current kubeconfig context.
 It serves Prometheus metrics on ``--metrics-port`` (``/metrics``; HTTPS behind Kubernetes
-authentication and authorization unless ``--no-metrics-secure``, see metrics_auth.py) and
+authentication and authorization unless ``--no-metrics-secure``, see tokenauth.py) and
 kopf's health endpoint on ``--health-port`` (``/healthz``, plain HTTP, for the probes).
 
 High availability: every replica joins the kopf peering object ``--peering`` with a priority
@@ -260,11 +260,8 @@ def run(args: argparse.Namespace) -> int:
     if args.metrics_cert_dir is not None and not args.metrics_secure:
         raise UsageError("--metrics-cert-dir needs --metrics-secure (it is plain HTTP now)")
     if args.metrics_secure:
-        from megdet.controller.metrics_auth import (
-            KubernetesReviewer,
-            TokenAuthorizer,
-            server_ssl_context,
-        )
+        from megdet.controller.metrics import server_ssl_context
+        from megdet.controller.tokenauth import KubernetesReviewer, TokenAuthorizer
 
         try:  # before logging in: a bad flag is reported first
             ssl_context = server_ssl_context(args.metrics_cert_dir)

@@ -12,7 +12,9 @@ these series, and lets tests read values without cross-talk from other libraries
 
 The series name every tenant's runs, so the pod serves them over HTTPS to callers the API
 server vouches for (a TokenReview, then a SubjectAccessReview for ``get /metrics``; see
-metrics_auth.py) unless ``--no-metrics-secure`` asks for plain HTTP.
+tokenauth.py) unless ``--no-metrics-secure`` asks for plain HTTP. The serving certificate: a
+mounted ``tls.crt``/``tls.key`` pair, or a self-signed one generated at start, as
+controller-runtime's secure metrics serving does (:func:`server_ssl_context`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -54,6 +57,7 @@ __all__ = [
     "record_run_info",
     "sample",
     "serve",
+    "server_ssl_context",
     "set_run_phases",
 ]
 
@@ -278,7 +282,7 @@ def serve(
     """Serve :data:`REGISTRY` on ``addr:port/metrics`` from a background thread.
 
     With ``ssl_context`` it speaks HTTPS; with ``authorizer`` (a
-    :class:`megdet.controller.metrics_auth.TokenAuthorizer`) every request needs a bearer
+    :class:`megdet.controller.tokenauth.TokenAuthorizer`) every request needs a bearer
     token the authorizer accepts. Neither: plain HTTP for anyone who reaches the port.
     ``port`` 0 picks a free port (see :attr:`MetricsServer.port`). ``limits``: the connection
     cap and request deadline (:class:`~megdet.controller.http_limits.Limits`; safe defaults).
@@ -305,3 +309,17 @@ def serve(
 def _format_lr(lr: float) -> str:
     # repr-style shortest round-trip text: 0.02 stays "0.02", not "0.020000000000000004".
     return repr(float(lr))
+
+
+def server_ssl_context(cert_dir: str | Path | None = None) -> ssl.SSLContext:
+    """A TLS 1.2+ server context: ``cert_dir``'s ``tls.crt``/``tls.key``, or a self-signed pair.
+
+    Raises ValueError naming the missing or unreadable file when ``cert_dir`` is given.
+    """
+    import socket
+
+    from megdet.controller.tls import context_from_dir, context_from_pem, self_signed
+
+    if cert_dir is not None:
+        return context_from_dir(cert_dir)
+    return context_from_pem(*self_signed(socket.gethostname()))

@@ -5,9 +5,9 @@ body, env and token scheme as Trainer v2.3.0's status server, ``pkg/statusserver
 ``POST /apis/megdet.io/v1alpha1/namespaces/<ns>/megdetruns/<name>/status`` over HTTPS. The
 parts, each in its own module:
 
-- :mod:`~megdet.controller.progress_auth`: only the run's own pods may report (a TokenReview
-  of a token bound to the run's audience, its uid in it, and to a pod of the run's job:
-  :mod:`~megdet.controller.progress_binding`), verdicts cached;
+- :class:`~megdet.controller.tokenauth.RunAuthenticator`: only the run's own pods may report
+  (a TokenReview of a token bound to the run's audience, its uid in it, and to a pod of the
+  run's job: :mod:`~megdet.controller.progress_binding`), verdicts cached;
 - :mod:`~megdet.controller.progress_hub`: reports -> rate-limited ``status.progress`` writes
   and milestone events, never blocking the request;
 - :mod:`~megdet.controller.progress_server`: the HTTPS server;
@@ -31,7 +31,6 @@ from typing import Any
 from megdet.controller import metrics
 from megdet.controller.http_limits import Limits
 from megdet.controller.kubeapi import Cluster
-from megdet.controller.progress_auth import RunAuthenticator, kubernetes_review
 from megdet.controller.progress_binding import PodBinding, RunDirectory, kubernetes_readers
 from megdet.controller.progress_ca import (
     CAKeeper,
@@ -47,6 +46,7 @@ from megdet.controller.progress_hub import (
 )
 from megdet.controller.progress_leader import ACTIVE_LABEL, Always, PodLabel
 from megdet.controller.progress_server import ProgressServer, _status_body
+from megdet.controller.tokenauth import RunAuthenticator, token_review
 
 __all__ = ["ActiveOnlyServer", "NotActive", "ProgressService", "start"]
 
@@ -218,7 +218,7 @@ def start(
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-runs")(note_run)
     register_forget(registry, hub)  # a deleted run's progress state goes with it
     auth = RunAuthenticator(
-        kubernetes_review(api_client, timeout),
+        token_review(api_client, timeout),
         runs.get,
         PodBinding(*kubernetes_readers(api_client, timeout)),
     )

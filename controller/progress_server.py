@@ -34,7 +34,6 @@ from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.api import GROUP, PLURAL, VERSION
 from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixin, Limits
-from megdet.controller.progress_auth import RunAuthenticator, Verdict
 from megdet.controller.progress_hub import (
     HubFull,
     ProgressHub,
@@ -42,6 +41,7 @@ from megdet.controller.progress_hub import (
     UnknownRun,
     out_of_range,
 )
+from megdet.controller.tokenauth import RunAuthenticator, Verdict
 
 __all__ = ["MAX_BODY", "MAX_LOGGED", "RESULTS", "ProgressServer", "run_of_path"]
 

@@ -1,29 +1,75 @@
-"""Bearer tokens and the cache of what the API server said about them.
+"""Bearer tokens on the controller's HTTPS servers: one cached check, a ``TokenReview`` behind it.
 
-Both of the controller's HTTPS servers check a request's bearer token with a ``TokenReview``
-(``/metrics``: :mod:`megdet.controller.metrics_auth`; the progress endpoint:
-:mod:`megdet.controller.progress_auth`). :class:`VerdictCache` keeps their verdicts for a short
-time, by the token's SHA-256 (never the token itself), for a bounded number of tokens, so a
-client that repeats its request every few seconds costs an API call a minute, not one a
-request.
-A flood of refusals cannot evict the grants (two pools), and :class:`SourceLimiter` bounds how
-many TokenReviews one source address may cause.
+Both servers take a request's bearer token to the API server with a ``TokenReview``:
+
+- ``/metrics`` (:class:`TokenAuthorizer`): what controller-runtime's
+  ``filters.WithAuthenticationAndAuthorization`` and kube-rbac-proxy do, in process. The user
+  the token names is then asked about with a ``SubjectAccessReview`` for the non-resource URL
+  (``get /metrics``), so the usual "metrics reader" ClusterRole (``nonResourceURLs:
+  ["/metrics"], verbs: ["get"]``) grants it.
+- the progress endpoint (:class:`RunAuthenticator`): only the run's own pods may report. The
+  run must be one the controller serves (``target: pytorchjob``, known from its watch:
+  :class:`~megdet.controller.progress_binding.RunDirectory`; no review otherwise). The token is
+  a projected ServiceAccount token whose audience is the run's, its uid in it
+  (:func:`megdet.progress.run_audience`); the review must say authenticated, list that
+  audience, name a ServiceAccount of the run's namespace and carry the pod the token is bound
+  to (``authentication.kubernetes.io/pod-name`` and ``pod-uid``), and that pod must be one of
+  the run's job (:class:`~megdet.controller.progress_binding.PodBinding`).
+
+Verdicts (:class:`Verdict`): 200 (allowed), 401 (no or malformed token; on ``/metrics`` also
+one the API server rejects), 403 (a valid token without the grant, or not the run's), 429 (too
+many reviews from the client's address), 500 (the API server could not be asked; never
+cached). :class:`CachedCheck` is the one check both use: a malformed token is refused before
+anything is looked up or kept; verdicts are kept by the token's SHA-256 (never the token
+itself) and what was asked, each for its own time (refusals for less, so a new grant takes
+effect soon), in two bounded pools (:class:`VerdictCache`: a flood of bad tokens cannot evict
+a grant), so a client that repeats its request every few seconds costs an API call a minute,
+not one a request; and :class:`SourceLimiter` bounds how many reviews one address may cause.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Iterator
-from typing import Any
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["MAX_TOKEN_LENGTH", "SourceLimiter", "VerdictCache", "bearer_token"]
+from megdet import progress as protocol
+
+if TYPE_CHECKING:
+    from megdet.controller.progress_binding import PodBinding, RunRef
+
+__all__ = [
+    "MAX_TOKEN_LENGTH",
+    "POD_NAME_EXTRA",
+    "POD_UID_EXTRA",
+    "AuthError",
+    "CachedCheck",
+    "KubernetesReviewer",
+    "Reviewer",
+    "RunAuthenticator",
+    "SourceLimiter",
+    "TokenAuthorizer",
+    "User",
+    "Verdict",
+    "VerdictCache",
+    "bearer_token",
+    "token_review",
+]
+
+logger = logging.getLogger(__name__)
 
 #: Longest bearer token looked at: a ServiceAccount JWT is 1-2 KB; a longer one is refused
 #: as malformed without asking the API server.
 MAX_TOKEN_LENGTH = 16 * 1024
+#: TokenReview ``status.user.extra`` key naming the pod a bound token belongs to.
+POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
+#: ... and its uid (the API server checked that the pod with this name has this uid).
+POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -37,6 +83,21 @@ def bearer_token(authorization: str | None) -> str | None:
     if any(c.isspace() for c in token) or not token.isascii() or not token.isprintable():
         return None
     return token
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The answer to one request: an HTTP status (200, 401, 403, 429 or 500), why, and whom
+    the token speaks for (``/metrics``: its user; the progress endpoint: the pod it is bound
+    to)."""
+
+    status: int
+    reason: str
+    user: str = ""
+
+    @property
+    def allowed(self) -> bool:
+        return self.status == 200
 
 
 class _Pool:
@@ -161,3 +222,245 @@ class SourceLimiter:
     def __len__(self) -> int:
         with self._lock:
             return len(self._buckets)
+
+
+@dataclass(kw_only=True)
+class CachedCheck:
+    """The token check both servers use: :meth:`verdict` asks ``decide`` only for a token
+    whose verdict for ``scope`` is not kept, and only while the asking address has reviews
+    left; it keeps the grants for ``allow_ttl`` seconds and the refusals for ``deny_ttl``, in
+    pools of ``max_entries`` each."""
+
+    allow_ttl: float = 60.0
+    deny_ttl: float = 10.0
+    max_entries: int = 1024
+    clock: Callable[[], float] = time.monotonic
+    #: Reviews one source address may cause (cache misses): a burst, then a rate a second.
+    reviews_per_second: float = 1.0
+    review_burst: int = 10
+    _cache: VerdictCache = field(init=False, repr=False)
+    limiter: SourceLimiter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.allow_ttl < 0 or self.deny_ttl < 0:
+            raise ValueError("allow_ttl and deny_ttl must be >= 0")
+        self._cache = VerdictCache(self.max_entries, self.clock)
+        self.limiter = SourceLimiter(self.reviews_per_second, self.review_burst, clock=self.clock)
+
+    def verdict(
+        self, token: str, scope: tuple[Hashable, ...], source: str, decide: Callable[[], Verdict]
+    ) -> Verdict:
+        key = VerdictCache.key(token, *scope)
+        now = self.clock()
+        hit = self._cache.get(key, now)
+        if hit is not None:
+            return hit
+        if not self.limiter.take(source):  # nothing kept: the next try asks again
+            return Verdict(429, f"too many token reviews from {source or 'this client'}")
+        verdict = decide()
+        if verdict.status in (200, 401, 403):  # an API failure (500) is asked again next time
+            ttl = self.allow_ttl if verdict.allowed else self.deny_ttl
+            self._cache.put(key, verdict, now + ttl, allowed=verdict.allowed)
+        return verdict
+
+    def cached(self) -> int:
+        """Tokens in the cache now (expired ones included until looked up or evicted)."""
+        return len(self._cache)
+
+
+class AuthError(Exception):
+    """The API server could not be asked (network, timeout, the controller lacks RBAC)."""
+
+
+#: (token, audiences) -> the TokenReview's ``status`` as a plain dict; raises AuthError.
+TokenReviewFn = Callable[[str, list[str]], Mapping[str, Any]]
+
+
+def token_review(api_client: Any, timeout: float) -> TokenReviewFn:
+    """The ``TokenReview`` through the Kubernetes client (``create`` on
+    ``authentication.k8s.io/tokenreviews``); ``audiences`` [] asks for the API server's own."""
+    from kubernetes import client as k8s
+
+    authn = k8s.AuthenticationV1Api(api_client)
+
+    def review(token: str, audiences: list[str]) -> Mapping[str, Any]:
+        spec: dict[str, Any] = {"token": token, **({"audiences": audiences} if audiences else {})}
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
+        result = _call(authn.create_token_review, body, timeout)
+        return api_client.sanitize_for_serialization(result.status) or {}
+
+    return review
+
+
+def _call(method: Callable[..., Any], body: dict[str, Any], timeout: float) -> Any:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return method(body=body, _request_timeout=timeout)
+    except ApiException as err:
+        raise AuthError(f"HTTP {err.status} {err.reason}") from None
+    except (OSError, ValueError) as err:  # urllib3's errors are OSErrors or ValueErrors
+        raise AuthError(str(err) or type(err).__name__) from None
+    except Exception as err:  # urllib3 MaxRetryError and friends
+        raise AuthError(f"{type(err).__name__}: {err}") from None
+
+
+# -- /metrics ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class User:
+    """``TokenReview.status.user``: what a ``SubjectAccessReview`` is asked about."""
+
+    username: str
+    uid: str = ""
+    groups: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+class Reviewer(Protocol):
+    """Who answers the two questions; the API server in a pod, a fake in unit tests."""
+
+    def authenticate(self, token: str) -> User | None:
+        """The token's user, or None when the API server says it is not valid."""
+
+    def authorize(self, user: User, verb: str, path: str) -> tuple[bool, str]:
+        """Whether ``user`` may ``verb`` the non-resource URL ``path``, and the reason given."""
+
+
+@dataclass
+class TokenAuthorizer(CachedCheck):
+    """Token -> verdict for ``verb path`` on ``/metrics`` (:class:`CachedCheck`'s cache:
+    Prometheus scraping every 15 s costs two API calls a minute, not two a scrape)."""
+
+    reviewer: Reviewer
+
+    def check(
+        self,
+        authorization: str | None,
+        verb: str = "get",
+        path: str = "/metrics",
+        source: str = "",
+    ) -> Verdict:
+        """The verdict for a request with this ``Authorization`` header value, from the
+        address ``source`` (429 when it caused too many reviews lately)."""
+        token = bearer_token(authorization)
+        if token is None:
+            return Verdict(401, "no bearer token")
+        return self.verdict(token, (verb, path), source, lambda: self._review(token, verb, path))
+
+    def _review(self, token: str, verb: str, path: str) -> Verdict:
+        try:
+            user = self.reviewer.authenticate(token)
+        except AuthError as err:
+            logger.error("metrics: TokenReview failed: %s", err)
+            return Verdict(500, "authentication failed")
+        if user is None:
+            return Verdict(401, "token not accepted by the API server")
+        try:
+            allowed, reason = self.reviewer.authorize(user, verb, path)
+        except AuthError as err:
+            logger.error("metrics: SubjectAccessReview for %s failed: %s", user.username, err)
+            return Verdict(500, f"authorization for user {user.username} failed", user.username)
+        if not allowed:
+            logger.debug("metrics: %s may not %s %s: %s", user.username, verb, path, reason)
+            return Verdict(403, f"user {user.username} may not {verb} {path}", user.username)
+        return Verdict(200, "allowed", user.username)
+
+
+class KubernetesReviewer:
+    """TokenReview (:func:`token_review`) and SubjectAccessReview through the Kubernetes
+    Python client: needs ``create`` on ``authentication.k8s.io/tokenreviews`` and
+    ``authorization.k8s.io/subjectaccessreviews`` (the operator chart's ``-metrics-auth``
+    ClusterRole)."""
+
+    def __init__(self, api_client: Any, timeout: float = 10.0) -> None:
+        from kubernetes import client as k8s
+
+        self._review = token_review(api_client, timeout)
+        self._authz = k8s.AuthorizationV1Api(api_client)
+        self._timeout = timeout
+
+    def authenticate(self, token: str) -> User | None:
+        status = self._review(token, [])
+        user = status.get("user")
+        if not status.get("authenticated") or not isinstance(user, Mapping):
+            return None
+        extra = tuple(sorted((k, tuple(v or ())) for k, v in (user.get("extra") or {}).items()))
+        groups = tuple(user.get("groups") or ())
+        return User(user.get("username") or "", user.get("uid") or "", groups, extra)
+
+    def authorize(self, user: User, verb: str, path: str) -> tuple[bool, str]:
+        spec: dict[str, Any] = {
+            "user": user.username,
+            "groups": list(user.groups),
+            "nonResourceAttributes": {"path": path, "verb": verb},
+        }
+        if user.uid:
+            spec["uid"] = user.uid
+        if user.extra:
+            spec["extra"] = {k: list(v) for k, v in user.extra}
+        body = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+                "spec": spec}  # fmt: skip
+        status = _call(self._authz.create_subject_access_review, body, self._timeout).status
+        return bool(status and status.allowed), (status.reason or "") if status else ""
+
+
+# -- the progress endpoint --------------------------------------------------------------------
+
+#: (namespace, name) -> the served run, or None (not a ``target: pytorchjob`` run known here).
+RunLookupFn = Callable[[str, str], "RunRef | None"]
+
+
+@dataclass
+class RunAuthenticator(CachedCheck):
+    """Token -> :class:`Verdict` for one run's progress (:class:`CachedCheck`'s cache, per token
+    and run uid); 401 only without a token at all."""
+
+    review: TokenReviewFn
+    runs: RunLookupFn
+    binding: PodBinding
+    allow_ttl: float = field(default=300.0, kw_only=True)
+    max_entries: int = field(default=4096, kw_only=True)
+
+    def check(
+        self, authorization: str | None, namespace: str, name: str, source: str = ""
+    ) -> Verdict:
+        token = bearer_token(authorization)
+        if token is None:
+            return Verdict(401, "no bearer token")
+        run = self.runs(namespace, name)
+        if run is None:  # nothing asked, nothing cached
+            return Verdict(403, f"no MegDetRun {namespace}/{name} with target pytorchjob")
+        scope = (namespace, name, run.uid)
+        return self.verdict(token, scope, source, lambda: self._decide(token, namespace, run))
+
+    def _decide(self, token: str, namespace: str, run: RunRef) -> Verdict:
+        audience = protocol.run_audience(namespace, run.name, run.uid)
+        try:
+            status = self.review(token, [audience]) or {}
+        except Exception as err:
+            logger.error("progress: TokenReview failed: %s: %s", type(err).__name__, err)
+            return Verdict(500, "the token could not be reviewed")
+        if not status.get("authenticated"):
+            return Verdict(403, f"token not valid for audience {audience}")
+        if audience not in (status.get("audiences") or []):
+            return Verdict(403, f"token audiences do not include {audience}")
+        user = status.get("user") or {}
+        username = str(user.get("username") or "")
+        if not username.startswith(f"system:serviceaccount:{namespace}:"):
+            return Verdict(403, f"{username or 'the user'} is not a ServiceAccount of {namespace}")
+        extra = user.get("extra") or {}
+        pods, uids = extra.get(POD_NAME_EXTRA) or [], extra.get(POD_UID_EXTRA) or []
+        if not pods:
+            return Verdict(403, "the token is not bound to a pod")
+        pod = str(pods[0])
+        try:
+            refusal = self.binding.refusal(namespace, run, pod, str(uids[0]) if uids else "")
+        except Exception as err:
+            logger.error("progress: reading pod %s/%s: %s: %s", namespace, pod,
+                         type(err).__name__, err)  # fmt: skip
+            return Verdict(500, "the token's pod could not be read")
+        if refusal is not None:
+            return Verdict(403, refusal)
+        return Verdict(200, "the run's pod", pod)

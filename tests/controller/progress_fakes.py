@@ -1,4 +1,4 @@
-"""Fakes for the progress endpoint's token decision (controller/progress_auth.py and
+"""Fakes for the progress endpoint's token decision (controller/tokenauth.py and
 progress_binding.py): a TokenReview that answers as the API server does for pod-bound tokens,
 and a namespace of runs, jobs and pods as the training operator makes them."""
 
@@ -8,13 +8,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from megdet import progress as protocol
-from megdet.controller.progress_auth import POD_NAME_EXTRA, POD_UID_EXTRA
 from megdet.controller.progress_binding import (
     JOB_API_VERSION,
     JOB_KIND,
     PodBinding,
     RunRef,
 )
+from megdet.controller.tokenauth import POD_NAME_EXTRA, POD_UID_EXTRA
 
 NS = "vision"
 

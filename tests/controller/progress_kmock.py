@@ -24,7 +24,7 @@ from kmock_helpers import (
 )
 
 from megdet import progress as protocol
-from megdet.controller.progress_auth import POD_NAME_EXTRA, POD_UID_EXTRA
+from megdet.controller.tokenauth import POD_NAME_EXTRA, POD_UID_EXTRA
 
 OPS = "ops"
 SECRET = f"{OPS}/megdet-operator-progress-ca"

@@ -35,7 +35,7 @@ def _refused(server: str, reason: str) -> float:
 
 class _NoAuth:
     def check(self, authorization: Any, namespace: str, name: str, source: str = "") -> Any:
-        from megdet.controller.progress_auth import Verdict
+        from megdet.controller.tokenauth import Verdict
 
         return Verdict(401, "no bearer token")
 
@@ -236,7 +236,7 @@ def test_limits_are_checked() -> None:
 
 
 def test_metrics_token_reviews_are_rate_limited_per_source() -> None:
-    from megdet.controller.metrics_auth import TokenAuthorizer
+    from megdet.controller.tokenauth import TokenAuthorizer
 
     class Reviewer:
         calls = 0

@@ -20,15 +20,15 @@ import pytest
 
 from megdet.cli import build_parser, main
 from megdet.controller import metrics
-from megdet.controller.metrics_auth import (
+from megdet.controller.metrics import server_ssl_context
+from megdet.controller.tls import self_signed
+from megdet.controller.tokenauth import (
     AuthError,
     KubernetesReviewer,
     TokenAuthorizer,
     User,
-    server_ssl_context,
+    bearer_token,
 )
-from megdet.controller.tls import self_signed
-from megdet.controller.tokenauth import bearer_token
 
 READER = User("system:serviceaccount:monitoring:prometheus", "uid-1", ("system:serviceaccounts",))
 STRANGER = User("system:serviceaccount:vision:default", "uid-2", ("system:serviceaccounts",))

@@ -9,8 +9,8 @@ import pytest
 from progress_fakes import NS, FakeNamespace, FakeReview, job, job_uid, pod, pod_uid, run_uid
 
 from megdet import progress as protocol
-from megdet.controller.progress_auth import RunAuthenticator
 from megdet.controller.progress_binding import RunDirectory, RunRef
+from megdet.controller.tokenauth import RunAuthenticator
 
 
 class Clock:

@@ -16,10 +16,10 @@ from progress_fakes import FakeNamespace, FakeReview, pod_uid
 from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.planning import plan_children
-from megdet.controller.progress_auth import RunAuthenticator
 from megdet.controller.progress_ca import ServingCert, service_hosts
 from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
+from megdet.controller.tokenauth import RunAuthenticator
 
 NS = "vision"
 

@@ -19,7 +19,6 @@ import pytest
 
 from megdet import progress as protocol
 from megdet.controller import metrics
-from megdet.controller.progress_auth import RunAuthenticator, Verdict
 from megdet.controller.progress_binding import RunRef
 from megdet.controller.progress_hub import (
     MAX_INT64,
@@ -30,7 +29,13 @@ from megdet.controller.progress_hub import (
     out_of_range,
 )
 from megdet.controller.progress_server import MAX_LOGGED, ProgressServer, run_of_path
-from megdet.controller.tokenauth import MAX_TOKEN_LENGTH, SourceLimiter, VerdictCache
+from megdet.controller.tokenauth import (
+    MAX_TOKEN_LENGTH,
+    RunAuthenticator,
+    SourceLimiter,
+    Verdict,
+    VerdictCache,
+)
 
 NS = "vision"
 

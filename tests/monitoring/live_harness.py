@@ -117,7 +117,7 @@ class GrantScraper:
     tests/e2e/test_e2e_metrics_auth.py asks a real API server."""
 
     def authenticate(self, token: str):
-        from megdet.controller.metrics_auth import User
+        from megdet.controller.tokenauth import User
 
         if token != SCRAPER_TOKEN:
             return None
@@ -143,7 +143,8 @@ class ControllerUnderTest:
 
     def start(self, timeout: float = 60.0) -> ControllerUnderTest:
         from megdet.controller import metrics
-        from megdet.controller.metrics_auth import TokenAuthorizer, server_ssl_context
+        from megdet.controller.metrics import server_ssl_context
+        from megdet.controller.tokenauth import TokenAuthorizer
 
         self._server = metrics.serve(
             self.port,
