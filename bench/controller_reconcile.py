@@ -86,7 +86,7 @@ RESULTS_TIMEOUT_S = 300.0
 #: How the controller process runs (``--no-heap-trim``, ``--arena-max``): the heap trimmer of
 #: controller/heap.py as ``megdet controller`` starts it, and glibc's ``MALLOC_ARENA_MAX`` (0:
 #: glibc's default, 8 per core; the operator chart sets 2).
-TUNING: dict[str, Any] = {"heap_trim": True, "arena_max": 0, "job_cache": True}
+TUNING: dict[str, Any] = {"heap_trim": True, "arena_max": 0, "job_cache": True, "sample": False}
 
 
 def _kmock_helpers() -> Any:
@@ -124,6 +124,61 @@ def _short_path(filename: str) -> str:
         if marker in filename:
             return filename.split(marker, 1)[1]
     return os.path.relpath(filename, ROOT) if filename.startswith(str(ROOT)) else filename
+
+
+class _Sampler:
+    """A sampling profiler for every thread of the process (``--sample``): every ``period``
+    seconds, each thread's stack from ``sys._current_frames()``; reported as the functions
+    most often on top of a stack (own time) and anywhere in it (inclusive), by file:function.
+    Threads that only wait (the asyncio selector, condition waits, idle pool workers) are left
+    out, so the shares are of the time a thread was running Python."""
+
+    WAITING = ("select", "wait", "_worker", "poll", "sleep", "_wait_for_tstate_lock", "acquire")
+
+    def __init__(self, period: float = 0.005) -> None:
+        import collections
+
+        self.period = period
+        self.own: collections.Counter[str] = collections.Counter()
+        self.inclusive: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.period):
+            for ident, frame in sys._current_frames().items():
+                if ident == me or frame.f_code.co_name in self.WAITING:
+                    continue
+                self.samples += 1
+                seen = set()
+                top = True
+                while frame is not None:
+                    code = frame.f_code
+                    key = f"{_short_path(code.co_filename)}:{code.co_name}"
+                    if top:
+                        self.own[key] += 1
+                        top = False
+                    if key not in seen:
+                        self.inclusive[key] += 1
+                        seen.add(key)
+                    frame = frame.f_back
+
+    def report(self, limit: int = 25) -> dict[str, Any]:
+        total = self.samples or 1
+        return {
+            "samples": self.samples,
+            "own": [(k, n / total) for k, n in self.own.most_common(limit)],
+            "inclusive": [(k, n / total) for k, n in self.inclusive.most_common(limit * 2)],
+        }
 
 
 def _held_bodies() -> dict[str, int]:
@@ -226,8 +281,12 @@ def _controller(
     configure(settings, peering=None, fast=True, workers=workers)
     kopf_ready, kopf_stop = threading.Event(), threading.Event()
 
+    sampler = _Sampler() if target.get("sample") else None
+
     def relay() -> None:
         kopf_ready.wait()
+        if sampler is not None:
+            sampler.start()
         if trace:
             snaps["ready"] = tracemalloc.take_snapshot()
         rss["ready"] = _memory_kib("VmRSS")
@@ -235,6 +294,8 @@ def _controller(
         ready.set()
         while not stop.is_set():
             if reconciled.wait(0.05) and "reconciled" not in rss:
+                if sampler is not None:
+                    sampler.stop()
                 rss["reconciled"] = _memory_kib("VmRSS")
                 cpu.append(time.process_time())
                 if trace:
@@ -282,6 +343,7 @@ def _controller(
                 "held": len(cluster.cache),
             },
             "renders": {"renders": renderer.renders - renders_before, "reused": renderer.reused},
+            "sampled": sampler.report() if sampler is not None else None,
             "heap_trims": None
             if trimmer is None
             else {
@@ -415,6 +477,7 @@ def _result(
         "traced_growth": child["traced"],
         "held_bodies": child["held_bodies"],
         "heap_trims": child.get("heap_trims"),
+        "sampled": child.get("sampled"),
         "job_cache": child.get("job_cache"),
         "renders": child.get("renders"),
         "tuning": dict(TUNING),
@@ -990,6 +1053,14 @@ def print_report(result: dict[str, Any]) -> None:
             )
             + f"; renders {renders.get('renders')}, reused {renders.get('reused')}"
         )
+        sampled = r.get("sampled")
+        if sampled:
+            print(f"{api}: {sampled['samples']} stack samples of running threads; own time:")
+            for key, share in sampled["own"]:
+                print(f"    {share * 100:5.1f} %  {key}")
+            print(f"{api}: inclusive:")
+            for key, share in sampled["inclusive"]:
+                print(f"    {share * 100:5.1f} %  {key}")
         for phase, kinds in r.get("held_bodies", {}).items():
             listed = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items())) or "none"
             print(f"{api}: objects still held by the controller when {phase}: {listed}")
@@ -1085,11 +1156,22 @@ def main(argv: list[str] | None = None) -> None:
         help="answer the controller's job reads from its watch (controller/kubeapi.py JobCache; "
         "default: on; --no-job-cache: every read asks the API server, as before)",
     )
+    parser.add_argument(
+        "--sample",
+        action="store_true",
+        help="sample every thread of the controller's stacks every 5 ms, ready -> reconciled, "
+        "and report where its running time goes (slows it a little)",
+    )
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
     if args.arena_max < 0:
         parser.error("--arena-max must be 0 (glibc's default) or more")
-    TUNING.update(heap_trim=args.heap_trim, arena_max=args.arena_max, job_cache=args.job_cache)
+    TUNING.update(
+        heap_trim=args.heap_trim,
+        arena_max=args.arena_max,
+        job_cache=args.job_cache,
+        sample=args.sample,
+    )
     if args.runs < 1 or args.nodes < 1 or args.namespaces < 1:
         parser.error("--runs, --nodes and --namespaces must be at least 1")
     apis = APIS if args.api == "both" else (args.api,)

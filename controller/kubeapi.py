@@ -309,14 +309,30 @@ class JobCache:
 
         from megdet.controller.api import TARGET_BY_KIND
 
+        ids = {}
         for (api_version, kind), plural in OWNED_KINDS.items():
             if kind not in TARGET_BY_KIND:
                 continue
             group, version = api_version.split("/", 1)
-            index_id = JOB_INDEX_PREFIX + kind.lower()
-            kopf.index(group, version, plural, registry=registry, id=index_id, when=when)(
-                self._indexer(kind, index_id)
+            ids[kind] = JOB_INDEX_PREFIX + kind.lower()
+            kopf.index(group, version, plural, registry=registry, id=ids[kind], when=when)(
+                self._indexer(kind, ids[kind])
             )
+
+        # kopf hands every index to every indexing call: a run's own event (indexed before its
+        # handlers run) shows this the job indices before the first job exists, so the first
+        # runs of a burst are answered too. It indexes nothing.
+        async def see_job_indices(**kwargs: Any) -> dict[Any, Any]:
+            if len(self._indices) < len(ids):
+                with self._lock:
+                    for kind, index_id in ids.items():
+                        if kind not in self._indices and index_id in kwargs:
+                            self._indices[kind] = kwargs[index_id]
+            return {}
+
+        kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=JOB_INDEX_PREFIX + "seen")(
+            see_job_indices
+        )
 
     def _indexer(self, kind: str, index_id: str) -> Callable[..., Any]:
         async def index(body: Mapping[str, Any], **kwargs: Any) -> dict[Any, Any]:
@@ -429,7 +445,7 @@ class Cluster:
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         """The object, or None when it does not exist."""
-        if self.cache is not None:
+        if self.cache is not None and kind in TARGET_BY_KIND:
             answered, cached = self.cache.lookup(kind, namespace, name)
             if answered:
                 return cached
