@@ -55,6 +55,7 @@ from megdet.controller.planning import (
 from megdet.controller.policy import Policy
 from megdet.controller.policy import check as check_policy
 from megdet.controller.progress_hub import Milestones
+from megdet.controller.render import forget_run as forget_render
 from megdet.controller.status import (
     CHILD_REFUSED,
     POLICY_DENIED,
@@ -523,6 +524,7 @@ class Reconciler:
                 if kind in TARGET_BY_KIND:
                     metrics.JOBS_DELETED.labels(namespace, TARGET_BY_KIND[kind]).inc()
         metrics.forget_run(namespace, name)
+        forget_render(namespace, name)  # its kept render (controller/render.py)
         self.milestones.pop((namespace, name), None)
         self.writer.phases.set(namespace, name, None)
 

@@ -1,9 +1,10 @@
 """Nothing the controller keeps for a run outlives it (issue 24, item 1), on kmock with the real
 operator serving the progress endpoint: the per-run status lock, the progress hub, the served-run
-directory, the run's ``megdet_controller_run_info`` series and the job cache (kubeapi.JobCache)
-all hold the runs while they exist and nothing of them once every run is deleted, so a burst
-of runs that come and go leaves the controller's memory where it was (the RSS itself is
-measured by ``bench/controller_reconcile.py --delete``, docs/benchmarks.md)."""
+directory, the run's ``megdet_controller_run_info`` series, the job cache (kubeapi.JobCache)
+and the kept renders (render.py) all hold the runs while they exist and nothing of them once
+every run is deleted, so a burst of runs that come and go leaves the controller's memory where
+it was (the RSS itself is measured by ``bench/controller_reconcile.py --delete``,
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kmock_helpers import NAMESPACE, RUNS, apply, delete, eventually, get, recon
 from progress_kmock import start_progress_operator
 
 from megdet.controller import metrics
+from megdet.controller.render import default_renderer
 
 RUN_COUNT = 12
 
@@ -44,6 +46,7 @@ async def test_no_per_run_structure_outlives_its_run(cluster) -> None:
             await asyncio.to_thread(service.hub.report, NAMESPACE, name, evaluation)
         assert {(NAMESPACE, n) for n in names} <= set(service.hub.runs)
         assert set(names) <= run_info_names()
+        assert {(NAMESPACE, n) for n in names} <= set(default_renderer().memo_keys())
         assert reconciler.cluster.cache.serves("PyTorchJob")
         assert len(reconciler.cluster.cache) >= len(names)
 
@@ -59,6 +62,7 @@ async def test_no_per_run_structure_outlives_its_run(cluster) -> None:
                 and not run_info_names() & set(names)
                 and len(reconciler.writer.locks) == 0
                 and len(reconciler.cluster.cache) == 0
+                and not {key[1] for key in default_renderer().memo_keys()} & set(names)
             ),
             message="every per-run structure to let its run go",
         )
