@@ -105,7 +105,7 @@ clean:
 	rm -rf $(VENV) build output .pytest_cache .ruff_cache .hypothesis .cluster
 
 # The MegDetRun CRD is generated from charts/megdet/values.schema.json and values.yaml
-# (tests/controller/test_crd.py fails when the committed copy is stale).
+# (tests/controller/offline/test_crd.py fails when the committed copy is stale).
 crd: setup
 	$(BIN)/python -m megdet.controller.offline.crd
 

@@ -10,11 +10,6 @@ from megdet.controller.render import split_manifests
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_CHART = ROOT / "charts" / "megdet-operator"
 RELEASE, NAMESPACE = "megdet", "monitoring"
-ALL_ON = {
-    "dashboards": {"enabled": True},
-    "alerts": {"enabled": True},
-    "podMonitor": {"enabled": True},
-}
 
 
 def render_operator(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:

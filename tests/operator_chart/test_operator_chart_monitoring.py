@@ -6,28 +6,33 @@ from __future__ import annotations
 import json
 
 import helm_python
-from monitoring_helpers import ALL_ON, NAMESPACE, OPERATOR_CHART, of_kind, render_operator
+from operator_chart_helpers import CHART_DIR, NAMESPACE, render
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR
 from megdet.monitoring.dashboards import DASHBOARDS
 
 MONITORING_KINDS = ("PrometheusRule", "PodMonitor")
+ALL_ON = {
+    "dashboards": {"enabled": True},
+    "alerts": {"enabled": True},
+    "podMonitor": {"enabled": True},
+}
 
 
-def dashboard_configmaps(objects):
-    return [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith(
+def dashboard_configmaps(rendered):
+    return [o for o in rendered.of_kind("ConfigMap") if o["metadata"]["name"].endswith(
         tuple(DASHBOARDS))]  # fmt: skip
 
 
 def test_monitoring_objects_are_off_by_default():
-    objects = render_operator()
-    assert not [o for o in objects if o["kind"] in MONITORING_KINDS]
-    assert not dashboard_configmaps(objects)
+    rendered = render()
+    assert not [o for o in rendered.objects if o["kind"] in MONITORING_KINDS]
+    assert not dashboard_configmaps(rendered)
 
 
 def test_dashboards_ship_as_sidecar_configmaps_holding_the_generated_json():
-    objects = render_operator({"dashboards": {"enabled": True}})
-    maps = dashboard_configmaps(objects)
+    rendered = render({"dashboards": {"enabled": True}})
+    maps = dashboard_configmaps(rendered)
     assert len(maps) == len(DASHBOARDS)
     for cm in maps:
         assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -37,7 +42,7 @@ def test_dashboards_ship_as_sidecar_configmaps_holding_the_generated_json():
 
 
 def test_dashboard_label_namespace_and_folder_annotation_are_configurable():
-    objects = render_operator(
+    rendered = render(
         {
             "dashboards": {
                 "enabled": True,
@@ -49,7 +54,7 @@ def test_dashboard_label_namespace_and_folder_annotation_are_configurable():
             }
         }
     )
-    for cm in dashboard_configmaps(objects):
+    for cm in dashboard_configmaps(rendered):
         meta = cm["metadata"]
         assert meta["labels"]["grafana_dashboard_megdet"] == "yes"
         assert "grafana_dashboard" not in meta["labels"]
@@ -59,10 +64,8 @@ def test_dashboard_label_namespace_and_folder_annotation_are_configurable():
 
 
 def test_podmonitor_selects_trainer_pods_and_relabels_instance_to_run():
-    objects = render_operator(
-        {"podMonitor": {"enabled": True, "additionalLabels": {"release": "kps"}}}
-    )
-    (pm,) = of_kind(objects, "PodMonitor")
+    rendered = render({"podMonitor": {"enabled": True, "additionalLabels": {"release": "kps"}}})
+    (pm,) = rendered.of_kind("PodMonitor")
     assert pm["apiVersion"] == "monitoring.coreos.com/v1"
     assert pm["metadata"]["labels"]["release"] == "kps"
     spec = pm["spec"]
@@ -81,36 +84,32 @@ def test_podmonitor_selects_trainer_pods_and_relabels_instance_to_run():
 
 
 def test_podmonitor_can_be_limited_to_namespaces():
-    objects = render_operator({"podMonitor": {"enabled": True, "namespaces": ["vision"]}})
-    (pm,) = of_kind(objects, "PodMonitor")
+    rendered = render({"podMonitor": {"enabled": True, "namespaces": ["vision"]}})
+    (pm,) = rendered.of_kind("PodMonitor")
     assert pm["spec"]["namespaceSelector"] == {"matchNames": ["vision"]}
 
 
 def test_prometheusrule_carries_additional_labels():
-    objects = render_operator({"alerts": {"enabled": True, "additionalLabels": {"release": "kps"}}})
-    (rule,) = of_kind(objects, "PrometheusRule")
+    rendered = render({"alerts": {"enabled": True, "additionalLabels": {"release": "kps"}}})
+    (rule,) = rendered.of_kind("PrometheusRule")
     assert rule["metadata"]["labels"]["release"] == "kps"
     assert rule["metadata"]["namespace"] == NAMESPACE
 
 
 def test_lint_strict_is_clean_with_every_monitoring_object_on():
-    ci = helm_python.values_from_yaml(
-        (OPERATOR_CHART / "ci" / "monitoring-values.yaml").read_text()
-    )
+    ci = helm_python.values_from_yaml((CHART_DIR / "ci" / "monitoring-values.yaml").read_text())
     for values in (ALL_ON, ci):
-        result = helm_python.lint(str(OPERATOR_CHART), values, strict=True)
+        result = helm_python.lint(str(CHART_DIR), values, strict=True)
         assert result["errors"] == []
         assert not [m for m in result["messages"] if m["severity"] > 1], result["messages"]
 
 
 def test_the_ci_values_file_turns_every_monitoring_object_on():
-    ci = helm_python.values_from_yaml(
-        (OPERATOR_CHART / "ci" / "monitoring-values.yaml").read_text()
-    )
-    objects = render_operator(ci)
-    kinds = {o["kind"] for o in objects}
+    ci = helm_python.values_from_yaml((CHART_DIR / "ci" / "monitoring-values.yaml").read_text())
+    rendered = render(ci)
+    kinds = {o["kind"] for o in rendered.objects}
     assert {"ServiceMonitor", "PodMonitor", "PrometheusRule"} <= kinds
-    assert len(dashboard_configmaps(objects)) == len(DASHBOARDS)
-    for obj in objects:
+    assert len(dashboard_configmaps(rendered)) == len(DASHBOARDS)
+    for obj in rendered.objects:
         if obj["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule"):
             assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack"

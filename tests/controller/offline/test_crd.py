@@ -38,7 +38,7 @@ from megdet.controller.offline.schema import (
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "megdet"
 
 #: Keywords a structural schema must not use (apiextensions v1 refuses them).

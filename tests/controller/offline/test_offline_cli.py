@@ -19,7 +19,7 @@ import yaml
 
 from megdet.controller.offline.cli import refusal_lines
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RUN = """\
 apiVersion: megdet.io/v1alpha1
 kind: MegDetRun

@@ -35,7 +35,7 @@ from megdet.controller.offline.validation import (
 from megdet.controller.render import RUN_SPEC_VALUES, render_run
 from megdet.plan import RunSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "megdet"
 VALUES_SCHEMA = json.loads((CHART / "values.schema.json").read_text())["properties"]
 

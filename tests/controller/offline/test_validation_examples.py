@@ -15,7 +15,7 @@ from megdet.controller.offline.schema import apply_defaults, to_json_schema
 from megdet.controller.offline.validation import validate_run, validate_update
 from megdet.controller.render import render_run
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
