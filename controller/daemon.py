@@ -280,20 +280,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"no in-cluster service account and no kubeconfig: {err}") from None
     api = k8s.ApiClient()
     api.user_agent = "megdet-controller"
-    registry = build_registry(
-        Reconciler(
-            Cluster(api, timeout=args.api_timeout),
-            policy=load_policy(args.policy_file),
-            # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
-            checkpoint_events=args.progress_checkpoint_events,
-            progress_url=args.progress_url,  # given to every run's render ("" = none)
-        )
+    reconciler = Reconciler(
+        Cluster(api, timeout=args.api_timeout),
+        policy=load_policy(args.policy_file),
+        # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
+        checkpoint_events=args.progress_checkpoint_events,
+        progress_url=args.progress_url,  # given to every run's render ("" = none)
     )
-
-    @kopf.on.login(registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-
     settings = kopf.OperatorSettings()
     configure(settings, peering=None if args.standalone else args.peering)
     settings.peering.priority = args.priority
@@ -317,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     identity = detect_own_id(manual=False)
     service = None
     if args.progress_url:
-        from megdet.controller import progress
+        from megdet.controller import progress_server
         from megdet.controller.progress_leader import (
             Always,
             PeeringLeadership,
@@ -340,9 +333,8 @@ def run(args: argparse.Namespace) -> int:
                 kubernetes_pod_labeller(api, pod_ns, pod_name, args.api_timeout), active
             )
         try:
-            service = progress.start(
+            service = progress_server.start(
                 api,
-                registry,
                 url=args.progress_url,
                 port=args.progress_port,
                 cert_dir=args.progress_cert_dir,
@@ -364,6 +356,13 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         except OSError as err:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
+    # The run handlers and, with --progress-url, the progress endpoint's (operator.py).
+    registry = build_registry(reconciler, progress=service)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     try:
         kopf.run(
             registry=registry,

@@ -15,18 +15,25 @@ Where the rest lives: :mod:`~megdet.controller.api` (group, version, kinds),
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 import kopf
 
 from megdet.controller.api import FINALIZER, GROUP, OWNED_KINDS, PLURAL, TARGET_BY_KIND, VERSION
 from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
 
+if TYPE_CHECKING:
+    from megdet.controller.progress_server import ProgressService
+
 __all__ = ["build_registry", "configure"]
 
 
-def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
+def build_registry(
+    handlers: Reconciler, progress: ProgressService | None = None
+) -> kopf.OperatorRegistry:
     """A kopf registry with the MegDetRun handlers of ``handlers`` (one operator's
-    :class:`~megdet.controller.reconciler.Reconciler`: its cluster, policy, backoff)."""
+    :class:`~megdet.controller.reconciler.Reconciler`: its cluster, policy, backoff) and, with
+    ``progress`` (the progress endpoint, ``--progress-url``), the endpoint's."""
     registry = kopf.OperatorRegistry()
     for register in (kopf.on.create, kopf.on.resume, kopf.on.update):
         register(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")(handlers.reconcile)
@@ -49,6 +56,20 @@ def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
                 when=handlers.owned_by_run,
                 id=f"mirror-{kind}",
             )(handlers.job_event)
+    if progress is not None:
+        from megdet.controller import progress_ca
+        from megdet.controller.progress_hub import register_forget
+
+        # The served runs (uid, job) from the runs' watch: a report costs no read of its run.
+        runs = progress.runs
+
+        async def note_run(event: Any, body: Any, **_: Any) -> None:
+            runs.note(body, deleted=event.get("type") == "DELETED")
+
+        kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-runs")(note_run)
+        register_forget(registry, progress.hub)  # a deleted run's progress state goes with it
+        if progress.keeper is not None:  # the CA ConfigMap in each run's namespace
+            progress_ca.register(registry, progress.keeper)
     return registry
 
 

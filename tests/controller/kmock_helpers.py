@@ -455,13 +455,15 @@ class OperatorThread:
         namespaces: list[str] | None = None,
         progress: str | None = None,
         pod_namespace: str | None = None,
+        progress_url: str = "",
     ) -> None:
         """``progress``: also serve the progress endpoint (on 127.0.0.1, a free port), its CA
         in this Secret (NAMESPACE/NAME), following the peering as ``megdet controller`` does;
         ``pod_namespace``: the replica's pod is ``<pod_namespace>/<identity>`` (labelled while
-        active)."""
+        active); ``progress_url``: the Reconciler's (``--progress-url``, given to the runs)."""
         self.url = url
         self.progress = progress
+        self.progress_url = progress_url
         self.pod_namespace = pod_namespace
         self.progress_service: Any = None
         self.reconciler: Reconciler | None = None
@@ -494,16 +496,19 @@ class OperatorThread:
 
     async def _main(self) -> None:
         self.reconciler = Reconciler(
-            Cluster(self._client(), timeout=self.timeout), self.backoff, policy=self.policy
+            Cluster(self._client(), timeout=self.timeout),
+            self.backoff,
+            policy=self.policy,
+            progress_url=self.progress_url,
         )
-        registry = build_registry(self.reconciler)
+        if self.progress is not None:
+            self._start_progress()
+        registry = build_registry(self.reconciler, progress=self.progress_service)
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=self.url, insecure=True, default_namespace=NAMESPACE)
 
-        if self.progress is not None:
-            self._start_progress(registry)
         settings = kopf.OperatorSettings()
         configure(settings, peering=self.peering, fast=True)
         settings.peering.priority = self.priority
@@ -517,8 +522,8 @@ class OperatorThread:
             ready_flag=self.ready_flag,
         )
 
-    def _start_progress(self, registry: Any) -> None:
-        from megdet.controller import progress
+    def _start_progress(self) -> None:
+        from megdet.controller import progress_server
         from megdet.controller.progress_leader import (
             Always,
             PeeringLeadership,
@@ -537,9 +542,8 @@ class OperatorThread:
         if self.pod_namespace:
             patch = kubernetes_pod_labeller(client, self.pod_namespace, self.identity, self.timeout)
             label = PodLabel(patch, active)
-        self.progress_service = progress.start(
+        self.progress_service = progress_server.start(
             client,
-            registry,
             url="https://megdet-operator-progress.ops.svc:8443",
             port=0,
             addr="127.0.0.1",

@@ -308,6 +308,30 @@ def test_the_controller_injects_progress_values_into_the_render() -> None:
     assert env["MEGDET_RUN_NAME"] == "r1"  # the run env still comes last
 
 
+async def test_the_operator_gives_each_run_its_progress_url(cluster) -> None:
+    """--progress-url reaches the render as the Reconciler's setting (no module global): the
+    job the operator creates carries the endpoint's URL for its run."""
+    from kmock_helpers import (
+        NAMESPACE,
+        PYTORCHJOBS,
+        apply,
+        eventually,
+        get,
+        run_body,
+        start_operator,
+        stop_operator,
+    )
+
+    op = await start_operator(str(cluster.url), progress_url="https://op.ops.svc:8443")
+    try:
+        await apply(cluster, run_body("r1"))
+        job = await eventually(lambda: get(cluster, PYTORCHJOBS, "r1"), message="the job")
+    finally:
+        await stop_operator(op)
+    url = "https://op.ops.svc:8443" + protocol.run_status_path(NAMESPACE, "r1")
+    assert url in json.dumps(job)
+
+
 def test_serving_cert_verifies_for_the_service_names(cert) -> None:
     hosts = service_hosts("https://op-metrics.ops.svc:8443")
     assert hosts[:2] == ["op-metrics.ops.svc", "op-metrics"]

@@ -45,9 +45,9 @@ async def test_the_hub_forgets_deleted_runs_and_a_recreated_run_starts_clean(
         interval=0.01,
     )
 
-    def registry_with_forget(handlers: Any) -> Any:
-        registry = build_registry(handlers)
-        register_forget(registry, hub)  # as controller/progress.py wires it
+    def registry_with_forget(handlers: Any, progress: Any = None) -> Any:
+        registry = build_registry(handlers, progress)
+        register_forget(registry, hub)  # as controller/operator.py wires it
         return registry
 
     monkeypatch.setattr(kmock_helpers, "build_registry", registry_with_forget)
