@@ -251,21 +251,11 @@ class BenchCluster:
         operators' user out). Empty without the training operator."""
         if not self.training_operator:
             return {}
-        import re
         import urllib.request
 
         port = (self.kube.state() or {"ports": {}})["ports"]["training-operator-metrics"]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        out: dict[str, float] = collections.defaultdict(float)
-        sample = re.compile(r"^rest_client_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
-        for line in text.splitlines():
-            found = sample.match(line)
-            if found:
-                labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group("labels")))
-                key = f"{labels.get('method', '?')} {labels.get('code', '?')}"
-                out[key] += float(found.group("value"))
-        return dict(out)
+            return client_requests(resp.read().decode())
 
     def wait_quiet(
         self, pids: Iterable[int], quiet_s: float = 3.0, below: float = 0.05, timeout: float = 300
@@ -322,6 +312,23 @@ class BenchCluster:
 
     def count_jobs(self) -> int:
         return sum(self.jobs_by_kind().values())
+
+
+def client_requests(metrics_text: str) -> dict[str, float]:
+    """client-go's ``rest_client_requests_total`` samples in a Prometheus text page, summed by
+    "METHOD CODE" (over hosts)."""
+    import re
+
+    out: dict[str, float] = collections.defaultdict(float)
+    sample = re.compile(r"^rest_client_requests_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$")
+    for line in metrics_text.splitlines():
+        found = sample.match(line)
+        if found:
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', found.group("labels")))
+            out[f"{labels.get('method', '?')} {labels.get('code', '?')}"] += float(
+                found.group("value")
+            )
+    return dict(out)
 
 
 def write_costs(bench: BenchCluster, client: RunClient, count: int) -> dict[str, dict[str, float]]:
