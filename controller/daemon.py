@@ -198,6 +198,14 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         "TLS handshake, headers and body together (default: 10)",
     )
     parser.add_argument(
+        "--workers",
+        type=whole_number(minimum=1),
+        default=None,
+        metavar="N",
+        help="threads that run the handlers (the render and the blocking API calls; default: "
+        "kopf's, the node's cores + 4, at most 32); see docs/capacity.md",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         default="INFO",
@@ -288,7 +296,7 @@ def run(args: argparse.Namespace) -> int:
         progress_url=args.progress_url,  # given to every run's render ("" = none)
     )
     settings = kopf.OperatorSettings()
-    configure(settings, peering=None if args.standalone else args.peering)
+    configure(settings, peering=None if args.standalone else args.peering, workers=args.workers)
     settings.peering.priority = args.priority
     settings.posting.reporting_component = "megdet-controller"
     settings.posting.reporting_instance = os.environ.get("POD_ID", "megdet-controller")
@@ -363,6 +371,11 @@ def run(args: argparse.Namespace) -> int:
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
+    # A burst of runs leaves freed memory in glibc's arenas: give it back once the burst is
+    # over (controller/heap.py; a no-op without glibc).
+    from megdet.controller.heap import HeapTrimmer
+
+    trimmer = HeapTrimmer().start()
     try:
         kopf.run(
             registry=registry,
@@ -373,6 +386,7 @@ def run(args: argparse.Namespace) -> int:
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
         )
     finally:
+        trimmer.stop()
         if service is not None:
             service.stop()  # off the progress Service before the process goes
     return 0
