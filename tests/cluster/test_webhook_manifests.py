@@ -14,13 +14,13 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from megdet.cluster import build
-from megdet.cluster.control_plane import (
+from megdet.cluster.control_plane import Cluster
+from megdet.cluster.operators import (
     JOBSET_WEBHOOK_CONFIGS,
     KUEUE_WEBHOOK_CONFIGS,
     TRAINER_WEBHOOK_CONFIGS,
     WEBHOOK_CA_NAMES,
     WEBHOOK_SERVICE_NAMES,
-    Cluster,
 )
 from megdet.cluster.pki import CertificateAuthority, dns_names
 

@@ -35,7 +35,8 @@ from e2e_helpers import (
 )
 from test_pytorchjob import volumes
 
-from megdet.cluster.control_plane import TRAINER_NAMESPACE, Cluster
+from megdet.cluster.control_plane import Cluster
+from megdet.cluster.operators import TRAINER_NAMESPACE
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, to_request, to_status
 
 NS = "progress-e2e"
