@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, get_json, helm
 
 from megdet.cluster import build
 from megdet.cluster.control_plane import Cluster
 from megdet.controller.api import PLURAL
-from megdet.controller.crd import CRD_FILE, build_crd
+from megdet.controller.offline.crd import CRD_FILE, build_crd
 
 
 def test_crd_is_established_and_matches_the_generated_one(kube, operator_chart) -> None:
@@ -79,6 +81,7 @@ def test_controller_runs_with_its_role_and_no_more(kube, controller) -> None:
         assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), (args, proc.stderr)
 
 
+@pytest.mark.previous_apiserver
 def test_the_crd_installs_on_an_older_api_server(tmp_path) -> None:
     """The same CRD on kube-apiserver 1.34 (the oldest minor the Go module proxy serves; the
     documented floor, 1.28, is checked with kubernetes-validate in tests/operator_chart)."""
