@@ -14,9 +14,9 @@ from e2e_helpers import ROOT, apply_objects, get_json, mdr, namespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.validation import validate_run
-from megdet.policy import Policy
-from megdet.policy import check as check_policy
+from megdet.controller.offline.validation import validate_run
+from megdet.controller.policy import Policy
+from megdet.controller.policy import check as check_policy
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 VALUES = yaml.safe_load((ROOT / "charts/megdet/values.yaml").read_text())
