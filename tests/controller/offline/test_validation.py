@@ -3,7 +3,7 @@
 chart's values.schema.json (Helm's own check) and RunSpec. Plus a fuzz of validate_run.
 
 Where a verdict may differ by design, the test asserts exactly that documented difference
-(docs/architecture.md, "Validation layers"):
+(docs/controller.md, "Validation in detail"):
 
 - caps: the chart's schema bounds values RunSpec leaves open (``maximum``, ``maxItems``);
 - types: pydantic (lax mode) reads a numeric string such as "8" as a number; JSON Schema and the
