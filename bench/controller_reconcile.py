@@ -79,7 +79,7 @@ APPLY_THREADS = 8
 SETTLE_S = 1.0
 #: With --delete: seconds after the last run is released before the memory is read (the heap
 #: trimmer looks every 2 s and trims once the controller has been quiet for one look).
-DELETE_SETTLE_S = 6.0
+DELETE_SETTLE_S = 10.0
 #: Seconds the controller may take to stop and send its results (tracemalloc's snapshots and
 #: their comparison take tens of seconds on a loaded machine).
 RESULTS_TIMEOUT_S = 300.0

@@ -82,7 +82,7 @@ class HeapTrimmer:
         self,
         interval: float = 2.0,
         *,
-        idle_cpu: float = 0.05,
+        idle_cpu: float = 0.2,
         min_work_s: float = 2.0,
         growth_mib: float = 64.0,
         min_gap_s: float = 30.0,
