@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import kopf
 
 from megdet.controller.api import FINALIZER, GROUP, OWNED_KINDS, PLURAL, TARGET_BY_KIND, VERSION
+from megdet.controller.pod_problems import PART_OF
 from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
 
 if TYPE_CHECKING:
@@ -56,6 +57,16 @@ def build_registry(
                 when=handlers.owned_by_run,
                 id=f"mirror-{kind}",
             )(handlers.job_event)
+    # The run's pods (the run chart's label, selected by the API server: see configure), for
+    # why they cannot start; only the few that say something reach the handler.
+    kopf.on.event(
+        "v1",
+        "pods",
+        registry=registry,
+        labels={PART_OF[0]: PART_OF[1]},
+        when=handlers.pod_matters,
+        id="pods-started",
+    )(handlers.pod_event)
     if progress is not None:
         from megdet.controller import progress_ca
         from megdet.controller.progress_hub import register_forget
@@ -94,6 +105,8 @@ def configure(
     # Scanning watches CRDs and namespaces; the controller serves fixed resources cluster-wide,
     # so it needs neither (and neither do its RBAC rules).
     settings.scanning.disabled = True
+    # The pods' watch: the run chart's trainer pods only, filtered by the API server.
+    settings.watching.label_selectors["v1", "pods"] = f"{PART_OF[0]}={PART_OF[1]}"
     # Events: ours (one per phase change, kopf.event) always post; of kopf's own log lines only
     # warnings and errors become Events ("Handler succeeded" on every reconcile is noise and
     # an API call per run).

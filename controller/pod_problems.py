@@ -11,6 +11,15 @@ kuberuntime_container.go`` (CreateContainerConfigError, CreateContainerError) an
 that is merely pulling or creating (``ContainerCreating``, ``PodInitializing``) is not a
 problem, nor is one that a restart policy is about to start again.
 
+Which pods count (:func:`pod_of_runs_job`): the run chart labels every trainer pod
+``app.kubernetes.io/part-of=megdet`` and ``app.kubernetes.io/instance=<run>``; those labels
+are anyone's to write, so the pod must also be controlled by the run's job: for a PyTorchJob
+the one named ``status.jobName`` whose uid is ``status.jobUID``; for a TrainJob (pods of a
+batch/v1 Job of its JobSet, which is named after the TrainJob) a Job named ``<job>-...`` and
+the JobSet's ``jobset.sigs.k8s.io/jobset-name`` label. An owner reference is no proof against
+a namespace user who may create pods (it can be copied); that pod could only make the run say
+a pod cannot start, never change its phase, its job or its result.
+
 Pure functions: the handler that reads the pods and the status that shows the result live in
 the reconciler.
 """
@@ -35,9 +44,17 @@ STUCK_REASONS = frozenset(
     }
 )
 #: The condition a stuck pod sets False on the run (True again once no pod is stuck).
-CONDITION = "PodsStarted"
+CONDITION = PODS_STARTED_CONDITION = "PodsStarted"
 #: Longest message kept from the kubelet (an image reference, a registry's error text).
 MESSAGE_LIMIT = 512
+#: The run chart's labels on every trainer pod (charts/megdet/templates/_pod.tpl): the
+#: pods' watch selects ``PART_OF`` on the server; ``RUN_LABEL`` names the run.
+PART_OF = ("app.kubernetes.io/part-of", "megdet")
+RUN_LABEL = "app.kubernetes.io/instance"
+#: Pod phases that say its containers started (or ran and ended).
+STARTED_PHASES = frozenset({"Running", "Succeeded", "Failed"})
+#: The JobSet's label on its pods: the JobSet's name (a TrainJob's JobSet is named after it).
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 
 
 def _waiting(status: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -70,3 +87,47 @@ def pod_start_problem(pods: Iterable[Mapping[str, Any]]) -> tuple[str, str] | No
                     text = text[: MESSAGE_LIMIT - 3] + "..."
                 return str(reason), text
     return None
+
+
+def run_of_pod(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, run name) the pod's labels name, None for a pod without them."""
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+    namespace, run = meta.get("namespace"), labels.get(RUN_LABEL)
+    if labels.get(PART_OF[0]) != PART_OF[1] or not isinstance(run, str) or not run:
+        return None
+    return (namespace, run) if isinstance(namespace, str) and namespace else None
+
+
+def started(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's containers started (it runs, or ran and ended)."""
+    status = pod.get("status") if isinstance(pod.get("status"), Mapping) else {}
+    return status.get("phase") in STARTED_PHASES
+
+
+def pod_of_runs_job(pod: Mapping[str, Any], run: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is controlled by the job the controller created for ``run`` (see the
+    module docstring); False before the run's status records its job (``jobName``,
+    ``jobUID``)."""
+    status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
+    job, job_uid = status.get("jobName"), status.get("jobUID")
+    if not isinstance(job, str) or not job or not job_uid:
+        return False
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), Mapping) else {}
+    refs = meta.get("ownerReferences") if isinstance(meta.get("ownerReferences"), list) else []
+    owner = next((r for r in refs if isinstance(r, Mapping) and r.get("controller") is True), None)
+    if owner is None:
+        return False
+    if status.get("target") == "trainjob":
+        labels = meta.get("labels") if isinstance(meta.get("labels"), Mapping) else {}
+        return (
+            (owner.get("apiVersion"), owner.get("kind")) == ("batch/v1", "Job")
+            and str(owner.get("name") or "").startswith(f"{job}-")
+            and labels.get(JOBSET_NAME_LABEL) == job
+        )
+    return (owner.get("apiVersion"), owner.get("kind"), owner.get("name"), owner.get("uid")) == (
+        "kubeflow.org/v1",
+        "PyTorchJob",
+        job,
+        job_uid,
+    )

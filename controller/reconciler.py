@@ -52,6 +52,13 @@ from megdet.controller.planning import (
     suspend_patch,
     with_digest,
 )
+from megdet.controller.pod_problems import (
+    PODS_STARTED_CONDITION,
+    pod_of_runs_job,
+    pod_start_problem,
+    run_of_pod,
+    started,
+)
 from megdet.controller.policy import Policy
 from megdet.controller.policy import check as check_policy
 from megdet.controller.progress_hub import Milestones
@@ -66,6 +73,7 @@ from megdet.controller.status import (
     JobGone,
     NotCreated,
     Observed,
+    PodStart,
     Refused,
     SpecInvalid,
     condition_of,
@@ -151,6 +159,9 @@ class Reconciler:
         self.writer = StatusWriter(cluster, self.backoff, now)
         #: (namespace, run) -> the TrainJob mirror's milestone events state.
         self.milestones: dict[tuple[str, str], Milestones] = {}
+        #: (namespace, run) -> the message of its ``PodsStarted=False``, as last written: only
+        #: these runs' started pods reach :meth:`pod_event` (a string per stuck run, no pods).
+        self.stuck: dict[tuple[str, str], str] = {}
 
     def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
         return self.writer.api_call(what, call, retry)
@@ -250,7 +261,15 @@ class Reconciler:
         written = self.writer.write(
             run, compute, retry, kind or (read or job or {}).get("kind", "")
         )
-        return None if written is None else (*written, found[0])
+        if written is None:
+            return None
+        key = run_meta(run)[:2]
+        pods = condition_of(written[1], PODS_STARTED_CONDITION) or {}
+        if pods.get("status") == "False":
+            self.stuck[key] = str(pods.get("message") or "")
+        else:
+            self.stuck.pop(key, None)
+        return (*written, found[0])
 
     def _not_created(self, run: Mapping[str, Any], reason: str, message: str, retry: int) -> None:
         """``Created=False`` (a Warning event once per episode, not per retry); kopf retries
@@ -526,6 +545,7 @@ class Reconciler:
         metrics.forget_run(namespace, name)
         forget_render(namespace, name)  # its kept render (controller/render.py)
         self.milestones.pop((namespace, name), None)
+        self.stuck.pop((namespace, name), None)
         self.writer.phases.set(namespace, name, None)
 
     # -- the job mirror: events of the run's job ---------------------------------------------
@@ -576,6 +596,36 @@ class Reconciler:
             self.milestones[key] = Milestones.from_written(written, self.checkpoint_events)
         for reason, message in self.milestones[key].note(progress, time.monotonic()):
             kopf.event(dict(run), type="Normal", reason=reason, message=message[:1000])
+
+    # -- the pods of the run's job: why they cannot start ----------------------------------
+
+    def pod_matters(self, body: kopf.Body, **_: Any) -> bool:
+        """The pods' watch filter (in kopf's event loop, so cheap): a pod with a container that
+        cannot start, or a started one of a run said to have such a pod."""
+        key = run_of_pod(body)
+        if key is None:
+            return False
+        return pod_start_problem([body]) is not None or (key in self.stuck and started(body))
+
+    def pod_event(self, body: kopf.Body, type: str | None, retry: int, **_: Any) -> None:
+        """``PodsStarted`` on the pod's run: False with the kubelet's reason while the pod
+        cannot start, True once it runs. Only a pod of the run's job counts."""
+        if type == "DELETED":
+            return
+        pod = dict(body)
+        key = run_of_pod(pod)
+        if key is None:
+            return
+        problem = pod_start_problem([pod])
+        if problem is not None and self.stuck.get(key) == problem[1]:
+            return  # said already (the kubelet rewrites a waiting pod's status often)
+        if problem is None and key not in self.stuck:
+            return
+        namespace, name = key
+        run = self.api_call("get run", lambda: self.cluster.get_run(namespace, name), retry)
+        if run is None or not pod_of_runs_job(pod, run):
+            return  # not the run's job's pod: labels are anyone's to write
+        self._write(run, PodStart(problem, str(pod["metadata"].get("name"))), retry)
 
     @staticmethod
     def owned_by_run(body: kopf.Body, **_: Any) -> bool:

@@ -26,6 +26,7 @@ from megdet.controller.job_state import (
     job_state,
     trainjob_progress,
 )
+from megdet.controller.pod_problems import CONDITION as PODS_STARTED
 
 if TYPE_CHECKING:
     from megdet.controller.planning import Planned
@@ -39,6 +40,8 @@ __all__ = [
     "JOB_PRESENT",
     "JOB_REFUSED",
     "NOT_CREATED_BY_CONTROLLER",
+    "PODS_STARTED",
+    "POD_STARTED",
     "POLICY_DENIED",
     "RETRYING",
     "WARNING_CONDITIONS",
@@ -49,6 +52,7 @@ __all__ = [
     "JobGone",
     "NotCreated",
     "Observed",
+    "PodStart",
     "Refused",
     "SpecInvalid",
     "condition_of",
@@ -88,6 +92,9 @@ FOREIGN_JOB = "ForeignJob"
 NOT_CREATED_BY_CONTROLLER = "NotCreatedByController"
 #: The Valid condition's reason (and the event's) for a run outside the cluster's policy.
 POLICY_DENIED = "PolicyDenied"
+#: Reason of ``PodsStarted=True`` (:data:`PODS_STARTED`, added False with the kubelet's reason,
+#: e.g. ``ErrImageNeverPull``, when a pod of the run's job cannot start: see :class:`PodStart`).
+POD_STARTED = "Started"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
 #: (the controller created, or found, its job), one per mirrored phase, and JobPresent (only
 #: once the job has gone).
@@ -98,6 +105,7 @@ CONDITION_TYPES = (
     JOB_PRESENT,
     CHILDREN_READY,
     FOREIGN_JOB,
+    PODS_STARTED,
 )
 
 
@@ -306,7 +314,20 @@ class Foreign:
     present: bool
 
 
-Decision = SpecInvalid | NotCreated | Refused | Created | Observed | JobGone | Foreign
+@dataclass(frozen=True)
+class PodStart:
+    """A pod of the run's job (``pod``, its name) as its watch delivers it: ``problem`` (the
+    kubelet's reason and message, :func:`~megdet.controller.pod_problems.pod_start_problem`)
+    sets ``PodsStarted=False``; None (the pod runs or has finished) sets it True again if
+    this pod is the one it names. Only a condition: the phase stays the job's, and a finished
+    run (or one without its job yet) is not touched. The job's mirror sets it True too, once
+    the job is Running or Succeeded."""
+
+    problem: tuple[str, str] | None
+    pod: str
+
+
+Decision = SpecInvalid | NotCreated | Refused | Created | Observed | JobGone | Foreign | PodStart
 
 
 def desired_status(
@@ -394,6 +415,7 @@ def _changes(
                 else JobState("Pending", "JobCreated", "job created")
             )
             status.update(next_status({**old, "conditions": conditions}, state, now, gen))
+            status["conditions"] = _started_by_job(status["conditions"], state.phase, now, gen)
             return status
         case Observed():
             if old.get("phase") in (None, "Invalid") or not old.get("jobUID"):
@@ -401,6 +423,7 @@ def _changes(
             if job is None or not job.get("status") or not is_runs_job(job, uid, old):
                 return {}  # gone (its DELETED event records that), or not the run's
             out = next_status(old, job_state(job), now, gen)
+            out["conditions"] = _started_by_job(out["conditions"], out["phase"], now, gen)
             progress, _problems = (
                 trainjob_progress(job) if job.get("kind") == "TrainJob" else (None, [])
             )
@@ -411,6 +434,8 @@ def _changes(
             return _job_gone(old, job, kind, name, now, gen)
         case Foreign(present):
             return _foreign(old, job or {}, present, now, gen)
+        case PodStart(problem, pod):
+            return _pod_start(old, problem, pod, now, gen)
     raise TypeError(f"not a decision: {decision!r}")
 
 
@@ -455,6 +480,42 @@ def _children(
         now,
         gen,
     )
+
+
+def _pod_start(
+    old: Mapping[str, Any], problem: tuple[str, str] | None, pod: str, now: str, gen: Any
+) -> dict[str, Any]:
+    if finished(old) or old.get("phase") in (None, "Invalid") or not old.get("jobUID"):
+        return {}  # done for good, or its reconcile has not recorded its job yet
+    current = condition_of(old, PODS_STARTED) or {}
+    if problem is not None:
+        reason, message = problem
+        if (current.get("status"), current.get("reason"), current.get("message")) == (
+            "False",
+            reason,
+            message,
+        ):
+            return {}
+        conditions = set_condition(_conditions(old), PODS_STARTED, False, reason, message, now, gen)
+        return {"conditions": conditions}
+    if current.get("status") != "False" or not str(current.get("message") or "").startswith(
+        f"pod {pod}, "
+    ):
+        return {}  # not said to be stuck, or another pod is
+    message = f"pod {pod} started"
+    conditions = set_condition(_conditions(old), PODS_STARTED, True, POD_STARTED, message, now, gen)
+    return {"conditions": conditions}
+
+
+def _started_by_job(
+    conditions: list[dict[str, Any]], phase: str, now: str, gen: Any
+) -> list[dict[str, Any]]:
+    """``PodsStarted`` True once the job is Running or Succeeded (its pods did start)."""
+    current = condition_of({"conditions": conditions}, PODS_STARTED)
+    if current is None or current.get("status") != "False" or phase not in ("Running", "Succeeded"):
+        return conditions
+    message = f"the job is {phase}"
+    return set_condition(conditions, PODS_STARTED, True, POD_STARTED, message, now, gen)
 
 
 def _job_gone(
@@ -549,6 +610,7 @@ WARNING_CONDITIONS = {
     "Valid": "False",
     JOB_PRESENT: "False",
     FOREIGN_JOB: "True",
+    PODS_STARTED: "False",
 }
 #: The condition that says why a run is in a phase (the phase's own for the mirrored ones).
 _CAUSE = {"Invalid": "Valid", "Pending": "Created"}
@@ -557,9 +619,12 @@ _CAUSE = {"Invalid": "Valid", "Pending": "Created"}
 def _episode(cond: Mapping[str, Any]) -> tuple[Any, ...]:
     """What tells one episode of a condition from the next: its status and reason; for a
     refusal also the generation (each refused spec is news), for a foreign job its message
-    (each foreign object, by its uid, is news)."""
+    (each foreign object, by its uid, is news); for pods that cannot start only the status (the
+    kubelet alternates ``ErrImagePull`` and ``ImagePullBackOff``: one Warning per episode)."""
     if cond.get("type") == FOREIGN_JOB:
         return cond.get("status"), cond.get("message")
+    if cond.get("type") == PODS_STARTED:
+        return (cond.get("status"),)
     if cond.get("reason") == JOB_REFUSED:
         return cond.get("status"), cond.get("reason"), cond.get("observedGeneration")
     return cond.get("status"), cond.get("reason")

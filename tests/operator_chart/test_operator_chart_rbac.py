@@ -18,11 +18,13 @@ EXPECTED_RULES = {
     ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create", "delete"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "events"): {"create"},
+    # The runs' pods, read only: watched for why they cannot start (PodsStarted); the pod a
+    # progress report's token is bound to, read.
+    ("", "pods"): {"get", "list", "watch"},
     # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace and
-    # watched (by that name) to write it back; the pod a report's token is bound to, read.
+    # watched (by that name) to write it back.
     ("", "configmaps"): {"create"},
     ("", "configmaps[megdet-progress-ca]"): {"patch", "list", "watch"},
-    ("", "pods"): {"get"},
     ("kopf.dev", "clusterkopfpeerings"): {"list", "watch", "patch"},
 }
 

@@ -115,6 +115,12 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# The runs' trainer pods (label app.kubernetes.io/part-of=megdet), watched, never written: why
+# a pod cannot start (the kubelet's reason) goes to its run's PodsStarted condition. The
+# progress endpoint reads the pod a report's token is bound to (controller/progress_binding.py).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
 {{- if .Values.controller.progressEnabled }}
 # Progress reporting (controller/progress.py): the endpoint's CA published in each namespace
 # with runs as the ConfigMap megdet-progress-ca. Watching and updating are limited to that name;
@@ -127,11 +133,7 @@ checks them against every API call it makes against kmock). No secrets, no wildc
   resourceNames: ["megdet-progress-ca"]
   verbs: ["patch", "list", "watch"]
 # ... watched (a list and watch of that one name: fieldSelector metadata.name), so that one
-# that is missing or that a namespace editor changed is written (back). A report's token must be bound to a pod of
-# the run's job: that pod is read once (controller/progress_binding.py).
-- apiGroups: [""]
-  resources: ["pods"]
-  verbs: ["get"]
+# that is missing or that a namespace editor changed is written (back).
 {{- end }}
 {{- end -}}
 
