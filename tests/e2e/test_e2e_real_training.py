@@ -1,0 +1,537 @@
+"""The users' own command for real: `helm install` of the run chart on the real node.
+
+The training image this machine built (``megdet.image.build``'s ``train-ci``: the Dockerfile's
+``train`` stage from package registries) is imported into the real node's containerd; the
+Kubeflow training operator creates the Master and Worker pods; the kubelet runs them; the Worker's
+init container and torchrun find ``<run>-master-0`` through CoreDNS; the two pods form a gloo
+world, train the tiny detector on the shapes dataset held on a PersistentVolume, evaluate it with
+pycocotools and write ``model_final.pth`` and ``metrics.json`` to the shared output volume. The
+namespace enforces the ``restricted`` Pod Security level, so the API server admitted every pod.
+
+The node advertises ``nvidia.com/gpu`` by a status patch; it has no GPU, so these pods run the
+trainer on the CPU (the tiny config's ``MODEL.DEVICE: cpu``) over gloo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_helpers import (
+    E2E_ROOT,
+    apply_objects,
+    eventually,
+    get_json,
+    helm,
+    mdr,
+    namespace,
+    pods_of,
+)
+
+from megdet.cluster.node import NODE_NAME, ctr, import_image, pod_placement
+from megdet.trainer.evaluation import METRICS_FILE
+from megdet.trainer.ownership import STAMP_FILE
+
+NS = "real-train"
+RELEASE = "tiny"
+#: The image's user (Dockerfile: USER 10001); a hostPath volume gets no fsGroup, so the output
+#: folder belongs to it as it would on an NFS export made for the run.
+IMAGE_UID = 10001
+#: The tiny run: 2 pods x 1 process, 2 images per process (global batch 4).
+MAX_ITER = 30
+#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image.
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.real_pods]
+
+
+@pytest.fixture(scope="module")
+def train_image(real_node) -> str:
+    """The e2e variant of the training image, built (or found, by its inputs' digest) and put
+    into the real node's containerd."""
+    from megdet.image.build import build
+
+    archive = build("train-ci")
+    names = import_image(real_node.socket, archive, timeout=1800)
+    return names[0]
+
+
+def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume on the real node, pre-bound to the claim ``name`` in ``ns``
+    (the pods mount the claim: `restricted` allows persistentVolumeClaim, not hostPath)."""
+    pv = f"{ns}-{name}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "megdet-real-node",
+                "claimRef": {"namespace": ns, "name": name},
+                "hostPath": {"path": str(path), "type": "Directory"},
+                "nodeAffinity": {
+                    "required": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": [NODE_NAME],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "megdet-real-node",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
+
+
+@pytest.fixture(scope="module")
+def volumes(kube, real_node) -> dict[str, Path]:
+    """The shapes dataset and an empty output folder, each on a PersistentVolume."""
+    from megdet.trainer.shapes import make_shapes
+
+    folder = E2E_ROOT / "volumes" / NS
+    shutil.rmtree(folder, ignore_errors=True)
+    data, output = folder / "data", folder / "output"
+    make_shapes(data, train=32, val=8, seed=1)
+    output.mkdir(parents=True)
+    os.chown(output, IMAGE_UID, IMAGE_UID)
+    for path in (folder, data):
+        path.chmod(0o755)
+    ns = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
+    apply_objects(kube, *host_volume("data", ns, data), *host_volume("output", ns, output))
+    eventually(
+        lambda: all(
+            get_json(kube, "pvc", claim, "-n", ns)["status"].get("phase") == "Bound"
+            for claim in ("data", "output")
+        ),
+        message="both claims bound to their volumes",
+    )
+    yield {"data": data, "output": output}
+    kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    kube.kubectl("delete", "pv", f"{ns}-data", f"{ns}-output", "--wait=false", check=False)
+
+
+def run_values(image: str) -> dict[str, Any]:
+    """The chart's values for the tiny run on the real node."""
+    repository, tag = image.rsplit(":", 1)
+    placement = pod_placement()
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "runName": RELEASE,
+        "gpus": 2,
+        "gpusPerNode": 1,
+        "imagesPerGpu": 2,
+        "referenceBatch": 4,
+        "baseLr": 0.01,
+        "maxIter": MAX_ITER,
+        "steps": [20],
+        "warmupIters": 5,
+        "config": "megdet_tiny_cpu.yaml",
+        "numWorkers": 0,
+        "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": 10, "SEED": 7},
+        "dataset": {
+            "claimName": "data",
+            "trainJson": "train.json",
+            "trainImages": "train",
+            "valJson": "val.json",
+            "valImages": "val",
+        },
+        "output": {"claimName": "output"},
+        "shm": {"sizeLimit": "256Mi"},
+        "resources": {"qos": "Burstable", "cpu": "500m", "memory": "2Gi"},
+        "terminationGracePeriodSeconds": 60,
+        "nodeSelector": placement["nodeSelector"],
+        "tolerations": placement["tolerations"],
+    }
+
+
+def job_condition(kube, ns: str, name: str) -> str | None:
+    job = get_json(kube, "pytorchjob", name, "-n", ns)
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond["type"] in ("Succeeded", "Failed") and cond["status"] == "True":
+            return cond["type"]
+    return None
+
+
+def test_helm_install_trains_on_the_real_node_to_succeeded(
+    kube, train_image, volumes, tmp_path
+) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump(run_values(train_image)))
+    helm(kube, "install", RELEASE, "charts/megdet", "-n", NS, "-f", str(values))
+    job = get_json(kube, "pytorchjobs", "-n", NS)["items"][0]["metadata"]["name"]
+
+    def finished() -> str | None:
+        return job_condition(kube, NS, job)
+
+    outcome = eventually(finished, timeout=1200, interval=5, message="the job to finish")
+    pods = pods_of(kube, NS, f"training.kubeflow.org/job-name={job}")
+    logs = {
+        p["metadata"]["name"]: kube.kubectl(
+            "logs", "-n", NS, p["metadata"]["name"], "--all-containers", check=False
+        ).stdout
+        for p in pods
+    }
+    assert outcome == "Succeeded", json.dumps(logs, indent=1)[-6000:]
+
+    # Two real pods on the real node, admitted under `restricted` and run by the kubelet.
+    assert sorted(p["metadata"]["labels"]["training.kubeflow.org/replica-type"] for p in pods) == [
+        "master",
+        "worker",
+    ]
+    for p in pods:
+        assert p["spec"]["nodeName"] == NODE_NAME
+        assert p["status"]["phase"] == "Succeeded"
+        (state,) = [c["state"] for c in p["status"]["containerStatuses"]]
+        assert state["terminated"]["exitCode"] == 0
+    # The Worker's init container waited for the Master's name in CoreDNS, then torchrun found it.
+    worker = next(p for p in pods if p["metadata"]["labels"]["training.kubeflow.org/replica-type"]
+                  == "worker")  # fmt: skip
+    (init,) = worker["status"]["initContainerStatuses"]
+    assert init["state"]["terminated"]["exitCode"] == 0
+
+    # `kubectl logs` of the Master shows the loss; the run's files are on the output volume.
+    master_log = logs[f"{job}-master-0"]
+    assert "total_loss" in master_log, master_log[-3000:]
+    run_dir = volumes["output"] / RELEASE
+    assert (run_dir / "model_final.pth").stat().st_size > 0
+    metrics = json.loads((run_dir / METRICS_FILE).read_text())
+    ap = metrics["bbox"]["AP"]
+    assert isinstance(ap, int | float) and 0 <= ap <= 100
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["world_size"] == 2 and plan["global_batch"] == 4
+    assert plan["max_iter"] == MAX_ITER
+    assert (run_dir / STAMP_FILE).is_file()
+
+
+#: What the platform team changes to run the operator on the real node: the controller image
+#: built here, placement on the node, and the node's taint among the keys runs may tolerate.
+RUN = "tiny-mdr"
+
+
+@pytest.fixture(scope="module")
+def controller_pod(kube, real_node, controller, operator_chart, tmp_path_factory):
+    """The operator chart's controller as a real pod on the real node (not the host process the
+    other e2e tests use, which is stopped meanwhile): `helm upgrade` with the controller image
+    built here; rolled back afterwards."""
+    from megdet.image.build import build
+
+    (image,) = import_image(real_node.socket, build("controller"), timeout=600)[:1]
+    repository, tag = image.rsplit(":", 1)
+    placement = pod_placement()
+    values = tmp_path_factory.mktemp("operator") / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                "replicaCount": 1,
+                **placement,
+                "policy": {"tolerationKeys": ["nvidia.com/gpu", "megdet.io/real-node"]},
+            }
+        )
+    )
+    history = json.loads(
+        helm(kube, "history", operator_chart, "-n", "megdet-system", "-o", "json").stdout
+    )
+    revision = history[-1]["revision"]
+    controller.stop()
+    # The controller's pod is admitted under `restricted` too (the label applies to new pods).
+    kube.kubectl(
+        "label", "namespace", "megdet-system", "pod-security.kubernetes.io/enforce=restricted"
+    )
+    try:
+        helm(
+            kube, "upgrade", operator_chart, "charts/megdet-operator", "-n", "megdet-system",
+            "--reuse-values", "-f", str(values), "--wait", "--timeout=300s", timeout=360,
+        )  # fmt: skip
+        pods = pods_of(kube, "megdet-system", "app.kubernetes.io/name=megdet-operator")
+        yield next(p for p in pods if p["spec"].get("nodeName") == NODE_NAME)
+    finally:
+        helm(
+            kube, "rollback", operator_chart, str(revision), "-n", "megdet-system", "--wait",
+            "--timeout=300s", timeout=360, check=False,
+        )  # fmt: skip
+        kube.kubectl(
+            "label", "namespace", "megdet-system", "pod-security.kubernetes.io/enforce-",
+            check=False,
+        )  # fmt: skip
+        controller.start()
+
+
+def test_a_megdetrun_trains_through_the_controller_pod(
+    kube, train_image, volumes, controller_pod
+) -> None:
+    # The controller is a real container: the kubelet ran the controller image as its non-root
+    # user with a read-only root filesystem (the chart's securityContext).
+    (status,) = controller_pod["status"]["containerStatuses"]
+    assert status["ready"] and "running" in status["state"]
+    (container,) = controller_pod["spec"]["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    spec = {k: v for k, v in run_values(train_image).items() if k != "runName"}
+    apply_objects(kube, mdr(RUN, NS, spec))
+
+    def progress() -> dict[str, Any]:
+        run = get_json(kube, "mdr", RUN, "-n", NS)
+        return (run.get("status") or {}).get("progress") or {}
+
+    done = eventually(
+        lambda: (p := progress()).get("percent") == 100 and p.get("ap") is not None and p,
+        timeout=1200,
+        interval=5,
+        message="status.progress at 100 % with the final AP",
+    )
+    metrics = json.loads((volumes["output"] / RUN / METRICS_FILE).read_text())
+    assert done["ap"] == pytest.approx(metrics["bbox"]["AP"], abs=1e-3)
+    assert done["iteration"] == MAX_ITER
+    eventually(
+        lambda: get_json(kube, "mdr", RUN, "-n", NS)["status"].get("phase") == "Succeeded",
+        timeout=300,
+        interval=2,
+        message="the run's phase Succeeded",
+    )
+    header, row = kube.kubectl("get", "mdr", RUN, "-n", NS).stdout.splitlines()[:2]
+    assert header.split()[6:9] == ["PROGRESS", "ETA", "AP"]
+    cells = row.split()
+    assert cells[6] == "100"
+    assert float(cells[8]) == pytest.approx(metrics["bbox"]["AP"], abs=0.1)
+    assert (volumes["output"] / RUN / "model_final.pth").stat().st_size > 0
+
+
+def test_the_output_volumes_stamp_refuses_a_second_run(
+    kube, train_image, volumes, controller_pod
+) -> None:
+    """The first MegDetRun is deleted; its folder on the volume keeps its stamp. A new run
+    pointed at that folder (spec.runName) starts real pods, and the trainer in them refuses to
+    write into another run's folder: the job fails (ExitCode: exit 2 is not retried), the pod's
+    log names the owner and the fix, and nothing in the folder changed."""
+    folder = volumes["output"] / RUN
+    stamp = (folder / STAMP_FILE).read_text()
+    files = sorted(p.name for p in folder.iterdir())
+    kube.kubectl("delete", "mdr", RUN, "-n", NS, "--wait=true", timeout=180)
+    other = "tiny-other"
+    spec = {
+        **{k: v for k, v in run_values(train_image).items() if k != "runName"},
+        "runName": RUN,
+        "restartPolicy": "ExitCode",
+    }
+    apply_objects(kube, mdr(other, NS, spec))
+
+    def failed() -> dict | None:
+        run = get_json(kube, "mdr", other, "-n", NS)
+        return run if (run.get("status") or {}).get("phase") == "Failed" else None
+
+    run = eventually(failed, timeout=900, interval=5, message="the second run to fail")
+    log = kube.kubectl(
+        "logs", "-n", NS, "-l", f"app.kubernetes.io/instance={other}", "--tail=-1",
+        check=False,
+    ).stdout  # fmt: skip
+    assert f"belongs to run {RUN!r}" in log, (log[-4000:], run["status"])
+    assert "refusing to write into it" in log and "spec.resumeFrom" in log
+    assert (folder / STAMP_FILE).read_text() == stamp
+    assert sorted(p.name for p in folder.iterdir()) == files
+    kube.kubectl("delete", "mdr", other, "-n", NS, "--wait=false", check=False)
+
+
+def trainjob_condition(kube, ns: str, name: str) -> str | None:
+    job = get_json(kube, "trainjob", name, "-n", ns)
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond["type"] in ("Complete", "Failed") and cond["status"] == "True":
+            return cond["type"]
+    return None
+
+
+def test_the_charts_trainjob_trains_on_the_real_node_through_jobset(
+    kube, train_image, volumes, tmp_path
+) -> None:
+    """Kubeflow Trainer v2: the chart's TrainingRuntime and TrainJob; Trainer makes the JobSet,
+    JobSet the Jobs and the headless Service the pods find each other by, the kubelet runs
+    them: two real pods train to Complete."""
+    kube.start_trainer_v2()
+    release = "tiny-tj"
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({**run_values(train_image), "target": "trainjob", "runName": release})
+    )
+    helm(kube, "install", release, "charts/megdet", "-n", NS, "-f", str(values))
+    (job,) = [
+        j["metadata"]["name"]
+        for j in get_json(kube, "trainjobs", "-n", NS)["items"]
+        if j["metadata"]["labels"].get("app.kubernetes.io/instance") == release
+    ]
+    selector = f"jobset.sigs.k8s.io/jobset-name={job}"
+    outcome = eventually(
+        lambda: trainjob_condition(kube, NS, job), timeout=1200, interval=5,
+        message="the TrainJob to finish",
+    )  # fmt: skip
+    pods = pods_of(kube, NS, selector)
+    logs = {
+        p["metadata"]["name"]: kube.kubectl(
+            "logs", "-n", NS, p["metadata"]["name"], check=False
+        ).stdout[-3000:]
+        for p in pods
+    }
+    assert outcome == "Complete", json.dumps(logs, indent=1)
+    assert len(pods) == 2 and all(p["spec"]["nodeName"] == NODE_NAME for p in pods)
+    assert all(p["status"]["phase"] == "Succeeded" for p in pods)
+    assert any("total_loss" in text for text in logs.values()), logs
+    run_dir = volumes["output"] / release
+    assert (run_dir / "model_final.pth").stat().st_size > 0
+    metrics = json.loads((run_dir / METRICS_FILE).read_text())
+    assert 0 <= metrics["bbox"]["AP"] <= 100
+    assert json.loads((run_dir / "plan.json").read_text())["world_size"] == 2
+
+
+def checkpoints(folder: Path) -> list[int]:
+    """The iterations of the periodic and SIGTERM checkpoints in a run folder."""
+    found = []
+    for path in folder.glob("model_*.pth"):
+        stem = path.stem.removeprefix("model_")
+        if stem.isdigit():
+            found.append(int(stem))
+    return sorted(found)
+
+
+def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
+    kube, train_image, volumes, tmp_path
+) -> None:
+    """`kubectl delete pod` of the Worker mid-run: the kubelet sends SIGTERM, the trainer's ranks
+    agree on a last step and rank 0 writes a checkpoint within the grace period; the training
+    operator creates the pod again, torchrun starts a new round, and the run resumes from that
+    checkpoint: at most the steps since the newest checkpoint before the delete are repeated."""
+    release, max_iter, period = "tiny-fault", 80, 10
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                **run_values(train_image),
+                "runName": release,
+                "maxIter": max_iter,
+                "steps": [70],
+                "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": period, "SEED": 7},
+            }
+        )
+    )
+    helm(kube, "install", release, "charts/megdet", "-n", NS, "-f", str(values))
+    job = next(
+        j["metadata"]["name"]
+        for j in get_json(kube, "pytorchjobs", "-n", NS)["items"]
+        if j["metadata"]["labels"].get("app.kubernetes.io/instance") == release
+    )
+    run_dir = volumes["output"] / release
+    # Mid-run: three periodic checkpoints written, far from the end.
+    eventually(
+        lambda: len(checkpoints(run_dir)) >= 3, timeout=900, interval=2,
+        message="three periodic checkpoints",
+    )  # fmt: skip
+    before = max(checkpoints(run_dir))
+    worker = get_json(kube, "pod", f"{job}-worker-0", "-n", NS)
+    assert before < max_iter - period, "the run got too far before the delete"
+    kube.kubectl("delete", "pod", f"{job}-worker-0", "-n", NS, "--wait=true", timeout=180)
+
+    recreated = eventually(
+        lambda: (p := get_json(kube, "pod", f"{job}-worker-0", "-n", NS))["metadata"]["uid"]
+        != worker["metadata"]["uid"] and p,
+        timeout=300, interval=2, message="the operator to create the Worker pod again",
+    )  # fmt: skip
+    assert recreated["spec"]["nodeName"] == NODE_NAME
+    outcome = eventually(
+        lambda: job_condition(kube, NS, job), timeout=1200, interval=5,
+        message="the job to finish after the delete",
+    )  # fmt: skip
+    master_log = kube.kubectl("logs", "-n", NS, f"{job}-master-0", check=False).stdout
+    assert outcome == "Succeeded", master_log[-6000:]
+    saved = [
+        int(line.split("at iteration ")[1].split()[0])
+        for line in master_log.splitlines()
+        if "after SIGTERM" in line and "at iteration " in line
+    ]
+    assert saved, f"no checkpoint after SIGTERM in the Master's log: {master_log[-4000:]}"
+    # The SIGTERM checkpoint is at or after the newest periodic one seen before the delete, so
+    # the new round repeats no step that had been checkpointed.
+    assert saved[0] >= before
+    assert f"Resuming from /output/{release}/model_{saved[0]:07d}.pth" in master_log
+    assert (run_dir / "model_final.pth").stat().st_size > 0
+
+
+def test_a_worker_killed_with_sigkill_restarts_and_resumes(
+    kube, real_node, train_image, volumes, tmp_path
+) -> None:
+    """SIGKILL of the Worker's container (the runtime's own kill, as the OOM killer or a node
+    agent does it): no checkpoint is written, the kubelet starts the container again (the
+    operator's restartPolicy OnFailure), torchrun on the Master starts a new round, and the run
+    resumes from the newest periodic checkpoint: at most one checkpoint interval is repeated."""
+    release, max_iter, period = "tiny-kill", 80, 10
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                **run_values(train_image),
+                "runName": release,
+                "maxIter": max_iter,
+                "steps": [70],
+                "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": period, "SEED": 7},
+            }
+        )
+    )
+    helm(kube, "install", release, "charts/megdet", "-n", NS, "-f", str(values))
+    job = next(
+        j["metadata"]["name"]
+        for j in get_json(kube, "pytorchjobs", "-n", NS)["items"]
+        if j["metadata"]["labels"].get("app.kubernetes.io/instance") == release
+    )
+    run_dir = volumes["output"] / release
+    eventually(
+        lambda: len(checkpoints(run_dir)) >= 3, timeout=900, interval=2,
+        message="three periodic checkpoints",
+    )  # fmt: skip
+    pod_name = f"{job}-worker-0"
+    (status,) = get_json(kube, "pod", pod_name, "-n", NS)["status"]["containerStatuses"]
+    container_id = status["containerID"].removeprefix("containerd://")
+    killed = ctr(real_node.socket, "tasks", "kill", "--signal", "SIGKILL", container_id)
+    assert killed.returncode == 0, killed.stderr
+    newest_before = max(checkpoints(run_dir))
+    assert newest_before < max_iter - period, "the run got too far before the kill"
+
+    def restarted() -> dict | None:
+        (st,) = get_json(kube, "pod", pod_name, "-n", NS)["status"]["containerStatuses"]
+        return st if st.get("restartCount", 0) >= 1 else None
+
+    after = eventually(restarted, timeout=300, interval=2, message="the container restarted")
+    assert after["lastState"]["terminated"]["exitCode"] == 137
+    outcome = eventually(
+        lambda: job_condition(kube, NS, job), timeout=1200, interval=5,
+        message="the job to finish after the kill",
+    )  # fmt: skip
+    master_log = kube.kubectl("logs", "-n", NS, f"{job}-master-0", check=False).stdout
+    assert outcome == "Succeeded", master_log[-6000:]
+    resumed = [
+        int(line.rsplit("model_", 1)[1].split(".pth")[0])
+        for line in master_log.splitlines()
+        if "Resuming from" in line and "model_" in line
+    ]
+    assert resumed, master_log[-4000:]
+    # The new round started from a checkpoint at least as new as the one before the kill.
+    assert max(resumed) >= newest_before
+    assert (run_dir / "model_final.pth").stat().st_size > 0
