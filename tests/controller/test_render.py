@@ -307,9 +307,12 @@ def test_the_controller_renders_a_run_once_and_creates_that_render(monkeypatch):
     # What is created is that render, adopted: no second render, no cached copy.
     assert planned.objects[0] is planned.rendered.objects[0]
     assert planned.job["metadata"]["ownerReferences"][0]["uid"] == "u-1"
-    # Every call renders afresh: nothing a caller changes leaks into the next run's objects.
+    # The same inputs reuse the kept render (controller/render.py's memo), as a copy: nothing
+    # a caller changes leaks into the next call's objects.
+    planned.job["metadata"].setdefault("labels", {})["leak"] = "x"
     again = planning.plan_children(run)
-    assert counting.renders == 2 and again.job is not planned.job
+    assert counting.renders == 1 and again.job is not planned.job
+    assert "leak" not in (again.job["metadata"].get("labels") or {})
 
 
 # -- strings with YAML syntax in them -----------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, get_json, helm
 
 from megdet.cluster import build
