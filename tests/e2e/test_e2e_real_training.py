@@ -413,23 +413,22 @@ def checkpoints(folder: Path) -> list[int]:
     return sorted(found)
 
 
-def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
-    kube, train_image, volumes, tmp_path
-) -> None:
-    """`kubectl delete pod` of the Worker mid-run: the kubelet sends SIGTERM, the trainer's ranks
-    agree on a last step and rank 0 writes a checkpoint within the grace period; the training
-    operator creates the pod again, torchrun starts a new round, and the run resumes from that
-    checkpoint: at most the steps since the newest checkpoint before the delete are repeated."""
-    release, max_iter, period = "tiny-fault", 80, 10
+#: The fault tests' longer run: 80 iterations, a checkpoint every 10.
+LONG_ITER, PERIOD = 80, 10
+
+
+def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> tuple[str, Path]:
+    """`helm install` of a longer run; returns (job name, run folder) once three periodic
+    checkpoints are on the volume (mid-run, far from the end)."""
     values = tmp_path / "values.yaml"
     values.write_text(
         yaml.safe_dump(
             {
-                **run_values(train_image),
+                **run_values(image),
                 "runName": release,
-                "maxIter": max_iter,
+                "maxIter": LONG_ITER,
                 "steps": [70],
-                "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": period, "SEED": 7},
+                "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": PERIOD, "SEED": 7},
             }
         )
     )
@@ -440,11 +439,22 @@ def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
         if j["metadata"]["labels"].get("app.kubernetes.io/instance") == release
     )
     run_dir = volumes["output"] / release
-    # Mid-run: three periodic checkpoints written, far from the end.
     eventually(
         lambda: len(checkpoints(run_dir)) >= 3, timeout=900, interval=2,
         message="three periodic checkpoints",
     )  # fmt: skip
+    return job, run_dir
+
+
+def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
+    kube, train_image, volumes, tmp_path
+) -> None:
+    """`kubectl delete pod` of the Worker mid-run: the kubelet sends SIGTERM, the trainer's ranks
+    agree on a last step and rank 0 writes a checkpoint within the grace period; the training
+    operator creates the pod again, torchrun starts a new round, and the run resumes from that
+    checkpoint: at most the steps since the newest checkpoint before the delete are repeated."""
+    release, max_iter, period = "tiny-fault", LONG_ITER, PERIOD
+    job, run_dir = start_long_run(kube, train_image, volumes, release, tmp_path)
     before = max(checkpoints(run_dir))
     worker = get_json(kube, "pod", f"{job}-worker-0", "-n", NS)
     assert before < max_iter - period, "the run got too far before the delete"
@@ -482,30 +492,8 @@ def test_a_worker_killed_with_sigkill_restarts_and_resumes(
     agent does it): no checkpoint is written, the kubelet starts the container again (the
     operator's restartPolicy OnFailure), torchrun on the Master starts a new round, and the run
     resumes from the newest periodic checkpoint: at most one checkpoint interval is repeated."""
-    release, max_iter, period = "tiny-kill", 80, 10
-    values = tmp_path / "values.yaml"
-    values.write_text(
-        yaml.safe_dump(
-            {
-                **run_values(train_image),
-                "runName": release,
-                "maxIter": max_iter,
-                "steps": [70],
-                "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": period, "SEED": 7},
-            }
-        )
-    )
-    helm(kube, "install", release, "charts/megdet", "-n", NS, "-f", str(values))
-    job = next(
-        j["metadata"]["name"]
-        for j in get_json(kube, "pytorchjobs", "-n", NS)["items"]
-        if j["metadata"]["labels"].get("app.kubernetes.io/instance") == release
-    )
-    run_dir = volumes["output"] / release
-    eventually(
-        lambda: len(checkpoints(run_dir)) >= 3, timeout=900, interval=2,
-        message="three periodic checkpoints",
-    )  # fmt: skip
+    release, max_iter, period = "tiny-kill", LONG_ITER, PERIOD
+    job, run_dir = start_long_run(kube, train_image, volumes, release, tmp_path)
     pod_name = f"{job}-worker-0"
     (status,) = get_json(kube, "pod", pod_name, "-n", NS)["status"]["containerStatuses"]
     container_id = status["containerID"].removeprefix("containerd://")
