@@ -177,9 +177,11 @@ def ensure_tools() -> None:
         )
     say(f"installing Debian packages: {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+    # Two builds at once (make -j2) may both install: the second waits for dpkg's lock.
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+    subprocess.run([*apt, "update", "-qq"], check=True, env=env)
     subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing, *EXTRA_PACKAGES],
+        [*apt, "install", "-y", "-qq", "--no-install-recommends", *missing, *EXTRA_PACKAGES],
         check=True,
         env=env,
     )
