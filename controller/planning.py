@@ -52,7 +52,6 @@ __all__ = [
     "output_holder",
     "output_in_use_message",
     "output_location",
-    "owned_by",
     "plan_children",
     "run_owner",
     "suspend_of",
@@ -213,11 +212,6 @@ def _refs(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
     return [r for r in refs if isinstance(r, Mapping)] if isinstance(refs, list) else []
-
-
-def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
-    """Whether ``obj`` carries an owner reference (controller or not) to ``uid``."""
-    return uid is not None and any(ref.get("uid") == uid for ref in _refs(obj))
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:

@@ -319,3 +319,33 @@ def launch_dry_run(env: dict[str, str]) -> list[str]:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout.split()
+
+
+def claim_volumes(ns: str, claims: tuple[str, ...] = ("coco", "megdet-output")) -> list[dict]:
+    """PVCs for the dataset and the output, pre-bound to hostPath PVs (kwok mounts nothing)."""
+    objects: list[dict] = []
+    for claim in claims:
+        pv = f"{ns}-{claim}"
+        objects += [
+            {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+             "spec": {"capacity": {"storage": "1Ti"}, "accessModes": ["ReadWriteMany"],
+                      "hostPath": {"path": f"/tmp/{pv}"}, "storageClassName": "",
+                      "claimRef": {"namespace": ns, "name": claim}}},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+             "metadata": {"name": claim, "namespace": ns},
+             "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "", "volumeName": pv,
+                      "resources": {"requests": {"storage": "1Ti"}}}},
+        ]  # fmt: skip
+    return objects
+
+
+def run_phase(kube: Cluster, ns: str, name: str) -> str | None:
+    """A MegDetRun's status.phase, None while it (or its status) does not exist."""
+    run = get_or_none(kube, "mdr", name, "-n", ns)
+    return ((run or {}).get("status") or {}).get("phase")
+
+
+def condition(obj: dict | None, kind: str) -> dict | None:
+    """The status condition of type ``kind`` of ``obj``, if it has one."""
+    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == kind), None)

@@ -10,8 +10,16 @@ from __future__ import annotations
 import json
 
 import pytest
-from e2e_helpers import apply_objects, eventually, get_json, get_or_none, mdr, namespace, pods_of
-from test_pytorchjob import volumes
+from e2e_helpers import (
+    apply_objects,
+    claim_volumes,
+    eventually,
+    get_json,
+    get_or_none,
+    mdr,
+    namespace,
+    pods_of,
+)
 
 NS = "faults-e2e"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
@@ -20,7 +28,7 @@ FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 @pytest.fixture(scope="module")
 def ns(kube, controller):
     name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *volumes(name))
+    apply_objects(kube, *claim_volumes(name))
     return name
 
 

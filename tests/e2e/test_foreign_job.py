@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import copy
 
-from e2e_helpers import apply_objects, eventually, get_json, get_or_none, mdr, namespace
+from e2e_helpers import apply_objects, condition, eventually, get_json, get_or_none, mdr, namespace
 
 NS, RUN = "foreign-job-e2e", "forged"
-
-
-def condition(obj: dict | None, kind: str) -> dict | None:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == kind), None)
 
 
 def run_of(kube) -> dict | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from e2e_helpers import apply_objects, eventually, get_json, get_or_none, mdr, namespace
+from e2e_helpers import apply_objects, condition, eventually, get_json, get_or_none, mdr, namespace
 
 
 def test_the_controller_creates_and_deletes_the_runs_network_policy(kube, controller) -> None:
@@ -31,11 +31,6 @@ def test_the_controller_creates_and_deletes_the_runs_network_policy(kube, contro
         lambda: get_or_none(kube, "networkpolicy", "-n", ns, "isolated") is None,
         message="the NetworkPolicy deleted with its run",
     )
-
-
-def condition(obj: dict | None, kind: str) -> dict | None:
-    conditions = ((obj or {}).get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c["type"] == kind), None)
 
 
 def test_the_crd_refuses_an_extra_egress_rule_the_network_policy_could_not_hold(kube) -> None:

@@ -11,6 +11,7 @@ import yaml
 from e2e_helpers import (
     ROOT,
     apply_objects,
+    claim_volumes,
     ensure_free_gpus,
     eventually,
     get_json,
@@ -18,7 +19,6 @@ from e2e_helpers import (
     namespace,
     pods_of,
 )
-from test_pytorchjob import volumes
 
 NS = "chart-e2e"
 
@@ -26,7 +26,7 @@ NS = "chart-e2e"
 @pytest.fixture(scope="module")
 def ns(kube):
     name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    objects = volumes(name, claims=("megdet-coco", "megdet-output"))  # the chart's defaults
+    objects = claim_volumes(name, claims=("megdet-coco", "megdet-output"))  # the chart's defaults
     # The IB values ask for this PriorityClass; the Priority admission plugin refuses pods
     # that name one the cluster lacks.
     apply_objects(

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from e2e_helpers import (
     apply_objects,
+    claim_volumes,
     ensure_free_gpus,
     eventually,
     get_json,
@@ -33,7 +34,6 @@ from e2e_helpers import (
     namespace,
     pods_of,
 )
-from test_pytorchjob import volumes
 
 from megdet.cluster.control_plane import Cluster
 from megdet.cluster.operators import TRAINER_NAMESPACE
@@ -70,7 +70,7 @@ def ns(kube, trainer_v2, controller):
     if controller.started_at < trainer_v2:
         controller.restart()  # kopf lists the kinds to watch once
     name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *volumes(name))
+    apply_objects(kube, *claim_volumes(name))
     ensure_free_gpus(kube, 8)
     apply_objects(
         kube,
