@@ -97,7 +97,7 @@ def test_helm_install_is_accepted_by_the_server_and_the_operator(
 
 def test_helm_install_gpus_16_runs_on_two_nodes(kube, ns) -> None:
     """The README's command, as is: `helm install megdet charts/megdet --set gpus=16`."""
-    ensure_free_gpus(kube, 16)  # the runs test_faults and test_pytorchjob leave take 32
+    ensure_free_gpus(kube, 16)  # the runs test_faults and test_run_targets leave take 32
     helm(kube, "install", "megdet", "charts/megdet", "-n", ns, "--set", "gpus=16")
 
     def running() -> bool:
