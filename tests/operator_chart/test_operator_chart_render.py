@@ -120,6 +120,14 @@ def test_container_args_parse_with_the_controller_command() -> None:
         assert args.metrics_port == 8080 and args.health_port == 8081
 
 
+def test_handler_threads_default_to_four_and_zero_leaves_kopfs_default() -> None:
+    _, container = controller(render())
+    assert build_parser().parse_args(container["args"]).workers == 4
+    _, container = controller(render({"controller": {"workers": 0}}))
+    assert not [a for a in container["args"] if a.startswith("--workers")]
+    assert build_parser().parse_args(container["args"]).workers is None
+
+
 def test_peering_object_and_args_match() -> None:
     rendered = render(values_file(next(p for p in CI_VALUES if "servicemonitor" in p.name)))
     peering = rendered.one("ClusterKopfPeering")
@@ -189,6 +197,8 @@ def test_notes_say_what_was_installed_and_what_to_run() -> None:
             ["/alerts/runFailed/severity", "'critical', 'warning', 'info'"],
         ),
         ({"replicas": 2}, ["replicas", "not allowed"]),
+        ({"controller": {"workers": -1}}, ["/controller/workers", "minimum"]),
+        ({"controller": {"workers": "four"}}, ["/controller/workers", "integer"]),
         (
             {"replicaCount": 2, "controller": {"peering": {"enabled": False}}},
             ["replicaCount=2 needs controller.peering.enabled=true"],
