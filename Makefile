@@ -68,8 +68,8 @@ suite-images: setup
 	$(BIN)/python -m megdet.image.build controller
 
 # The trainer and the controller in real pods on the real node (tests/e2e/test_e2e_real_training.py,
-# marker real_pods): builds the train-ci image (about 30 min cold on 2 cores, 3.3 GB). Not yet in
-# make test: it has not passed end to end here yet (docs/cluster.md, "The trainer on the node").
+# marker real_pods): builds the train-ci image (about 30 min cold on 2 cores, 3.3 GB). Not in make
+# test: its 6 tests take 17-23 min on 2 cores (docs/cluster.md, "Why not in make test").
 test-real-pods: suite-deps
 	$(BIN)/python -m megdet.image.build train-ci
 	$(BIN)/python -m pytest -m real_pods tests/e2e/test_e2e_real_training.py
