@@ -354,6 +354,39 @@ def test_the_output_volumes_stamp_refuses_a_second_run(
     kube.kubectl("delete", "mdr", other, "-n", NS, "--wait=false", check=False)
 
 
+def test_a_run_whose_image_cannot_be_had_says_the_kubelets_reason(
+    kube, volumes, controller_pod
+) -> None:
+    """A MegDetRun with an image tag no node has (pull policy Never: nothing is pulled here):
+    the training operator creates the pods, the kubelet cannot start them
+    (ErrImageNeverPull), and the controller pod puts the kubelet's reason and message on the
+    run as PodsStarted=False with a Warning event; the phase stays the job's."""
+    run = "tiny-bad-image"
+    spec = {
+        k: v for k, v in run_values("ghcr.io/megdet/megdet:no-such-tag").items() if k != "runName"
+    }
+    apply_objects(kube, mdr(run, NS, spec))
+
+    def pods_started() -> dict | None:
+        status = get_json(kube, "mdr", run, "-n", NS).get("status") or {}
+        cond = next((c for c in status.get("conditions") or [] if c["type"] == "PodsStarted"), None)
+        return cond if cond and cond["status"] == "False" else None
+
+    cond = eventually(pods_started, timeout=300, interval=2, message="PodsStarted=False")
+    assert cond["reason"] == "ErrImageNeverPull", cond
+    assert "ghcr.io/megdet/megdet:no-such-tag" in cond["message"], cond
+    assert "pull policy of Never" in cond["message"], cond
+    status = get_json(kube, "mdr", run, "-n", NS)["status"]
+    assert status["phase"] not in ("Failed", "Succeeded"), status
+    events = [
+        e
+        for e in get_json(kube, "events", "-n", NS)["items"]
+        if e["involvedObject"].get("name") == run and e["reason"] == "ErrImageNeverPull"
+    ]
+    assert events and all(e["type"] == "Warning" for e in events), events
+    kube.kubectl("delete", "mdr", run, "-n", NS, "--wait=false", check=False)
+
+
 def trainjob_condition(kube, ns: str, name: str) -> str | None:
     job = get_json(kube, "trainjob", name, "-n", ns)
     for cond in (job.get("status") or {}).get("conditions") or []:

@@ -43,3 +43,20 @@ def test_the_controller_command_is_there(controller_archive):
     result = b.run_in_image(controller_archive, ["controller", "--help"])
     assert result.returncode == 0, result.stderr
     assert "usage:" in result.stdout
+
+
+def test_megdet_validate_runs_offline_in_the_controller_image(controller_archive):
+    """`megdet validate` needs the controller extra's packages alone (jsonschema was once only
+    in [dev]: a traceback in the image)."""
+    run = (
+        "apiVersion: megdet.io/v1alpha1\nkind: MegDetRun\nmetadata: {name: a}\n"
+        "spec: {gpus: 12, dataset: {claimName: coco}}\n"
+    )
+    result = b.run_in_image(
+        controller_archive,
+        ["-c", f"printf '%s' '{run}' > /tmp/run.yaml && megdet validate -f /tmp/run.yaml"],
+        entrypoint="/bin/sh",
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode != 0  # 12 GPUs: not a whole number of 8-GPU nodes
+    assert "spec.gpus" in result.stdout + result.stderr, result.stdout + result.stderr
