@@ -69,7 +69,7 @@ suite-images: setup
 
 # The trainer and the controller in real pods on the real node (tests/e2e/test_e2e_real_training.py,
 # marker real_pods): builds the train-ci image (about 30 min cold on 2 cores, 3.3 GB). Not in make
-# test: its 6 tests take 17-23 min on 2 cores (docs/cluster.md, "Why not in make test").
+# test: its 7 tests take 17-24 min on 2 cores (docs/cluster.md, "Why not in make test").
 test-real-pods: suite-deps
 	$(BIN)/python -m megdet.image.build train-ci
 	$(BIN)/python -m pytest -m real_pods tests/e2e/test_e2e_real_training.py
