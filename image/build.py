@@ -13,9 +13,10 @@ user with a registry: ``docker build .``). This builds the same stages with Debi
   (``--detectron2-src``, e.g. a bare clone), from that source with its ops compiled
   (``DETECTRON2_SOURCE=git``; nvcc from NVIDIA's PyPI wheels).
 
-Each variant's OCI archive lands in ``output/images/`` under a name that carries the digest of
-its inputs (the Dockerfile, the build context, the build args, the base image's inputs), so a
-second call with the same inputs returns the archive at once::
+Each variant's OCI archive is kept in the cache folder (``archives/``) under a name that carries
+the digest of its inputs (the Dockerfile, the build context, the build args, the base image's
+inputs) and linked into ``output/images/``, so a second call with the same inputs, from this
+checkout or from a fresh clone of the same commit, returns the archive at once::
 
     python -m megdet.image.build controller train     # what `make image` runs
     python -m megdet.image.build train-ci              # the e2e tests' variant
@@ -406,6 +407,26 @@ def prune_archives(output: Path, variant: Variant, keep: Path) -> list[Path]:
     return gone
 
 
+def place(kept: Path, archive: Path) -> None:
+    """Put the cache's archive (and its .json) at ``archive``: a hard link, a copy across
+    filesystems."""
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    for src, dst in ((kept, archive), (_info_path(kept), _info_path(archive))):
+        if not src.exists():
+            continue
+        tmp = dst.with_name(dst.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+        tmp.rename(dst)
+
+
+def _info_path(archive: Path) -> Path:
+    return archive.with_name(archive.name.removesuffix(".tar") + ".json")
+
+
 def tag_for(variant: Variant, version: str) -> str:
     return f"{variant.image}:{version}{variant.tag_suffix}"
 
@@ -443,8 +464,14 @@ def build(
     if archive.exists():
         say(f"{variant.name}: up to date ({archive})")
         return archive
-    ensure_tools()
     cache = cache_dir()
+    kept = archive_path(cache / "archives", variant, digest)
+    if kept.exists():
+        place(kept, archive)
+        prune_archives(output, variant, keep=archive)
+        say(f"{variant.name}: up to date (the cache's archive of these inputs, {kept})")
+        return archive
+    ensure_tools()
     env = engine_env(cache)
     base = base_image(pins, cache, env)
     tag = tag_for(variant, data["project"]["version"])
@@ -462,21 +489,21 @@ def build(
     if not iidfile.is_file() or not iidfile.read_text().strip():
         raise BuildError(f"podman build wrote no image id ({iidfile}): the build did not finish")
     subprocess.run(["podman", "tag", iidfile.read_text().strip(), tag], check=True, env=env)
-    output.mkdir(parents=True, exist_ok=True)
-    tmp = archive.with_name(archive.name + ".tmp")
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    tmp = kept.with_name(kept.name + ".tmp")
     tmp.unlink(missing_ok=True)
     subprocess.run(
         ["podman", "save", "--format", "oci-archive", "--output", str(tmp), tag],
         check=True,
         env=env,
     )
-    tmp.rename(archive)
+    info = describe(tmp)
+    info.update(archive=str(kept), variant=variant.name, tag=tag, build_seconds=round(built, 1))
+    _info_path(kept).write_text(json.dumps(info, indent=2) + "\n")
+    tmp.rename(kept)
+    prune_archives(kept.parent, variant, keep=kept)
+    place(kept, archive)
     prune_archives(output, variant, keep=archive)
-    info = describe(archive)
-    info.update(variant=variant.name, tag=tag, build_seconds=round(built, 1))
-    archive.with_name(archive.name.removesuffix(".tar") + ".json").write_text(
-        json.dumps(info, indent=2) + "\n"
-    )
     say(
         f"{variant.name}: built in {built:.0f} s, saved in {time.monotonic() - start - built:.0f} s"
     )

@@ -232,3 +232,26 @@ def test_the_context_leaves_out_the_local_cluster_and_examples():
         ".gitignore",
     ):
         assert b.is_ignored(path, patterns), path
+
+
+def test_a_fresh_checkout_takes_the_caches_archive_of_the_same_inputs(tmp_path, monkeypatch):
+    # The archive is kept in the image cache (shared by every checkout on the machine) and
+    # linked into output/: a fresh clone of the same commit (CI's) builds and saves nothing.
+    monkeypatch.setenv("MEGDET_IMAGE_CACHE", str(tmp_path / "cache"))
+    pins = b.image_pins(b.pyproject(ROOT))
+    args = b.build_args(b.VARIANTS["controller"], pins, "BASE", None, 1)
+    key = b.json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
+    digest = b.inputs_digest(ROOT, "controller", args, [key, *b.ENGINE_FLAGS])
+    kept = b.archive_path(tmp_path / "cache" / "archives", b.VARIANTS["controller"], digest)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"the image")
+    b._info_path(kept).write_text("{}")
+    stale = b.archive_path(tmp_path / "out", b.VARIANTS["controller"], "0" * 64)
+    stale.parent.mkdir()
+    stale.write_bytes(b"an older build")
+    monkeypatch.setattr(b, "ensure_tools", lambda: pytest.fail("built again"))
+    archive = b.build("controller", output=tmp_path / "out")
+    assert archive == b.archive_path(tmp_path / "out", b.VARIANTS["controller"], digest)
+    assert archive.read_bytes() == b"the image" and archive.stat().st_ino == kept.stat().st_ino
+    assert b._info_path(archive).read_text() == "{}"
+    assert not stale.exists()
