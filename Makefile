@@ -54,8 +54,10 @@ test: setup $(PROMETHEUS) node-packages suite-deps
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
-# binaries (not the older API server: test-previous-apiserver) and the controller image (the
-# training image is test-real-pods's; megdet.image.build, docs/image.md).
+# binaries (not the older API server: test-previous-apiserver), the controller image and the
+# e2e variant of the training image, which real pods on the real node run (megdet.image.build,
+# docs/image.md; archives kept in ~/.cache/megdet/image, so a fresh clone of a built commit
+# builds nothing).
 # The Go builds use the CPUs and the image builds mostly wait on downloads and disk: both at once.
 SUITE_COMPONENTS := kubernetes etcd kwok helm training_operator coredns jobset trainer kueue
 suite-deps: setup node-packages
@@ -65,14 +67,15 @@ suite-cluster: setup
 	$(BIN)/python -m megdet.cluster.build $(SUITE_COMPONENTS)
 
 suite-images: setup
-	$(BIN)/python -m megdet.image.build controller
+	$(BIN)/python -m megdet.image.build controller train-ci
 
-# The trainer and the controller in real pods on the real node (tests/e2e/test_e2e_real_training.py,
-# marker real_pods): builds the train-ci image (about 30 min cold on 2 cores, 3.3 GB). Not in make
-# test: its 7 tests take 17-24 min on 2 cores (docs/cluster.md, "Why not in make test").
+# The trainer and the controller in real pods on the real node, all of it
+# (tests/e2e/test_e2e_real_training.py): make test runs its first test (the run chart's helm
+# install trained to Succeeded); the other six (marker real_pods: the controller as a pod, the
+# stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker) take about 15-20 min more
+# on 2 cores, so they have this target (docs/cluster.md, "What make test runs on the node").
 test-real-pods: suite-deps
-	$(BIN)/python -m megdet.image.build train-ci
-	$(BIN)/python -m pytest -m real_pods tests/e2e/test_e2e_real_training.py
+	$(BIN)/python -m pytest tests/e2e/test_e2e_real_training.py
 
 # The MegDetRun CRD on the older kube-apiserver (kubernetes_previous, pinned in pyproject.toml):
 # a second Kubernetes build of about 20 minutes on 2 cores, for a CRD that changes rarely; run it

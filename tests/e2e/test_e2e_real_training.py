@@ -44,8 +44,10 @@ RELEASE = "tiny"
 IMAGE_UID = 10001
 #: The tiny run: 2 pods x 1 process, 2 images per process (global batch 4).
 MAX_ITER = 30
-#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image.
-pytestmark = [pytest.mark.timeout(2400), pytest.mark.real_pods]
+#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image. The
+#: first test (the run chart's `helm install` trained to Succeeded) is part of `make test`; the
+#: others are marked `real_pods` and run by `make test-real-pods` (docs/cluster.md).
+pytestmark = [pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +282,7 @@ def controller_pod(kube, real_node, controller, operator_chart, tmp_path_factory
         controller.start()
 
 
+@pytest.mark.real_pods
 def test_a_megdetrun_trains_through_the_controller_pod(
     kube, train_image, volumes, controller_pod
 ) -> None:
@@ -319,6 +322,7 @@ def test_a_megdetrun_trains_through_the_controller_pod(
     assert (volumes["output"] / RUN / "model_final.pth").stat().st_size > 0
 
 
+@pytest.mark.real_pods
 def test_the_output_volumes_stamp_refuses_a_second_run(
     kube, train_image, volumes, controller_pod
 ) -> None:
@@ -354,6 +358,7 @@ def test_the_output_volumes_stamp_refuses_a_second_run(
     kube.kubectl("delete", "mdr", other, "-n", NS, "--wait=false", check=False)
 
 
+@pytest.mark.real_pods
 def test_a_run_whose_image_cannot_be_had_says_the_kubelets_reason(
     kube, volumes, controller_pod
 ) -> None:
@@ -395,6 +400,7 @@ def trainjob_condition(kube, ns: str, name: str) -> str | None:
     return None
 
 
+@pytest.mark.real_pods
 def test_the_charts_trainjob_trains_on_the_real_node_through_jobset(
     kube, train_image, volumes, tmp_path
 ) -> None:
@@ -481,6 +487,7 @@ def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> t
     return job, run_dir
 
 
+@pytest.mark.real_pods
 def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
     kube, train_image, volumes, tmp_path
 ) -> None:
@@ -520,6 +527,7 @@ def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
     assert (run_dir / "model_final.pth").stat().st_size > 0
 
 
+@pytest.mark.real_pods
 def test_a_worker_killed_with_sigkill_restarts_and_resumes(
     kube, real_node, train_image, volumes, tmp_path
 ) -> None:
