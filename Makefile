@@ -16,6 +16,7 @@ help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make test-quick - the suite without the real-cluster (e2e) tests"
+	@echo "make test-real-pods - every real-pod test on the real node (make test runs the first)"
 	@echo "make test-previous-apiserver - the CRD on the older kube-apiserver (its own build)"
 	@echo "make cluster - build (first time) and start a real local control plane in .cluster/ (kwok nodes + one real node)"
 	@echo "make cluster-down - stop it and delete .cluster/"
