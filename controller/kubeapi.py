@@ -275,9 +275,15 @@ class JobCache:
       the create answer 409, and the next read of that name asks the API server
       (:meth:`refresh`);
     - the job this process has just created: the create's own answer (:func:`slim_job`),
-      until the watch delivers it (at most ``ttl`` seconds). A status written right after the
-      create sees the job; the state the job reaches meanwhile comes with its next event,
-      which the job's mirror writes (the status is level-triggered).
+      until kopf's index holds it (the watch delivered it: from then on it is read from the
+      API server). A status written right after the create sees the job; the state the job
+      reaches meanwhile comes with its next event, which the job's mirror writes (the status
+      is level-triggered). The answer is dropped when the index holds the job, not when the
+      indexing function is called: kopf stores the index entry after that call returns, and a
+      read in between was answered "no such job", which left the run without a status (its
+      reconcile saw no job to report, and the job's mirror leaves a job's first status to the
+      reconcile). A job the watch has not delivered after ``ttl`` seconds is read from the API
+      server.
 
     A job the watch has seen is read from the API server: a reconcile or a mirror that needs
     its state reads it fresh, under the run's lock. A kind is answered from the cache only once
@@ -337,24 +343,27 @@ class JobCache:
     def _indexer(self, kind: str, index_id: str) -> Callable[..., Any]:
         async def index(body: Mapping[str, Any], **kwargs: Any) -> dict[Any, Any]:
             # Async: kopf calls it on its event loop, no hop to its handler threads.
+            # The created answer of this job is dropped once the index holds it (_sweep), not
+            # here: kopf stores what this returns after it returns.
             meta = body.get("metadata") or {}
-            key = (kind, meta.get("namespace"), meta.get("name"))
             with self._lock:
                 if kind not in self._indices and index_id in kwargs:
                     self._indices[kind] = kwargs[index_id]
-                created = self._created.get(key)  # type: ignore[arg-type]
-                if created is not None and created[1]["metadata"].get("uid") == meta.get("uid"):
-                    del self._created[key]  # type: ignore[arg-type]  # delivered
             return {(meta.get("namespace"), meta.get("name")): meta.get("uid")}
 
         index.__name__ = index.__qualname__ = f"index_{kind.lower()}"
         return index
 
     def __len__(self) -> int:
-        """Jobs held: in the indices and created but not yet delivered by the watch."""
+        """Jobs held: in the indices, created but not yet delivered by the watch, and names
+        whose next read goes to the API server."""
         with self._lock:
-            self._expire()
-            return sum(len(i) for i in self._indices.values()) + len(self._created)
+            self._sweep()
+            return (
+                sum(len(i) for i in self._indices.values())
+                + len(self._created)
+                + len(self._refresh)
+            )
 
     def serves(self, kind: str) -> bool:
         with self._lock:
@@ -369,11 +378,15 @@ class JobCache:
                 self._refresh.discard(key)
                 self.misses += 1
                 return False, None
-            self._expire()
+            self._sweep()
             created = self._created.get(key)
             if created is not None:
                 self.hits += 1
                 return True, copy.deepcopy(created[1])
+            if key in self._refresh:  # created, but not delivered within ttl
+                self._refresh.discard(key)
+                self.misses += 1
+                return False, None
         try:
             seen = (namespace, name) in index
         except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
@@ -399,7 +412,7 @@ class JobCache:
                     return  # the watch delivered it before the create answered
             self._created.pop(key, None)  # type: ignore[arg-type]
             self._created[key] = (self._clock() + self.ttl, slim_job(obj))  # type: ignore[index]
-            self._expire()
+            self._sweep()
 
     def refresh(self, kind: str, namespace: str, name: str) -> None:
         """The next read of this job asks the API server (a create of it answered 409: the
@@ -409,13 +422,22 @@ class JobCache:
                 self._refresh.add((kind, namespace, name))
                 self._created.pop((kind, namespace, name), None)
 
-    def _expire(self) -> None:
+    def _sweep(self) -> None:
+        """Drop the created answers whose job kopf's index holds (with that uid: delivered),
+        and those older than ``ttl`` (their next read asks the API server). Under the lock."""
         now = self._clock()
-        while self._created:
-            key, (expiry, _obj) = next(iter(self._created.items()))
-            if expiry > now:
-                break
-            del self._created[key]
+        for key, (expiry, obj) in list(self._created.items()):
+            kind, namespace, name = key
+            try:
+                store = self._indices[kind].get((namespace, name))
+                delivered = bool(store) and obj["metadata"].get("uid") in list(store)
+            except RuntimeError:  # changed while read (kopf's loop writes it): look again later
+                delivered = False
+            if delivered:
+                del self._created[key]
+            elif expiry <= now:
+                del self._created[key]
+                self._refresh.add(key)
 
 
 class Cluster:

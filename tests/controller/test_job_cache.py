@@ -96,8 +96,10 @@ def test_a_job_just_created_is_answered_from_the_create_until_the_watch_has_it()
     assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)
     assert len(cache) == 2  # "other" and "a", nothing created left over
     cache.created(job("b", "u2"))
-    now[0] = 11  # never delivered (created and deleted at once): forgotten after ttl
-    assert cache.lookup("PyTorchJob", "ns", "b") == (True, None)
+    now[0] = 11  # not delivered within ttl (a watch far behind, or created and deleted at
+    # once): the next read asks the API server, never "no such job" from here
+    assert cache.lookup("PyTorchJob", "ns", "b") == (False, None)
+    assert cache.lookup("PyTorchJob", "ns", "b") == (True, None)  # once
     assert len(cache) == 2
     kopf.event(job("c", "u3"))  # the watch was faster than the create's answer
     cache.created(job("c", "u3"))
@@ -111,3 +113,20 @@ def test_a_create_answered_409_sends_the_next_read_to_the_server() -> None:
     cache.refresh("PyTorchJob", "ns", "foreign")  # a job no run controls: not in the index
     assert cache.lookup("PyTorchJob", "ns", "foreign") == (False, None)
     assert cache.lookup("PyTorchJob", "ns", "foreign") == (True, None)  # once
+
+
+def test_the_created_answer_holds_until_kopf_has_stored_the_index_entry() -> None:
+    # kopf calls the indexing function, then stores what it returned: a read in between must
+    # still see the job this process created. (Answering "no such job" there left a run of a
+    # 1,000-run burst on the real API server without any status: its reconcile saw no job to
+    # report and the job's mirror leaves a job's first status to the reconcile.)
+    cache = JobCache(ttl=10, clock=lambda: 0.0)
+    kopf = FakeKopf(cache)
+    kopf.event(job("other", "u0"))
+    cache.created(job("a", "u1", version="5"))
+    asyncio.run(kopf.function(body=job("a", "u1", version="6"), **{INDEX_ID: kopf.index}))
+    answered, found = cache.lookup("PyTorchJob", "ns", "a")  # indexed, not yet stored
+    assert answered and found["metadata"]["uid"] == "u1"
+    kopf.index[("ns", "a")] = ["u1"]  # kopf stores it: from now on read from the server
+    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)
+    assert len(cache) == 2
