@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from bench import harness
 from megdet.controller.api import GROUP, PLURAL, VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,28 +264,7 @@ class BenchCluster:
         """Wait until the processes ``pids`` together use less than ``below`` of a core for
         ``quiet_s`` in a row (the training operator and the controller done with the jobs'
         pods and status changes). Returns the seconds waited."""
-        tick = os.sysconf("SC_CLK_TCK")
-
-        def cpu() -> float:
-            total = 0.0
-            for pid in pids:
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    total += (int(fields[11]) + int(fields[12])) / tick
-            return total
-
-        started = time.perf_counter()
-        quiet_since, last, last_cpu = started, started, cpu()
-        while time.perf_counter() - started < timeout:
-            time.sleep(1.0)
-            now, used = time.perf_counter(), cpu()
-            if (used - last_cpu) / (now - last) >= below:
-                quiet_since = now
-            last, last_cpu = now, used
-            if now - quiet_since >= quiet_s:
-                return now - started
-        _log(f"not quiet after {timeout:.0f} s; measuring anyway")
-        return time.perf_counter() - started
+        return harness.wait_quiet(list(pids), quiet_s, below, timeout, log=_log)
 
     def count_pods(self) -> dict[str, int]:
         """Pods by phase in every namespace (what the training operator made of the jobs)."""

@@ -77,16 +77,26 @@ APIS = ("kmock", "cluster")
 APPLY_THREADS = 8
 #: Seconds after the last status before the controller is told to stop.
 SETTLE_S = 1.0
-#: With --delete: seconds after the last run is released before the memory is read (the heap
-#: trimmer looks every 2 s and trims once the controller has been quiet for one look).
-DELETE_SETTLE_S = 10.0
+#: With --delete: after the last run is released, the memory is read once the controller has
+#: used under 5 % of a core for this many seconds in a row (the garbage collector's deletions
+#: of the jobs still reach it after the runs are gone; the heap trimmer looks every 2 s and
+#: trims at its first look below 20 % of a core), or after DELETE_QUIET_TIMEOUT_S.
+DELETE_QUIET_S = 6.0
+DELETE_QUIET_TIMEOUT_S = 300.0
 #: Seconds the controller may take to stop and send its results (tracemalloc's snapshots and
 #: their comparison take tens of seconds on a loaded machine).
 RESULTS_TIMEOUT_S = 300.0
-#: How the controller process runs (``--no-heap-trim``, ``--arena-max``): the heap trimmer of
-#: controller/heap.py as ``megdet controller`` starts it, and glibc's ``MALLOC_ARENA_MAX`` (0:
-#: glibc's default, 8 per core; the operator chart sets 2).
-TUNING: dict[str, Any] = {"heap_trim": True, "arena_max": 0, "job_cache": True, "sample": False}
+#: How the controller process runs (``--no-heap-trim``, ``--arena-max``, ``--python-malloc``):
+#: the heap trimmer of controller/heap.py as ``megdet controller`` starts it, glibc's
+#: ``MALLOC_ARENA_MAX`` (0: glibc's default, 8 per core; the operator chart sets 2) and
+#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc).
+TUNING: dict[str, Any] = {
+    "heap_trim": True,
+    "arena_max": 0,
+    "python_malloc": "",
+    "job_cache": True,
+    "sample": False,
+}
 
 
 def _kmock_helpers() -> Any:
@@ -293,7 +303,13 @@ def _controller(
         cpu[0] = time.process_time()
         ready.set()
         while not stop.is_set():
-            if reconciled.wait(0.05) and "reconciled" not in rss:
+            if "reconciled" in rss:
+                # Recorded: wait for the stop without spinning (a set Event's wait() returns at
+                # once; looping on it kept a core busy, so the process never looked idle to
+                # the heap trimmer and took the interpreter from the deletions).
+                stop.wait(0.5)
+                continue
+            if reconciled.wait(0.05):
                 if sampler is not None:
                     sampler.stop()
                 rss["reconciled"] = _memory_kib("VmRSS")
@@ -381,19 +397,26 @@ class _ControllerProcess:
             ),
             daemon=True,
         )
-        # glibc reads MALLOC_ARENA_MAX when the process starts: the spawned child's environment.
-        saved = os.environ.get("MALLOC_ARENA_MAX")
-        if TUNING.get("arena_max"):
-            os.environ["MALLOC_ARENA_MAX"] = str(TUNING["arena_max"])
-        else:
-            os.environ.pop("MALLOC_ARENA_MAX", None)
+        # glibc reads MALLOC_ARENA_MAX and Python PYTHONMALLOC when the process starts: the
+        # spawned child's environment.
+        child_env = {
+            "MALLOC_ARENA_MAX": str(TUNING["arena_max"]) if TUNING.get("arena_max") else None,
+            "PYTHONMALLOC": TUNING.get("python_malloc") or None,
+        }
+        saved = {key: os.environ.get(key) for key in child_env}
+        for key, value in child_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         try:
             self.proc.start()
         finally:
-            if saved is None:
-                os.environ.pop("MALLOC_ARENA_MAX", None)
-            else:
-                os.environ["MALLOC_ARENA_MAX"] = saved
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
 
     def is_ready(self) -> bool:
         if self.ready.is_set():
@@ -555,7 +578,7 @@ async def _run_kmock(
     async with StampingEmulator() as api, kmock.Server(api):
         helpers.declare_resources(api)
         controller = _ControllerProcess({"api": "kmock", "url": str(api.url)}, runs, workers, trace)
-        deleted_s = None
+        deleted_s = deleted_quiet_s = None
         try:
             while not controller.is_ready():
                 await asyncio.sleep(0.05)
@@ -597,7 +620,10 @@ async def _run_kmock(
             await asyncio.to_thread(controller.mark_reconciled)
             if delete:
                 deleted_s = await _delete_all_kmock(api, helpers, timeout)
-                await asyncio.sleep(DELETE_SETTLE_S)
+                deleted_quiet_s = await asyncio.to_thread(
+                    harness.wait_quiet, [controller.proc.pid], DELETE_QUIET_S,
+                    timeout=DELETE_QUIET_TIMEOUT_S,
+                )  # fmt: skip
             deadline = time.perf_counter() + RESULTS_TIMEOUT_S
             while (child := controller.results()) is None:
                 if time.perf_counter() > deadline:
@@ -610,7 +636,7 @@ async def _run_kmock(
     result = _result(
         "kmock", runs, paced, namespaces, applied, status_seen, started, child, jobs, refused[0]
     )
-    result["delete_s"] = deleted_s
+    result.update(delete_s=deleted_s, delete_quiet_s=deleted_quiet_s)
     # kmock serves from this process, which also applies the runs: its CPU is the API's side.
     result["api_cpu_per_run_ms"] = own_cpu / runs * 1e3
     result["other_cpu_per_run_ms"] = {"this process (kmock + client)": own_cpu / runs * 1e3}
@@ -646,7 +672,7 @@ def _run_cluster(
         client.start_watch()
         target = {"api": "cluster", "kubeconfig": str(bench.controller_kubeconfig)}
         controller = _ControllerProcess(target, runs, workers, trace)
-        deleted_s = None
+        deleted_s = deleted_quiet_s = None
         try:
             deadline = time.perf_counter() + 180
             while not controller.is_ready():
@@ -701,7 +727,9 @@ def _run_cluster(
             controller.mark_reconciled()
             if delete:
                 deleted_s = client.delete_all(timeout)
-                time.sleep(DELETE_SETTLE_S)
+                deleted_quiet_s = harness.wait_quiet(
+                    [controller.proc.pid], DELETE_QUIET_S, timeout=DELETE_QUIET_TIMEOUT_S
+                )
             deadline = time.perf_counter() + RESULTS_TIMEOUT_S
             while (child := controller.results()) is None:
                 if time.perf_counter() > deadline:
@@ -743,6 +771,7 @@ def _run_cluster(
             },
             controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
             delete_s=deleted_s,
+            delete_quiet_s=deleted_quiet_s,
         )
         if training_operator:
             result["anchor"] = _anchor(
@@ -1025,7 +1054,8 @@ def print_report(result: dict[str, Any]) -> None:
         if r.get("delete_s") is not None:
             idle = r["rss_ready_mib"]
             print(
-                f"{api}: all runs deleted and released in {r['delete_s']:.1f} s; RSS at the end "
+                f"{api}: all runs deleted and released in {r['delete_s']:.1f} s, the controller "
+                f"quiet {r['delete_quiet_s']:.1f} s later; RSS at the end "
                 f"{r['rss_end_mib']:.0f} MiB = {r['rss_end_mib'] / idle:.2f} x ready ({idle:.0f} "
                 f"MiB); controller CPU after the runs were reconciled "
                 f"{r['cpu_after_reconciled_s']:.1f} s"
@@ -1034,7 +1064,8 @@ def print_report(result: dict[str, Any]) -> None:
         tuning = r.get("tuning") or {}
         print(
             f"{api}: job cache {'on' if tuning.get('job_cache', True) else 'off'}; "
-            f"MALLOC_ARENA_MAX {tuning.get('arena_max') or 'unset'}; heap trimmer "
+            f"MALLOC_ARENA_MAX {tuning.get('arena_max') or 'unset'}; "
+            f"PYTHONMALLOC {tuning.get('python_malloc') or 'unset'}; heap trimmer "
             + (
                 "off"
                 if not trims
@@ -1150,6 +1181,13 @@ def main(argv: list[str] | None = None) -> None:
         "chart sets 2)",
     )
     parser.add_argument(
+        "--python-malloc",
+        choices=("pymalloc", "malloc"),
+        default=None,
+        help="PYTHONMALLOC for the controller process (default: unset, Python's pymalloc; "
+        "malloc: every allocation from the C library, which the heap trimmer can give back)",
+    )
+    parser.add_argument(
         "--job-cache",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1169,6 +1207,7 @@ def main(argv: list[str] | None = None) -> None:
     TUNING.update(
         heap_trim=args.heap_trim,
         arena_max=args.arena_max,
+        python_malloc=args.python_malloc or "",
         job_cache=args.job_cache,
         sample=args.sample,
     )

@@ -78,6 +78,42 @@ NORMED_HEADS = (
 TINY_NORMED_HEADS = (*NORMED_HEADS, "MODEL.ROI_BOX_HEAD.CONV_DIM", "64")
 
 
+def process_cpu_s(pids: Iterator[int] | list[int]) -> float:
+    """User + system CPU seconds of the processes ``pids`` together (``/proc/<pid>/stat``;
+    a process that is gone counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def wait_quiet(
+    pids: list[int],
+    quiet_s: float = 3.0,
+    below: float = 0.05,
+    timeout: float = 300,
+    log: Callable[[str], None] | None = None,
+) -> float:
+    """Wait until the processes ``pids`` together use less than ``below`` of a core for
+    ``quiet_s`` in a row. Returns the seconds waited (``timeout`` at most; ``log`` says so)."""
+    started = time.perf_counter()
+    quiet_since, last, last_cpu = started, started, process_cpu_s(pids)
+    while time.perf_counter() - started < timeout:
+        time.sleep(1.0)
+        now, used = time.perf_counter(), process_cpu_s(pids)
+        if (used - last_cpu) / (now - last) >= below:
+            quiet_since = now
+        last, last_cpu = now, used
+        if now - quiet_since >= quiet_s:
+            return now - started
+    if log is not None:
+        log(f"not quiet after {timeout:.0f} s; measuring anyway")
+    return time.perf_counter() - started
+
+
 def make_dataset(folder: str | Path, train: int = 64) -> dict[str, str]:
     """A shapes dataset (``megdet make-shapes``) with ``train`` images; returns its paths."""
     from megdet.trainer.shapes import make_shapes
