@@ -450,6 +450,7 @@ class OperatorThread:
         peering: str | None = None,
         priority: int = 0,
         timeout: float = 2.0,
+        job_cache: bool = True,
         backoff: Backoff = FAST_BACKOFF,
         policy: Policy | None = None,
         namespaces: list[str] | None = None,
@@ -474,6 +475,7 @@ class OperatorThread:
         self.identity = f"operator-{next(self._ids)}"
         self.user_agent = f"megdet-controller/{self.identity}"
         self.timeout = timeout
+        self.job_cache = job_cache
         self.backoff = backoff
         self.policy = policy
         self.stop_flag = threading.Event()
@@ -496,7 +498,7 @@ class OperatorThread:
 
     async def _main(self) -> None:
         self.reconciler = Reconciler(
-            Cluster(self._client(), timeout=self.timeout),
+            Cluster(self._client(), timeout=self.timeout, cache=self.job_cache),
             self.backoff,
             policy=self.policy,
             progress_url=self.progress_url,
