@@ -378,7 +378,7 @@ class JobCache:
                 self._refresh.discard(key)
                 self.misses += 1
                 return False, None
-            self._sweep()
+            self._sweep(key)
             created = self._created.get(key)
             if created is not None:
                 self.hits += 1
@@ -412,7 +412,7 @@ class JobCache:
                     return  # the watch delivered it before the create answered
             self._created.pop(key, None)  # type: ignore[arg-type]
             self._created[key] = (self._clock() + self.ttl, slim_job(obj))  # type: ignore[index]
-            self._sweep()
+            self._sweep(key)  # type: ignore[arg-type]
 
     def refresh(self, kind: str, namespace: str, name: str) -> None:
         """The next read of this job asks the API server (a create of it answered 409: the
@@ -422,22 +422,31 @@ class JobCache:
                 self._refresh.add((kind, namespace, name))
                 self._created.pop((kind, namespace, name), None)
 
-    def _sweep(self) -> None:
-        """Drop the created answers whose job kopf's index holds (with that uid: delivered),
-        and those older than ``ttl`` (their next read asks the API server). Under the lock."""
+    def _sweep(self, key: tuple[str, str, str] | None = None) -> None:
+        """Drop the created answers older than ``ttl`` (their next read asks the API server
+        unless the index holds the job by then), and the answer for ``key`` (every answer when
+        None) once kopf's index holds its job with that uid (delivered). Under the lock; a
+        lookup checks its own key only, so a read stays O(1) in a burst."""
         now = self._clock()
-        for key, (expiry, obj) in list(self._created.items()):
-            kind, namespace, name = key
-            try:
-                store = self._indices[kind].get((namespace, name))
-                delivered = bool(store) and obj["metadata"].get("uid") in list(store)
-            except RuntimeError:  # changed while read (kopf's loop writes it): look again later
-                delivered = False
-            if delivered:
-                del self._created[key]
-            elif expiry <= now:
-                del self._created[key]
-                self._refresh.add(key)
+        while self._created:  # oldest first: one ttl for all, so ordered by expiry
+            first, (expiry, _obj) = next(iter(self._created.items()))
+            if expiry > now:
+                break
+            del self._created[first]
+            if not self._delivered(first, _obj):
+                self._refresh.add(first)
+        for k in list(self._created) if key is None else [key]:
+            entry = self._created.get(k)
+            if entry is not None and self._delivered(k, entry[1]):
+                del self._created[k]
+
+    def _delivered(self, key: tuple[str, str, str], obj: Mapping[str, Any]) -> bool:
+        kind, namespace, name = key
+        try:
+            store = self._indices[kind].get((namespace, name))
+            return bool(store) and obj["metadata"].get("uid") in list(store)
+        except RuntimeError:  # changed while read (kopf's loop writes it): look again later
+            return False
 
 
 class Cluster:
