@@ -27,13 +27,19 @@ checkout or from a fresh clone of the same commit, returns the archive at once::
 Engine settings that this machine needs (runc, cgroupfs, ulimits within the hard limits, the
 host's CA bundle for HTTPS to PyPI) are written to a containers.conf in the cache folder
 (``$MEGDET_IMAGE_CACHE``, default ``~/.cache/megdet/image``), which also holds the engine's own
-image store, so nothing touches the machine's default podman store.
+image store, so nothing touches the machine's default podman store. That store is bounded: after
+each build, the images that no current variant uses (the previous build of a variant whose
+inputs changed, and its layers, GBs for the training image) are removed, and the layers of the
+current builds are kept as the next build's cache (``prune_store``). Builds from two processes
+take turns (a lock in the cache folder).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -472,6 +478,29 @@ def build(
         say(f"{variant.name}: up to date (the cache's archive of these inputs, {kept})")
         return archive
     ensure_tools()
+    with build_lock(cache):
+        if kept.exists():  # built by the process this one waited for
+            place(kept, archive)
+            prune_archives(output, variant, keep=archive)
+            say(f"{variant.name}: up to date (built meanwhile, {kept})")
+            return archive
+        return _build_locked(variant, data, pins, commit, jobs, src, root, digest, kept, archive)
+
+
+def _build_locked(
+    variant: Variant,
+    data: Mapping,
+    pins: Mapping,
+    commit: str | None,
+    jobs: int,
+    src: Path | None,
+    root: Path,
+    digest: str,
+    kept: Path,
+    archive: Path,
+) -> Path:
+    cache = cache_dir()
+    output = archive.parent
     env = engine_env(cache)
     base = base_image(pins, cache, env)
     tag = tag_for(variant, data["project"]["version"])
@@ -504,10 +533,65 @@ def build(
     prune_archives(kept.parent, variant, keep=kept)
     place(kept, archive)
     prune_archives(output, variant, keep=archive)
+    saved = time.monotonic() - start - built
+    keep_stage(variant, cmd, env)
+    removed = prune_store(env)
     say(
-        f"{variant.name}: built in {built:.0f} s, saved in {time.monotonic() - start - built:.0f} s"
+        f"{variant.name}: built in {built:.0f} s, saved in {saved:.0f} s"
+        + (f"; {removed} unused images removed from the build store" if removed else "")
     )
     return archive
+
+
+@contextlib.contextmanager
+def build_lock(cache: Path):
+    """One build at a time per cache folder (the store's pruning removes what no tagged image
+    uses, which includes the newest step of a build still running)."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def stage_tag(variant: Variant) -> str:
+    """The tag that keeps a training variant's build stage (and so its torch layers) in the
+    store as the next build's cache; the train stage copies from it and is not its child."""
+    return f"localhost/megdet-stage:{variant.name}"
+
+
+def keep_stage(variant: Variant, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+    """Tag the build stage that ``cmd`` (a train target's build) used: the same command for
+    target ``build``, every step a cache hit."""
+    if variant.target != "train":
+        return
+    stage = list(cmd)
+    stage[stage.index("--target") + 1] = "build"
+    stage[stage.index("--tag") + 1] = stage_tag(variant)
+    if "--iidfile" in stage:
+        i = stage.index("--iidfile")
+        del stage[i : i + 2]
+    subprocess.run(stage, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def prune_store(env: Mapping[str, str], rounds: int = 50) -> int:
+    """Remove the store's dangling images until none is left: an image is dangling when it has
+    no tag and no child, so the current variants, their stages and every layer below them stay
+    (the next build's cache); a previous build's chain goes one image per round. Returns how
+    many were removed."""
+    removed = 0
+    for _ in range(rounds):
+        out = subprocess.run(
+            ["podman", "image", "prune", "--force"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        ids = out.stdout.split()
+        if not ids:
+            break
+        removed += len(ids)
+    return removed
 
 
 def load(archive: Path) -> tuple[str, dict[str, str]]:

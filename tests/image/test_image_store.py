@@ -1,0 +1,117 @@
+"""The build store stays bounded: a variant rebuilt with new inputs leaves its previous image's
+layers behind, which ``prune_store`` removes, while the current images, the training variants'
+build stages (``keep_stage``) and the layers under them stay as the next build's cache.
+
+Real podman on a store of its own (a temporary ``MEGDET_IMAGE_CACHE``), with a base imported
+from a tar of one file: COPY steps only, so nothing runs in a container. (A CI run once failed
+with "No space left on device": each change to the training image's inputs had left its
+previous 6 GB chain in the store.)
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+
+import pytest
+
+from megdet.image import build as b
+
+pytestmark = pytest.mark.slow
+
+CONTAINERFILE = """\
+FROM localhost/store-test-base:1 AS build
+COPY torch.txt /torch.txt
+COPY code.txt /code.txt
+FROM localhost/store-test-base:1 AS train
+COPY --from=build /code.txt /opt/code.txt
+"""
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    b.ensure_tools()
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MEGDET_IMAGE_CACHE", str(cache))
+    env = b.engine_env(cache)
+    rootfs = tmp_path / "rootfs.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        data = b"base\n"
+        info = tarfile.TarInfo("etc/base")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    subprocess.run(
+        ["podman", "import", str(rootfs), "localhost/store-test-base:1"],
+        env=env, check=True, capture_output=True,
+    )  # fmt: skip
+    context = tmp_path / "context"
+    context.mkdir()
+    (context / "Containerfile").write_text(CONTAINERFILE)
+    (context / "torch.txt").write_text("the big layer\n")
+    yield env, context
+    subprocess.run(["podman", "system", "reset", "--force"], env=env, capture_output=True)
+
+
+def images(env) -> dict[str, list[str]]:
+    """Every image in the store (intermediates included): id -> its names."""
+    out = subprocess.run(
+        ["podman", "images", "--all", "--no-trunc", "--format", "{{.ID}} {{.Names}}"],
+        env=env, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    found = {}
+    for line in out.stdout.splitlines():
+        image_id, _, names = line.partition(" ")
+        found[image_id.removeprefix("sha256:")] = names.strip("[]").split()
+    return found
+
+
+def build_train(env, context, code: str) -> tuple[list[str], str]:
+    (context / "code.txt").write_text(code)
+    iid = context.parent / "iid"
+    cmd = ["podman", "build", *b.ENGINE_FLAGS, "--target", "train", "--tag",
+           "localhost/store-test:1", "--iidfile", str(iid), "--file",
+           str(context / "Containerfile"), str(context)]  # fmt: skip
+    subprocess.run(cmd, env=env, check=True, capture_output=True)
+    return cmd, iid.read_text().strip().removeprefix("sha256:")
+
+
+def test_a_rebuild_leaves_only_the_current_images_and_their_cache(store):
+    env, context = store
+    variant = b.VARIANTS["train-ci"]
+    cmd, first = build_train(env, context, "v1\n")
+    b.keep_stage(variant, cmd, env)
+    assert b.prune_store(env) == 0  # nothing stale after the first build
+    after_first = images(env)
+    stage_first = next(i for i, names in after_first.items() if b.stage_tag(variant) in names)
+
+    # The code changes: a new train image and a new build stage; the torch layer is shared.
+    cmd, second = build_train(env, context, "v2\n")
+    b.keep_stage(variant, cmd, env)
+    before_prune = images(env)
+    assert first in before_prune and stage_first in before_prune  # both now untagged
+    removed = b.prune_store(env)
+    left = images(env)
+    assert removed == 2  # the old train image and the old stage (its code.txt step)
+    assert first not in left and stage_first not in left
+    assert "localhost/store-test:1" in left[second]
+    stage_second = next(i for i, names in left.items() if b.stage_tag(variant) in names)
+    assert stage_second != stage_first
+    # What stays is this build's chain, and the next build of the same inputs is all cache.
+    assert b.prune_store(env) == 0
+    cmd, again = build_train(env, context, "v2\n")
+    assert again == second
+    assert images(env) == left
+
+
+def test_a_build_waits_for_the_one_that_holds_the_lock(tmp_path):
+    # The pruning would remove a running build's newest (untagged, childless) step: builds
+    # sharing a cache take turns.
+    import fcntl
+
+    with b.build_lock(tmp_path):
+        with open(tmp_path / "build.lock") as other:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(tmp_path / "build.lock") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
