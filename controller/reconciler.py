@@ -23,7 +23,7 @@ import kopf
 from kubernetes import client as k8s
 
 from megdet.controller import metrics
-from megdet.controller.api import OWNED_KINDS, TARGET_BY_KIND
+from megdet.controller.api import GROUP, KIND, OWNED_KINDS, TARGET_BY_KIND, VERSION
 from megdet.controller.job_state import trainjob_progress
 from megdet.controller.kubeapi import (
     Backoff,
@@ -263,13 +263,17 @@ class Reconciler:
         )
         if written is None:
             return None
+        self._note_stuck(run, written[1])
+        return (*written, found[0])
+
+    def _note_stuck(self, run: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        """Keep :attr:`stuck` to the runs whose status says ``PodsStarted=False``."""
         key = run_meta(run)[:2]
-        pods = condition_of(written[1], PODS_STARTED_CONDITION) or {}
+        pods = condition_of(status, PODS_STARTED_CONDITION) or {}
         if pods.get("status") == "False":
             self.stuck[key] = str(pods.get("message") or "")
         else:
             self.stuck.pop(key, None)
-        return (*written, found[0])
 
     def _not_created(self, run: Mapping[str, Any], reason: str, message: str, retry: int) -> None:
         """``Created=False`` (a Warning event once per episode, not per retry); kopf retries
@@ -556,27 +560,62 @@ class Reconciler:
         ref = run_owner(job)
         if ref is None:
             return
-        namespace = job["metadata"].get("namespace")
         if type != "DELETED" and not job.get("status"):
             return  # just created: the run's reconcile wrote its first status
-        run = self.api_call("get run", lambda: self.cluster.get_run(namespace, ref["name"]), retry)
-        if run is None or (run.get("metadata") or {}).get("uid") != ref.get("uid"):
-            return
-        if job["metadata"].get("name") != expected_job_name(run):
-            return  # controlled by the run, but not the job it made (not ours to mirror)
-        if not is_runs_job(job, ref.get("uid"), run.get("status")):
-            # Under the job's name, naming the run as controller, but not the job the
-            # controller created (status.jobUID): someone else's. Said on the run, not mirrored.
-            self._write(run, Foreign(type != "DELETED"), retry, job=job)
-            return
-        if type == "DELETED":  # its last state counts first (a job deleted as it finished)
-            self._write(run, JobGone(job["kind"], job["metadata"]["name"]), retry, job=job)
-            return
-        # Level-triggered: the job as it is now, read under the run's lock; the event only
-        # says that it changed.
-        written = self._write(run, Observed(), retry, read=job)
-        if written is not None and job["kind"] == "TrainJob":
+        name = job["metadata"].get("name")
+
+        def decide(run: Mapping[str, Any]) -> tuple[Decision, Any, Any] | None:
+            if name != expected_job_name(run):
+                return None  # controlled by the run, but not the job it made (not ours)
+            if not is_runs_job(job, ref.get("uid"), run.get("status")):
+                # Under the job's name, naming the run as controller, but not the job the
+                # controller created (status.jobUID): someone else's. Said on the run.
+                return Foreign(type != "DELETED"), job, None
+            if type == "DELETED":  # its last state counts first (a job deleted as it finished)
+                return JobGone(job["kind"], name), job, None
+            # Level-triggered: the job as it is now (the job reads' watch cache), read under the
+            # run's lock; the event only says that it changed.
+            return Observed(), None, job
+
+        namespace = job["metadata"].get("namespace")
+        run = self._run_ref(namespace, ref["name"], ref.get("uid"))
+        written = self._mirror(run, decide, retry, job["kind"])
+        if written is not None and job["kind"] == "TrainJob" and type != "DELETED":
             self._progress_events(run, *written)
+
+    def _run_ref(self, namespace: str, name: str, uid: str | None) -> dict[str, Any]:
+        """A run as events name it (for the writer's read and kopf's events), not yet read."""
+        return {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "metadata": {"namespace": namespace, "name": name, "uid": uid},
+        }
+
+    def _mirror(
+        self,
+        run: Mapping[str, Any],
+        decide: Callable[[Mapping[str, Any]], tuple[Decision, Any, Any] | None],
+        retry: int,
+        kind: str = "",
+    ) -> tuple[Mapping[str, Any], dict[str, Any], Any] | None:
+        """A status from an event of the run's job or pod, with the run read once, under its
+        lock (:meth:`StatusWriter.write`): ``decide(run)`` gives (decision, job, job to read
+        now) or None (nothing to say: no write). Returns what :meth:`_write` does."""
+        found: list[Any] = [None]
+
+        def compute(current: Mapping[str, Any]) -> dict[str, Any]:
+            chosen = decide(current)
+            if chosen is None:
+                return dict(current.get("status") or {})
+            decision, job, read = chosen
+            found[0] = self._get(read, retry) if read is not None else job
+            return desired_status(current, found[0], decision, self.now())
+
+        written = self.writer.write(run, compute, retry, kind)
+        if written is None:
+            return None
+        self._note_stuck(run, written[1])
+        return (*written, found[0])
 
     def _progress_events(
         self, run: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any], job: Any
@@ -621,11 +660,14 @@ class Reconciler:
             return  # said already (the kubelet rewrites a waiting pod's status often)
         if problem is None and key not in self.stuck:
             return
-        namespace, name = key
-        run = self.api_call("get run", lambda: self.cluster.get_run(namespace, name), retry)
-        if run is None or not pod_of_runs_job(pod, run):
-            return  # not the run's job's pod: labels are anyone's to write
-        self._write(run, PodStart(problem, str(pod["metadata"].get("name"))), retry)
+        decision = PodStart(problem, str(pod["metadata"].get("name")))
+
+        def decide(run: Mapping[str, Any]) -> tuple[Decision, Any, Any] | None:
+            if not pod_of_runs_job(pod, run):
+                return None  # not the run's job's pod: labels are anyone's to write
+            return decision, None, None
+
+        self._mirror(self._run_ref(*key, None), decide, retry)
 
     @staticmethod
     def owned_by_run(body: kopf.Body, **_: Any) -> bool:

@@ -159,7 +159,8 @@ class StatusWriter:
         self, run: Mapping[str, Any], compute: Compute, retry: int, kind: str = ""
     ) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
         """Bring the run's status to what ``compute`` says; returns (the status it replaced,
-        the new one), or None when the run is gone (or is another incarnation: a new uid).
+        the new one), or None when the run is gone (or is another incarnation: a new uid; a run
+        given without a uid, as a pod's labels name it, is taken as it is found).
 
         Under the run's lock: read the run, ``compute(run)`` the status it should hold, write
         the fields that differ (no request at all when none do), then post the events the
@@ -170,7 +171,9 @@ class StatusWriter:
         namespace, name, uid, _gen = run_meta(run)
         with self.locks.hold((namespace, name)):
             current = self.api_call("get run", lambda: self.cluster.get_run(namespace, name), retry)
-            if current is None or (current.get("metadata") or {}).get("uid") != uid:
+            if current is None or (
+                uid is not None and (current.get("metadata") or {}).get("uid") != uid
+            ):
                 return None  # deleted (or deleted and re-created) meanwhile
             old = current.get("status") or {}
             new = compute(current)

@@ -1226,6 +1226,7 @@ async def test_a_job_event_that_changes_nothing_writes_nothing(cluster) -> None:
         await reconciled(cluster, "r")
         writes = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
         job_reads = len(requests_to(cluster, "GET", "/pytorchjobs/r"))
+        run_reads = len(requests_to(cluster, "GET", "/megdetruns/r"))
         # The operator writes the same status again (a new resourceVersion, a watch event).
         await job_condition(cluster, "r", cond("Created"), cond("Running"))
         await eventually(
@@ -1236,6 +1237,9 @@ async def test_a_job_event_that_changes_nothing_writes_nothing(cluster) -> None:
     finally:
         await stop_operator(op)
     assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) == writes
+    # The mirror reads the run once, under its lock (not once to check the event and again
+    # before the write).
+    assert len(requests_to(cluster, "GET", "/megdetruns/r")) == run_reads + 1
 
 
 async def test_a_reconcile_that_changes_nothing_writes_nothing(cluster) -> None:
