@@ -2,6 +2,10 @@
 
 Every component's log, the API server's audit log and the controller's log stay in
 output/e2e/logs after the session; a failing test's report says so.
+
+The cluster ends once the session's last e2e test is done, not at the session's end: the tests
+collected after tests/e2e (the trainer's multi-process runs among them) get the cores, the
+memory and the disk that the control plane and the real node held.
 """
 
 from __future__ import annotations
@@ -9,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from e2e_helpers import (
@@ -23,6 +29,37 @@ from e2e_helpers import (
 from megdet.cluster import node as real_node_module
 from megdet.cluster.control_plane import Cluster
 
+#: How to end what the session fixtures below started, in the order they started it.
+_ENDS: list[Callable[[], None]] = []
+
+
+def _ending(end: Callable[[], None]) -> Callable[[], None]:
+    """``end``, registered to run when the last e2e test is done, and run at most once (the
+    fixture's own teardown calls it again at the session's end)."""
+    done = []
+
+    def once() -> None:
+        if not done:
+            done.append(True)
+            end()
+
+    _ENDS.append(once)
+    return once
+
+
+def _last_e2e_item(session: pytest.Session) -> pytest.Item | None:
+    here = Path(__file__).parent
+    e2e = [item for item in session.items if here in item.path.parents]
+    return e2e[-1] if e2e else None
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own teardown of the item's module fixtures
+def pytest_runtest_teardown(item, nextitem):
+    if item is not _last_e2e_item(item.session):
+        return
+    while _ENDS:
+        _ENDS.pop()()
+
 
 @pytest.fixture(scope="session")
 def kube():
@@ -34,8 +71,9 @@ def kube():
     except BaseException:
         cluster.down(keep_logs=LOGS)
         raise
+    end = _ending(lambda: cluster.down(keep_logs=LOGS))
     yield cluster
-    cluster.down(keep_logs=LOGS)
+    end()
 
 
 @pytest.fixture(scope="session")
@@ -55,8 +93,9 @@ def real_node(kube):
                 raise
             time.sleep(5)
     node = real_node_module.RealNode(kube, echo=kube.echo)
+    end = _ending(node.teardown)
     yield node
-    node.teardown()
+    end()
 
 
 @pytest.fixture(scope="session")
@@ -80,8 +119,9 @@ def operator_chart(kube):
 def controller(kube, operator_chart, tmp_path_factory):
     proc = ControllerProcess(kube, tmp_path_factory.mktemp("controller"))
     proc.start()
+    end = _ending(proc.stop)
     yield proc
-    proc.stop()
+    end()
 
 
 @pytest.hookimpl(hookwrapper=True)
