@@ -429,6 +429,8 @@ class RunClient:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._watching = threading.Event()
+        #: lists made after the watch was told its version is too old (410 Gone)
+        self.relists = 0
 
     def start_watch(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="run-watch", daemon=True)
@@ -440,8 +442,7 @@ class RunClient:
         from kubernetes import watch
 
         try:
-            listed = self.watcher.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-            version = listed["metadata"]["resourceVersion"]
+            version = self._relist()
             self._watching.set()
             while not self._stop.is_set():
                 stream = watch.Watch().stream(
@@ -456,6 +457,13 @@ class RunClient:
                 for event in stream:
                     now = time.perf_counter()
                     obj = event["object"]
+                    if event["type"] == "ERROR":
+                        # 410 Gone: the server's watch cache no longer holds our version (a
+                        # burst of events between two watches). As an informer does: list
+                        # again and watch from there; what the list shows is seen now.
+                        self.relists += 1
+                        version = self._relist()
+                        break
                     meta = obj.get("metadata") or {}
                     version = meta.get("resourceVersion", version)
                     if event["type"] == "DELETED":
@@ -478,6 +486,27 @@ class RunClient:
             self._watching.set()
             with self.changed:
                 self.changed.notify_all()
+
+    def _relist(self) -> str:
+        """List every run; note those with a status naming their job, and those gone since
+        the last list; returns the list's resourceVersion to watch from."""
+        started = time.perf_counter()
+        listed = self.watcher.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        now = time.perf_counter()
+        present = set()
+        with self.changed:
+            for obj in listed.get("items") or []:
+                meta = obj.get("metadata") or {}
+                key = (meta.get("namespace"), meta.get("name"))
+                present.add(key)
+                if (obj.get("status") or {}).get("jobName") and key not in self.status_seen:
+                    self.status_seen[key] = now
+            # (a run created while the list was read may be missing from it, not gone)
+            self.gone.update(
+                k for k, at in list(self.applied.items()) if at < started and k not in present
+            )
+            self.changed.notify_all()
+        return listed["metadata"]["resourceVersion"]
 
     def create(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST one run; returns it as the server stored it (defaults applied)."""

@@ -772,6 +772,9 @@ def _run_cluster(
             controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
             delete_s=deleted_s,
             delete_quiet_s=deleted_quiet_s,
+            # statuses first seen by a list, after the watch was told 410 Gone (their
+            # apply -> status is read late by up to one watch window)
+            watch_relists=client.relists,
         )
         if training_operator:
             result["anchor"] = _anchor(
@@ -1059,6 +1062,11 @@ def print_report(result: dict[str, Any]) -> None:
                 f"{r['rss_end_mib']:.0f} MiB = {r['rss_end_mib'] / idle:.2f} x ready ({idle:.0f} "
                 f"MiB); controller CPU after the runs were reconciled "
                 f"{r['cpu_after_reconciled_s']:.1f} s"
+            )
+        if r.get("watch_relists"):
+            print(
+                f"{api}: the benchmark's run watch was told 410 Gone {r['watch_relists']} times "
+                "and listed again (statuses it then found count as seen at that list)"
             )
         trims = r.get("heap_trims")
         tuning = r.get("tuning") or {}
