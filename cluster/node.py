@@ -1092,15 +1092,6 @@ def import_image(
     return names
 
 
-def remove_image(sock: Path, name: str, timeout: float = 300) -> None:
-    """Delete ``name`` from the node's containerd and wait for its garbage collection (the
-    training image's unpacked layers are 6 GB; a snapshot still used by a container stays
-    until that container is gone)."""
-    proc = ctr(sock, "images", "rm", "--sync", name, timeout=timeout)
-    if proc.returncode != 0 and "not found" not in proc.stderr:
-        raise NodeError(f"ctr images rm {name} failed: {proc.stderr.strip()}")
-
-
 def images(sock: Path) -> list[str]:
     """The image names the node's containerd holds."""
     return [line for line in ctr(sock, "images", "ls", "-q").stdout.splitlines() if line]
@@ -1114,5 +1105,4 @@ __all__: Sequence[str] = (
     "host_problems",
     "import_image",
     "pod_placement",
-    "remove_image",
 )

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from e2e_helpers import (
     pods_of,
 )
 
-from megdet.cluster.node import NODE_NAME, ctr, import_image, pod_placement, remove_image
+from megdet.cluster.node import NODE_NAME, ctr, import_image, pod_placement
 from megdet.trainer.evaluation import METRICS_FILE
 from megdet.trainer.ownership import STAMP_FILE
 
@@ -52,16 +51,14 @@ pytestmark = [pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
-def train_image(real_node) -> Iterator[str]:
+def train_image(real_node) -> str:
     """The e2e variant of the training image, built (or found, by its inputs' digest) and put
-    into the real node's containerd; removed from it after this module (its content and
-    unpacked layers are about 10 GB, and the rest of the suite does not need them)."""
+    into the real node's containerd."""
     from megdet.image.build import build
 
     archive = build("train-ci")
     names = import_image(real_node.socket, archive, timeout=1800)
-    yield names[0]
-    remove_image(real_node.socket, names[0])
+    return names[0]
 
 
 def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
