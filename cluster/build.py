@@ -23,6 +23,7 @@ chart ``kubeVersion`` constraint break.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import dataclasses
 import fcntl
@@ -189,8 +190,39 @@ CORE = ("kubernetes", "etcd", "kwok", "helm", "training_operator")
 NODE = ("coredns",)
 
 
+def go_build_cache() -> Path | None:
+    """This process's own Go build cache (``<cache>/go-build/<pid>``), deleted when the
+    process ends: the binaries are what is kept; the compiled packages behind them were 9.2 GB
+    after a full build, held for nothing in Go's default cache. None when the user set
+    ``GOCACHE`` (theirs is used, and kept)."""
+    if os.environ.get("GOCACHE"):
+        return None
+    root = cache_dir() / "go-build"
+    mine = root / str(os.getpid())
+    if not mine.exists():
+        mine.mkdir(parents=True)
+        atexit.register(shutil.rmtree, mine, ignore_errors=True)
+        for other in root.iterdir():  # left by a process that was killed
+            if other != mine and other.name.isdigit() and not _alive(int(other.name)):
+                shutil.rmtree(other, ignore_errors=True)
+    return mine
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def go_env() -> dict[str, str]:
     env = dict(os.environ)
+    cache = go_build_cache()
+    if cache is not None:
+        env["GOCACHE"] = str(cache)
     env.setdefault("CGO_ENABLED", "0")  # upstream ships these binaries static
     # The checksum database is not among the registries these machines reach; go.sum in the
     # wrapper still records what was fetched. A user's own GOSUMDB setting wins.
