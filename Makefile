@@ -7,6 +7,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.megdet-installed
 DEMO_OUT ?= output/demo
+# pytest keeps the temporary folders of its last 3 sessions; the training tests' checkpoints make
+# one session's 2.8 GB. Keep only the failed tests' folders (what is worth reading).
+PYTEST := $(BIN)/python -m pytest -o tmp_path_retention_policy=failed
 
 .PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
 	messages image image-check cluster cluster-down cluster-build node-packages \
@@ -51,7 +54,7 @@ demo: setup
 
 test: setup $(PROMETHEUS) node-packages suite-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not previous_apiserver and not real_pods"
+	$(PYTEST) -m "not previous_apiserver and not real_pods"
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
@@ -76,19 +79,19 @@ suite-images: setup
 # stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker) take about 15-20 min more
 # on 2 cores, so they have this target (docs/cluster.md, "What make test runs on the node").
 test-real-pods: suite-deps
-	$(BIN)/python -m pytest tests/e2e/test_e2e_real_training.py
+	$(PYTEST) tests/e2e/test_e2e_real_training.py
 
 # The MegDetRun CRD on the older kube-apiserver (kubernetes_previous, pinned in pyproject.toml):
 # a second Kubernetes build of about 20 minutes on 2 cores, for a CRD that changes rarely; run it
 # when charts/megdet-operator/crds/ changes (docs/cluster.md, "Which tests run against what").
 test-previous-apiserver: setup
 	$(BIN)/python -m megdet.cluster.build kubernetes_previous
-	$(BIN)/python -m pytest -m previous_apiserver tests/e2e
+	$(PYTEST) -m previous_apiserver tests/e2e
 
 # The suite without tests/e2e (no control plane needed): the inner loop.
 test-quick: setup $(PROMETHEUS)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest --ignore=tests/e2e
+	$(PYTEST) --ignore=tests/e2e
 
 # A real Kubernetes control plane on this machine (megdet.cluster; docs/cluster.md). The first
 # run builds the pinned binaries from the Go module proxy into ~/.cache/megdet/cluster.
