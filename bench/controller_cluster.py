@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import json
 import os
 import subprocess
 import sys
@@ -278,6 +279,32 @@ class BenchCluster:
             timeout=120,
         ).stdout
         return dict(collections.Counter(out.split()))
+
+    def expected_pods(self) -> int:
+        """The pods the PyTorchJobs ask for: every replica spec's ``replicas``, summed."""
+        out = self.kube.kubectl(
+            "get", "pytorchjobs.kubeflow.org", "-A", "-o", "json", timeout=120
+        ).stdout
+        return sum(
+            int(spec.get("replicas", 1))
+            for job in json.loads(out).get("items", [])
+            for spec in ((job.get("spec") or {}).get("pytorchReplicaSpecs") or {}).values()
+        )
+
+    def wait_for_pods(self, expected: int, timeout: float, every: float = 5.0) -> float:
+        """Wait until the cluster holds ``expected`` pods (the training operator has made every
+        job's); returns the seconds waited. The training operator's client is rate-limited, so
+        it can look idle long before it is done: a wait for quiet alone stopped at 431 of
+        2,750 pods."""
+        started = time.perf_counter()
+        while True:
+            made = sum(self.count_pods().values())
+            if made >= expected:
+                return time.perf_counter() - started
+            if time.perf_counter() - started > timeout:
+                raise RuntimeError(f"{made} of {expected} pods made in {timeout:.0f} s")
+            _log(f"... {made} of {expected} pods")
+            time.sleep(every)
 
     def jobs_by_kind(self) -> dict[str, int]:
         """PyTorchJobs and TrainJobs in every namespace."""

@@ -711,12 +711,13 @@ def _run_cluster(
                 f"all {runs} runs reconciled",
             )
             time.sleep(SETTLE_S)
-            quiet_s = None
+            quiet_s = pods_s = None
             if training_operator:
-                # The anchor: until the training operator has made the PyTorchJobs' pods and
-                # statuses, and the controller has mirrored them, both quiet.
+                # The anchor: until the training operator has made every PyTorchJob's pods, then
+                # until it (statuses) and the controller (their mirror) are both quiet.
+                pods_s = bench.wait_for_pods(bench.expected_pods(), timeout)
                 pids = [bench.kube.state()["pids"]["training-operator"], controller.proc.pid]
-                quiet_s = bench.wait_quiet(pids, timeout=timeout)
+                quiet_s = pods_s + bench.wait_quiet(pids, timeout=timeout)
             # The reconcile phase ends here: its requests and CPU are counted up to this point.
             wall_end = time.time()
             own_cpu = time.process_time() - own_cpu

@@ -36,3 +36,39 @@ def test_anchor_is_the_controller_per_run_over_the_operator_per_job() -> None:
     assert anchor["operator_requests_per_job"] == pytest.approx(70 / 6)
     assert anchor["requests_ratio"] == pytest.approx(6 / (70 / 6))
     assert anchor["operator_requests_by_method_code"] == {"GET 200": 40.0, "POST 201": 30.0}
+
+
+class _Kube:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def kubectl(self, *args, **kwargs):
+        import types
+
+        return types.SimpleNamespace(stdout=self.text)
+
+
+def test_the_anchor_waits_for_every_pod_the_pytorchjobs_ask_for(monkeypatch) -> None:
+    # A wait for quiet alone stopped while the rate-limited training operator had made 431 of
+    # 2,750 pods: the anchor's span now ends only once all of them exist.
+    import json
+    import types
+
+    from bench import controller_cluster as cc
+
+    jobs = {"items": [
+        {"spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}}}},
+        {"spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 7}}}},
+        {"spec": {"pytorchReplicaSpecs": {"Master": {}}}},  # replicas defaults to 1
+    ]}  # fmt: skip
+    bench = types.SimpleNamespace(kube=_Kube(json.dumps(jobs)))
+    assert cc.BenchCluster.expected_pods(bench) == 10
+    made = iter([{"Pending": 3}, {"Pending": 9}, {"Pending": 9, "Running": 1}])
+    bench.count_pods = lambda: next(made)
+    monkeypatch.setattr(cc.time, "sleep", lambda s: None)
+    assert cc.BenchCluster.wait_for_pods(bench, 10, timeout=60) >= 0
+    with pytest.raises(StopIteration):
+        bench.count_pods()  # it polled until the tenth pod was there, not before
+    bench.count_pods = lambda: {"Pending": 3}
+    with pytest.raises(RuntimeError, match="3 of 10 pods made"):
+        cc.BenchCluster.wait_for_pods(bench, 10, timeout=0)
