@@ -89,9 +89,15 @@ RESULTS_TIMEOUT_S = 300.0
 #: How the controller process runs (``--no-heap-trim``, ``--arena-max``, ``--python-malloc``):
 #: the heap trimmer of controller/heap.py as ``megdet controller`` starts it, glibc's
 #: ``MALLOC_ARENA_MAX`` (0: glibc's default, 8 per core; the operator chart sets 2) and
-#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc).
+#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc); ``worker_limit``: kopf's
+#: ``settings.queueing.worker_limit`` (0: kopf's default, no limit), the objects whose events
+#: are processed at once (``--worker-limit``); ``idle_timeout``: kopf's
+#: ``settings.queueing.idle_timeout`` (0: the benchmark's 1 s; kopf's default, which
+#: ``megdet controller`` keeps, is 5 s), how long an object's worker waits for its next event.
 TUNING: dict[str, Any] = {
     "heap_trim": True,
+    "worker_limit": 0,
+    "idle_timeout": 0.0,
     "arena_max": 0,
     "python_malloc": "",
     "job_cache": True,
@@ -289,6 +295,12 @@ def _controller(
 
     settings = kopf.OperatorSettings()
     configure(settings, peering=None, fast=True, workers=workers)
+    # Experiments only, not the controller's settings: a worker limit below the number of runs
+    # that exist when the controller starts never reconciles any (docs/capacity.md).
+    if target.get("worker_limit"):
+        settings.queueing.worker_limit = target["worker_limit"]
+    if target.get("idle_timeout"):
+        settings.queueing.idle_timeout = target["idle_timeout"]
     kopf_ready, kopf_stop = threading.Event(), threading.Event()
 
     sampler = _Sampler() if target.get("sample") else None
@@ -359,6 +371,8 @@ def _controller(
                 "held": len(cluster.cache),
             },
             "renders": {"renders": renderer.renders - renders_before, "reused": renderer.reused},
+            # what kopf ran with (--worker-limit, --idle-timeout)
+            "queueing": [settings.queueing.worker_limit, settings.queueing.idle_timeout],
             "sampled": sampler.report() if sampler is not None else None,
             "heap_trims": None
             if trimmer is None
@@ -503,6 +517,7 @@ def _result(
         "sampled": child.get("sampled"),
         "job_cache": child.get("job_cache"),
         "renders": child.get("renders"),
+        "queueing": child.get("queueing"),
         "tuning": dict(TUNING),
         "rss_end_mib": child["rss_end_kib"] / 1024,
         "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
@@ -1074,7 +1089,9 @@ def print_report(result: dict[str, Any]) -> None:
         print(
             f"{api}: job cache {'on' if tuning.get('job_cache', True) else 'off'}; "
             f"MALLOC_ARENA_MAX {tuning.get('arena_max') or 'unset'}; "
-            f"PYTHONMALLOC {tuning.get('python_malloc') or 'unset'}; heap trimmer "
+            f"PYTHONMALLOC {tuning.get('python_malloc') or 'unset'}; "
+            f"kopf worker limit {tuning.get('worker_limit') or 'none'}, idle timeout "
+            f"{tuning.get('idle_timeout') or 1.0:g} s; heap trimmer "
             + (
                 "off"
                 if not trims
@@ -1197,6 +1214,24 @@ def main(argv: list[str] | None = None) -> None:
         "malloc: every allocation from the C library, which the heap trimmer can give back)",
     )
     parser.add_argument(
+        "--worker-limit",
+        type=int,
+        default=0,
+        metavar="N",
+        help="kopf's settings.queueing.worker_limit: at most N objects' events processed at "
+        "once, the others' events wait in their queues (default 0: no limit, kopf's default; "
+        "with fewer than the runs that exist before the controller has listed them, no run is "
+        "ever reconciled: docs/capacity.md)",
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="kopf's settings.queueing.idle_timeout: an object's worker exits after S seconds "
+        "without events (default: 1 s, the benchmark's; kopf's own default is 5 s)",
+    )
+    parser.add_argument(
         "--job-cache",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1213,10 +1248,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.arena_max < 0:
         parser.error("--arena-max must be 0 (glibc's default) or more")
+    if args.worker_limit < 0:
+        parser.error("--worker-limit must be 0 (no limit, kopf's default) or more")
+    if not args.idle_timeout >= 0:
+        parser.error("--idle-timeout must be 0 (the benchmark's 1 s) or more seconds")
     TUNING.update(
         heap_trim=args.heap_trim,
         arena_max=args.arena_max,
         python_malloc=args.python_malloc or "",
+        worker_limit=args.worker_limit,
+        idle_timeout=args.idle_timeout,
         job_cache=args.job_cache,
         sample=args.sample,
     )

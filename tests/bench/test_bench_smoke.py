@@ -152,6 +152,22 @@ def test_controller_reconcile_bench_reconciles_every_run_once(paced: bool) -> No
     assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
 
 
+def test_the_worker_limit_and_idle_timeout_reach_the_controllers_kopf(monkeypatch) -> None:
+    """--worker-limit and --idle-timeout (kopf's queueing settings, an experiment of
+    docs/capacity.md) are what the controller process's kopf runs with."""
+    from bench import controller_reconcile
+
+    monkeypatch.setitem(controller_reconcile.TUNING, "worker_limit", 50)
+    monkeypatch.setitem(controller_reconcile.TUNING, "idle_timeout", 0.5)
+    result = controller_reconcile.run(runs=4, workers=2)
+    assert result["queueing"] == [50, 0.5]
+    assert result["jobs_created"] == 4 and result["apply_to_status"]["n"] == 4
+    monkeypatch.setitem(controller_reconcile.TUNING, "worker_limit", 0)
+    monkeypatch.setitem(controller_reconcile.TUNING, "idle_timeout", 0.0)
+    plain = controller_reconcile.run(runs=2, workers=2)
+    assert plain["queueing"] == [None, 1.0]  # kopf's no-limit; the benchmark's fast 1 s
+
+
 def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(capsys) -> None:
     """--delete --tracemalloc: every run deleted and released by the controller (its finalizer
     removed), the memory read once they are gone, and tracemalloc's growth by file reported."""

@@ -109,9 +109,11 @@ def test_a_build_waits_for_the_one_that_holds_the_lock(tmp_path):
     # sharing a cache take turns.
     import fcntl
 
-    with b.build_lock(tmp_path):
-        with open(tmp_path / "build.lock") as other:
-            with pytest.raises(BlockingIOError):
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with (
+        b.build_lock(tmp_path),
+        open(tmp_path / "build.lock") as other,
+        pytest.raises(BlockingIOError),
+    ):
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(tmp_path / "build.lock") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
