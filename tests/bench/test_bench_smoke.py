@@ -168,6 +168,30 @@ def test_the_worker_limit_and_idle_timeout_reach_the_controllers_kopf(monkeypatc
     assert plain["queueing"] == [None, 1.0]  # kopf's no-limit; the benchmark's fast 1 s
 
 
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--arena-max", "-1"], "--arena-max must be 0"),
+        (["--worker-limit", "-3"], "--worker-limit must be 0"),
+        (["--worker-limit", "many"], "--worker-limit: invalid int value"),
+        (["--idle-timeout", "-0.5"], "--idle-timeout must be 0"),
+        (["--idle-timeout", "nan"], "--idle-timeout must be 0"),
+    ],
+)
+def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(argv, named, capsys) -> None:
+    """The controller benchmark's tuning flags: a bad value is a usage error that names the
+    flag and its allowed values (exit 2, no traceback), and nothing is started."""
+    from bench import controller_reconcile
+
+    before = dict(controller_reconcile.TUNING)
+    with pytest.raises(SystemExit) as exit_:
+        controller_reconcile.main(["--runs", "2", *argv])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err and "Traceback" not in err
+    assert before == controller_reconcile.TUNING  # refused before any setting was taken
+
+
 def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(capsys) -> None:
     """--delete --tracemalloc: every run deleted and released by the controller (its finalizer
     removed), the memory read once they are gone, and tracemalloc's growth by file reported."""
