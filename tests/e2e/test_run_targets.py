@@ -115,7 +115,14 @@ def scheduled_pods(kube, ns: str, selector: str, completed: bool, count: int = 2
     pods = eventually(
         lambda: (p := pods_of(kube, ns, selector))
         and len(p) == count
-        and all(x["spec"].get("nodeName") and x["status"].get("phase") in done for x in p)
+        # bound and started: startTime is written when the node's kubelet (kwok's) takes the
+        # pod, a moment after the binding; a bound pod without it was read too soon
+        and all(
+            x["spec"].get("nodeName")
+            and x["status"].get("startTime")
+            and x["status"].get("phase") in done
+            for x in p
+        )
         and p,
         timeout=90,
         message=f"{count} pods of {selector} scheduled" + (" and completed" if completed else ""),
