@@ -67,6 +67,7 @@ from typing import Any
 
 from bench import harness
 from bench.controller_runs import SPECS, cluster_body, namespace_of, run_name, served_spec
+from megdet.controller.daemon import DEFAULT_WORKER_LIMIT
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The controller's goals: reconcile p99, 1,000 runs reconciled within 60 s, controller memory,
@@ -89,14 +90,14 @@ RESULTS_TIMEOUT_S = 300.0
 #: How the controller process runs (``--no-heap-trim``, ``--arena-max``, ``--python-malloc``):
 #: the heap trimmer of controller/heap.py as ``megdet controller`` starts it, glibc's
 #: ``MALLOC_ARENA_MAX`` (0: glibc's default, 8 per core; the operator chart sets 2) and
-#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc); ``worker_limit``: kopf's
-#: ``settings.queueing.worker_limit`` (0: kopf's default, no limit), the objects whose events
-#: are processed at once (``--worker-limit``); ``idle_timeout``: kopf's
-#: ``settings.queueing.idle_timeout`` (0: the benchmark's 1 s; kopf's default, which
-#: ``megdet controller`` keeps, is 5 s), how long an object's worker waits for its next event.
+#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc); ``worker_limit``: the
+#: objects of a kind whose events are processed at once once the controller is indexed
+#: (``--worker-limit``; ``megdet controller``'s default; 0: no limit, kopf's default);
+#: ``idle_timeout``: kopf's ``settings.queueing.idle_timeout`` (0: the controller's, 1 s), how
+#: long an object's worker waits for its next event.
 TUNING: dict[str, Any] = {
     "heap_trim": True,
-    "worker_limit": 0,
+    "worker_limit": DEFAULT_WORKER_LIMIT,
     "idle_timeout": 0.0,
     "arena_max": 0,
     "python_malloc": "",
@@ -242,7 +243,7 @@ def _controller(
     from kubernetes import client as k8s
 
     from megdet.controller.kubeapi import Backoff, Cluster
-    from megdet.controller.operator import build_registry, configure
+    from megdet.controller.operator import build_registry, configure, limit_workers
     from megdet.controller.planning import plan_children
     from megdet.controller.reconciler import Reconciler
 
@@ -295,10 +296,8 @@ def _controller(
 
     settings = kopf.OperatorSettings()
     configure(settings, peering=None, fast=True, workers=workers)
-    # Experiments only, not the controller's settings: a worker limit below the number of runs
-    # that exist when the controller starts never reconciles any (docs/capacity.md).
-    if target.get("worker_limit"):
-        settings.queueing.worker_limit = target["worker_limit"]
+    if target.get("worker_limit"):  # as `megdet controller --worker-limit` sets it
+        limit_workers(registry, settings, target["worker_limit"])
     if target.get("idle_timeout"):
         settings.queueing.idle_timeout = target["idle_timeout"]
     kopf_ready, kopf_stop = threading.Event(), threading.Event()
@@ -372,7 +371,10 @@ def _controller(
             },
             "renders": {"renders": renderer.renders - renders_before, "reused": renderer.reused},
             # what kopf ran with (--worker-limit, --idle-timeout)
-            "queueing": [settings.queueing.worker_limit, settings.queueing.idle_timeout],
+            "queueing": [
+                getattr(settings.queueing.worker_limit, "limit", None),
+                settings.queueing.idle_timeout,
+            ],
             "sampled": sampler.report() if sampler is not None else None,
             "heap_trims": None
             if trimmer is None
@@ -1216,12 +1218,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--worker-limit",
         type=int,
-        default=0,
+        default=DEFAULT_WORKER_LIMIT,
         metavar="N",
-        help="kopf's settings.queueing.worker_limit: at most N objects' events processed at "
-        "once, the others' events wait in their queues (default 0: no limit, kopf's default; "
-        "with fewer than the runs that exist before the controller has listed them, no run is "
-        "ever reconciled: docs/capacity.md)",
+        help="at most N objects of a kind handled at once once the controller has listed them "
+        "(megdet controller --worker-limit; the others' events wait in their queues; default: "
+        f"the controller's, {DEFAULT_WORKER_LIMIT}; 0: no limit, kopf's default)",
     )
     parser.add_argument(
         "--idle-timeout",
@@ -1229,7 +1230,7 @@ def main(argv: list[str] | None = None) -> None:
         default=0.0,
         metavar="S",
         help="kopf's settings.queueing.idle_timeout: an object's worker exits after S seconds "
-        "without events (default: 1 s, the benchmark's; kopf's own default is 5 s)",
+        "without events (default: the controller's, 1 s; kopf's own default is 5 s)",
     )
     parser.add_argument(
         "--job-cache",
@@ -1251,7 +1252,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker_limit < 0:
         parser.error("--worker-limit must be 0 (no limit, kopf's default) or more")
     if not args.idle_timeout >= 0:
-        parser.error("--idle-timeout must be 0 (the benchmark's 1 s) or more seconds")
+        parser.error("--idle-timeout must be 0 (the controller's 1 s) or more seconds")
     TUNING.update(
         heap_trim=args.heap_trim,
         arena_max=args.arena_max,

@@ -26,6 +26,11 @@ import yaml
 from megdet.cli import UsageError, whole_number
 from megdet.controller.policy import Policy, PolicyError
 
+#: Objects of one watched kind the controller handles at once once it has listed them all
+#: (``--worker-limit``; the operator chart's ``controller.workerLimit`` has the same default):
+#: controller/operator.py, ``limit_workers``; the measurements in docs/capacity.md.
+DEFAULT_WORKER_LIMIT = 100
+
 __all__ = ["build_parser_args", "positive_seconds", "priority_value", "register", "run"]
 
 #: The highest priority ``random`` draws; kopf compares priorities as plain integers.
@@ -206,6 +211,15 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         "kopf's, the node's cores + 4, at most 32); see docs/capacity.md",
     )
     parser.add_argument(
+        "--worker-limit",
+        type=whole_number(minimum=0),
+        default=DEFAULT_WORKER_LIMIT,
+        metavar="N",
+        help="objects of each watched kind handled at once once the controller has listed "
+        "everything (the rest wait in their queues; it bounds a burst's memory); 0: no limit "
+        f"(default: {DEFAULT_WORKER_LIMIT}); see docs/capacity.md",
+    )
+    parser.add_argument(
         "--log-level",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
         default="INFO",
@@ -241,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
 
     from megdet.controller import metrics
     from megdet.controller.kubeapi import Cluster
-    from megdet.controller.operator import build_registry, configure
+    from megdet.controller.operator import build_registry, configure, limit_workers
     from megdet.controller.reconciler import Reconciler
 
     for port, name in ((args.metrics_port, "--metrics-port"), (args.health_port, "--health-port")):
@@ -366,6 +380,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
     # The run handlers and, with --progress-url, the progress endpoint's (operator.py).
     registry = build_registry(reconciler, progress=service)
+    if args.worker_limit:
+        limit_workers(registry, settings, args.worker_limit)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -26,7 +26,55 @@ from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
 if TYPE_CHECKING:
     from megdet.controller.progress_server import ProgressService
 
-__all__ = ["build_registry", "configure"]
+__all__ = ["IDLE_SECONDS", "IndexedWorkerLimit", "build_registry", "configure", "limit_workers"]
+
+#: Seconds an object's kopf worker stays after its last event (kopf's default is 5). A worker
+#: that waits keeps its place under :class:`IndexedWorkerLimit`; kopf keeps the object's state
+#: between workers (its per-object memories), so a new event only costs a new task.
+IDLE_SECONDS = 1.0
+
+
+class IndexedWorkerLimit:
+    """kopf's ``settings.queueing.worker_limit`` (objects of one watched kind handled at once),
+    enforced only once the operator is indexed.
+
+    kopf (1.45) starts a worker per object (``kopf/_core/reactor/queueing.py``, ``watcher``)
+    through a scheduler whose limit it compares as ``len(running) < limit``
+    (``kopf/_cogs/aiokits/aiotasks.py``, ``Scheduler._can_spawn``). An object listed before the
+    operator is indexed gets a readiness toggle, and its worker, after running the index
+    handlers, waits for every other object's toggle while holding its place
+    (``kopf/_core/reactor/processing.py``, ``process_resource_event``). A plain limit below the
+    number of objects that exist at start-up therefore deadlocks (kopf issue #1243): the
+    objects whose index handlers would release the waiting ones never get a place.
+
+    This limit is unbounded until :meth:`note_indexed` is called, which the registry does from
+    a handler of its own (kopf calls handlers only once every index is complete), and bounded
+    from then on. kopf makes no toggles once the operator has been indexed, so every worker
+    that waits for the indexes has been started before the bound applies. The comparison is
+    the only thing kopf asks of the limit (``tests/controller/test_worker_limit.py`` runs
+    kopf's own scheduler with it).
+    """
+
+    def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"a worker limit is a whole number >= 1, not {limit!r}")
+        self.limit = limit
+        self.indexed = False
+
+    def note_indexed(self) -> None:
+        self.indexed = True
+
+    def allows(self, running: int) -> bool:
+        """May one more worker start while ``running`` run?"""
+        return not self.indexed or running < self.limit
+
+    # kopf writes ``len(running) < limit``: int refuses the comparison, Python asks this one.
+    def __gt__(self, running: int) -> bool:
+        return self.allows(running)
+
+    def __repr__(self) -> str:
+        state = "bounded" if self.indexed else "not yet indexed, unbounded"
+        return f"IndexedWorkerLimit({self.limit}, {state})"
 
 
 def build_registry(
@@ -84,6 +132,26 @@ def build_registry(
     return registry
 
 
+def limit_workers(
+    registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings, limit: int
+) -> IndexedWorkerLimit:
+    """At most ``limit`` objects of each watched kind (per namespace when the controller
+    watches namespaces) handled at once, once the operator is indexed: the others' events wait
+    in their queues as received. A burst of runs then holds ``limit`` objects' processing
+    state at a time instead of every run's (docs/capacity.md)."""
+    bound = IndexedWorkerLimit(limit)
+
+    # kopf calls a handler only after every index handler has seen every listed object
+    # (processing.py waits for that before process_resource_causes): the first call is the
+    # moment the bound becomes safe. An event handler: no progress annotations, no API call.
+    async def indexed(**_: Any) -> None:
+        bound.note_indexed()
+
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="worker-limit")(indexed)
+    settings.queueing.worker_limit = bound  # type: ignore[assignment]  # see IndexedWorkerLimit
+    return bound
+
+
 def configure(
     settings: kopf.OperatorSettings,
     *,
@@ -122,8 +190,8 @@ def configure(
         settings.peering.mandatory = True
     else:
         settings.peering.standalone = True
+    settings.queueing.idle_timeout = IDLE_SECONDS
     if fast:
-        settings.queueing.idle_timeout = 1.0
         settings.queueing.exit_timeout = 1.0
         settings.queueing.error_delays = (0.1, 0.2, 0.5, 1.0)
         settings.posting.idle_timeout = 0.2

@@ -29,7 +29,7 @@ from kubernetes import client as k8s
 
 from megdet.controller import metrics
 from megdet.controller.kubeapi import Backoff, Cluster
-from megdet.controller.operator import build_registry, configure
+from megdet.controller.operator import build_registry, configure, limit_workers
 from megdet.controller.policy import Policy
 from megdet.controller.reconciler import Reconciler
 
@@ -457,11 +457,13 @@ class OperatorThread:
         progress: str | None = None,
         pod_namespace: str | None = None,
         progress_url: str = "",
+        worker_limit: int = 0,
     ) -> None:
         """``progress``: also serve the progress endpoint (on 127.0.0.1, a free port), its CA
         in this Secret (NAMESPACE/NAME), following the peering as ``megdet controller`` does;
         ``pod_namespace``: the replica's pod is ``<pod_namespace>/<identity>`` (labelled while
-        active); ``progress_url``: the Reconciler's (``--progress-url``, given to the runs)."""
+        active); ``progress_url``: the Reconciler's (``--progress-url``, given to the runs);
+        ``worker_limit``: ``--worker-limit`` (0: none, as the other tests run kopf)."""
         self.url = url
         self.progress = progress
         self.progress_url = progress_url
@@ -478,6 +480,8 @@ class OperatorThread:
         self.job_cache = job_cache
         self.backoff = backoff
         self.policy = policy
+        self.worker_limit = worker_limit
+        self.limit: Any = None  # the IndexedWorkerLimit, with worker_limit
         self.stop_flag = threading.Event()
         self.ready_flag = threading.Event()
         self.error: BaseException | None = None
@@ -514,6 +518,8 @@ class OperatorThread:
         settings = kopf.OperatorSettings()
         configure(settings, peering=self.peering, fast=True)
         settings.peering.priority = self.priority
+        if self.worker_limit:
+            self.limit = limit_workers(registry, settings, self.worker_limit)
         await kopf.operator(
             registry=registry,
             settings=settings,

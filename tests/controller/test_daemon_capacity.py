@@ -1,5 +1,6 @@
 """`megdet controller`'s capacity knobs (docs/capacity.md): --workers reaches kopf's handler
-thread pool, and the heap trimmer (controller/heap.py) runs for as long as the operator does."""
+thread pool, --worker-limit kopf's queueing (as controller/operator.py's IndexedWorkerLimit),
+and the heap trimmer (controller/heap.py) runs for as long as the operator does."""
 
 from __future__ import annotations
 
@@ -16,6 +17,21 @@ def test_workers_must_be_a_whole_number_of_at_least_one(capsys) -> None:
     assert exit_info.value.code == 2
     assert "--workers: 0 must be >= 1" in capsys.readouterr().err
     assert build_parser().parse_args(["controller"]).workers is None  # kopf's default
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("-1", "--worker-limit: -1 must be >= 0"), ("ten", "--worker-limit: 'ten' is not a whole")],
+)
+def test_worker_limit_must_be_a_whole_number_of_at_least_zero(value, message, capsys) -> None:
+    from megdet.controller.daemon import DEFAULT_WORKER_LIMIT
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["controller", "--worker-limit", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert build_parser().parse_args(["controller"]).worker_limit == DEFAULT_WORKER_LIMIT == 100
 
 
 def test_workers_and_the_heap_trimmer_reach_the_running_operator(monkeypatch) -> None:
@@ -39,7 +55,11 @@ def test_workers_and_the_heap_trimmer_reach_the_running_operator(monkeypatch) ->
         raise k8s_config.ConfigException("not in a pod")
 
     def fake_run(**kwargs: Any) -> None:
-        seen["max_workers"] = kwargs["settings"].execution.max_workers
+        settings = kwargs["settings"]
+        seen["max_workers"] = settings.execution.max_workers
+        seen["worker limit"] = getattr(settings.queueing.worker_limit, "limit", None)
+        seen["idle timeout"] = settings.queueing.idle_timeout
+        seen["handlers"] = {h.id for h in kwargs["registry"]._watching.get_all_handlers()}
         seen["trimmers while running"] = len(started)
 
     monkeypatch.setattr(heap, "HeapTrimmer", Trimmer)
@@ -47,8 +67,18 @@ def test_workers_and_the_heap_trimmer_reach_the_running_operator(monkeypatch) ->
     monkeypatch.setattr(k8s_config, "load_kube_config", lambda *a, **k: None)
     monkeypatch.setattr(metrics, "serve", lambda *a, **k: None)
     monkeypatch.setattr(kopf, "run", fake_run)
-    args = build_parser().parse_args(
-        ["controller", "--standalone", "--no-metrics-secure", "--workers", "3"]
-    )
-    assert daemon.run(args) == 0
-    assert seen == {"max_workers": 3, "trimmers while running": 1, "trimmer stopped": True}
+    argv = ["controller", "--standalone", "--no-metrics-secure", "--workers", "3"]
+    assert daemon.run(build_parser().parse_args([*argv, "--worker-limit", "7"])) == 0
+    assert "worker-limit" in seen.pop("handlers")  # what tells the limit kopf has indexed
+    assert seen == {
+        "max_workers": 3,
+        "worker limit": 7,
+        "idle timeout": 1.0,
+        "trimmers while running": 1,
+        "trimmer stopped": True,
+    }
+    seen.clear()
+    started.clear()
+    assert daemon.run(build_parser().parse_args([*argv, "--worker-limit", "0"])) == 0
+    assert "worker-limit" not in seen["handlers"]
+    assert seen["worker limit"] is None and seen["idle timeout"] == 1.0

@@ -126,7 +126,8 @@ class ControllerProcess:
         local.write_text(config["data"][name])
         return f"--policy-file={local}"
 
-    def start(self) -> None:
+    def start(self, *once: str) -> None:
+        """Start it; ``once``: flags for this start only, after ``extra_args``."""
         self.started_at = time.monotonic()
         self.metrics_port, self.health_port = free_port(), free_port()
         args = [
@@ -154,6 +155,7 @@ class ControllerProcess:
                     f"--metrics-port={self.metrics_port}",
                     f"--health-port={self.health_port}",
                     *self.extra_args,
+                    *once,
                 ],
                 env=env,
                 stdout=log,
@@ -182,9 +184,9 @@ class ControllerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             return self.proc.wait(10)
 
-    def restart(self) -> None:
+    def restart(self, *once: str) -> None:
         self.stop()
-        self.start()
+        self.start(*once)
 
     def metrics(self, token: str | None = None) -> str:
         """/metrics as a scraper gets it: over HTTPS with ``token`` (a bearer token with get on

@@ -128,6 +128,16 @@ def test_handler_threads_default_to_four_and_zero_leaves_kopfs_default() -> None
     assert build_parser().parse_args(container["args"]).workers is None
 
 
+def test_worker_limit_defaults_to_the_controllers_and_zero_turns_it_off() -> None:
+    from megdet.controller.daemon import DEFAULT_WORKER_LIMIT
+
+    _, container = controller(render())
+    assert build_parser().parse_args(container["args"]).worker_limit == DEFAULT_WORKER_LIMIT
+    _, container = controller(render({"controller": {"workerLimit": 0}}))
+    assert "--worker-limit=0" in container["args"]
+    assert build_parser().parse_args(container["args"]).worker_limit == 0
+
+
 def test_peering_object_and_args_match() -> None:
     rendered = render(values_file(next(p for p in CI_VALUES if "servicemonitor" in p.name)))
     peering = rendered.one("ClusterKopfPeering")
@@ -199,6 +209,8 @@ def test_notes_say_what_was_installed_and_what_to_run() -> None:
         ({"replicas": 2}, ["replicas", "not allowed"]),
         ({"controller": {"workers": -1}}, ["/controller/workers", "minimum"]),
         ({"controller": {"workers": "four"}}, ["/controller/workers", "integer"]),
+        ({"controller": {"workerLimit": -5}}, ["/controller/workerLimit", "minimum"]),
+        ({"controller": {"workerLimit": 1.5}}, ["/controller/workerLimit", "integer"]),
         (
             {"replicaCount": 2, "controller": {"peering": {"enabled": False}}},
             ["replicaCount=2 needs controller.peering.enabled=true"],
