@@ -128,9 +128,13 @@ def test_a_finished_runs_deleted_job_is_not_launched_again(kube, ns, controller)
         timeout=90,
         message="exit-1 Failed (previous test)",
     )
+    # The job goes while no controller runs: only the restarted one can see that it is gone.
+    controller.stop()
     kube.kubectl("delete", "pytorchjob", "exit-1", "-n", ns, "--wait=true")
+    present = condition(kube, ns, "exit-1", "JobPresent")
+    assert present is None or present["status"] == "True"
     assert len(get_json(kube, "mdr", "-A")["items"]) > 1
-    controller.restart("--worker-limit=1")
+    controller.start("--worker-limit=1")
     try:
         gone = eventually(
             lambda: (c := condition(kube, ns, "exit-1", "JobPresent"))
