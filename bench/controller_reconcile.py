@@ -227,6 +227,7 @@ def _controller(
     reconciled: Any,
     recorded: Any,
     trace: bool,
+    handled: Any = None,
 ) -> None:
     """The controller process: warm up, time the pure part, then serve until told to stop.
 
@@ -279,14 +280,15 @@ def _controller(
     api.user_agent = "megdet-controller"  # as `megdet controller` sets it
 
     durations: list[float] = []
+
+    def observe(seconds: float) -> None:
+        durations.append(seconds)
+        if handled is not None:  # the parent's view of the reconciles so far (--restart)
+            with handled.get_lock():
+                handled.value += 1
+
     cluster = Cluster(api, timeout=10.0, cache=target.get("job_cache", True))
-    registry = build_registry(
-        Reconciler(
-            cluster,
-            Backoff(base=0.05, cap=1.0),
-            observe=durations.append,
-        )
-    )
+    registry = build_registry(Reconciler(cluster, Backoff(base=0.05, cap=1.0), observe=observe))
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -403,13 +405,15 @@ class _ControllerProcess:
         target = {**target, **TUNING}
         self.ready, self.stop = ctx.Event(), ctx.Event()
         self._reconciled, self._recorded = ctx.Event(), ctx.Event()
+        #: reconciles (handler calls) the process has made so far
+        self.handled = ctx.Value("q", 0)
         self.parent, child = ctx.Pipe()
         self.proc = ctx.Process(
             target=_controller,
             args=(
                 target,
                 *(runs, workers, self.ready, self.stop, child),
-                *(self._reconciled, self._recorded, trace),
+                *(self._reconciled, self._recorded, trace, self.handled),
             ),
             daemon=True,
         )
@@ -462,6 +466,51 @@ class _ControllerProcess:
         self.proc.join(30)
         if self.proc.is_alive():
             self.proc.kill()
+
+
+async def _restart(
+    target: dict[str, str], runs: int, workers: int | None, timeout: float
+) -> dict[str, Any]:
+    """A second controller process started where ``runs`` runs exist (a new version, a
+    failover, an OOM restart): how long until it has resumed every one (kopf's resume handler,
+    one reconcile each) and its memory meanwhile. Polls with asyncio so that kmock, served from
+    the calling loop, keeps answering."""
+    started = time.perf_counter()
+    controller = _ControllerProcess(target, runs, workers)
+    try:
+        while not controller.is_ready():
+            if time.perf_counter() - started > 180:
+                raise RuntimeError("the restarted controller did not get ready in 180 s")
+            await asyncio.sleep(0.05)
+        ready_s = time.perf_counter() - started
+        while controller.handled.value < runs:
+            if time.perf_counter() - started > timeout:
+                raise RuntimeError(
+                    f"the restarted controller resumed {controller.handled.value} of {runs} "
+                    f"runs in {timeout} s"
+                )
+            await asyncio.sleep(0.05)
+        resumed_s = time.perf_counter() - started
+        await asyncio.to_thread(controller.mark_reconciled)
+        deadline = time.perf_counter() + RESULTS_TIMEOUT_S
+        while (child := controller.results()) is None:
+            if time.perf_counter() > deadline:
+                raise RuntimeError("the restarted controller sent no results")
+            await asyncio.sleep(0.05)
+    finally:
+        await asyncio.to_thread(controller.close)
+    return {
+        # from the process's start: the benchmark's own timing of the pure part (one render
+        # per run, before the controller says ready) is in ready_s, not in the resume
+        "ready_s": ready_s,
+        "resumed_s": resumed_s,
+        "resumed_after_ready_s": resumed_s - ready_s,
+        "reconciles": len(child["reconcile_s"]),
+        "rss_ready_mib": child["rss_ready_kib"] / 1024,
+        "rss_resumed_mib": child["rss_reconciled_kib"] / 1024,
+        "rss_peak_mib": child["rss_peak_kib"] / 1024,
+        "cpu_s": child["cpu_s"],
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -558,6 +607,7 @@ async def _run_kmock(
     timeout: float,
     delete: bool = False,
     trace: bool = False,
+    restart: bool = False,
 ) -> dict[str, Any]:
     import kmock
 
@@ -595,7 +645,7 @@ async def _run_kmock(
     async with StampingEmulator() as api, kmock.Server(api):
         helpers.declare_resources(api)
         controller = _ControllerProcess({"api": "kmock", "url": str(api.url)}, runs, workers, trace)
-        deleted_s = deleted_quiet_s = None
+        deleted_s = deleted_quiet_s = restarted = None
         try:
             while not controller.is_ready():
                 await asyncio.sleep(0.05)
@@ -647,13 +697,17 @@ async def _run_kmock(
                     raise RuntimeError("the controller process sent no results")
                 await asyncio.sleep(0.05)
             own_cpu = time.process_time() - own_cpu
+            if restart:
+                await asyncio.to_thread(controller.close)
+                target = {"api": "kmock", "url": str(api.url)}
+                restarted = await _restart(target, runs, workers, timeout)
         finally:
             await asyncio.to_thread(controller.close)
 
     result = _result(
         "kmock", runs, paced, namespaces, applied, status_seen, started, child, jobs, refused[0]
     )
-    result.update(delete_s=deleted_s, delete_quiet_s=deleted_quiet_s)
+    result.update(delete_s=deleted_s, delete_quiet_s=deleted_quiet_s, restart=restarted)
     # kmock serves from this process, which also applies the runs: its CPU is the API's side.
     result["api_cpu_per_run_ms"] = own_cpu / runs * 1e3
     result["other_cpu_per_run_ms"] = {"this process (kmock + client)": own_cpu / runs * 1e3}
@@ -675,6 +729,7 @@ def _run_cluster(
     delete: bool = False,
     trace: bool = False,
     training_operator: bool = False,
+    restart: bool = False,
 ) -> dict[str, Any]:
     from bench.controller_cluster import CONTROLLER_USER, BenchCluster, RunClient
     from bench.controller_cluster import write_costs as measure_write_costs
@@ -689,7 +744,7 @@ def _run_cluster(
         client.start_watch()
         target = {"api": "cluster", "kubeconfig": str(bench.controller_kubeconfig)}
         controller = _ControllerProcess(target, runs, workers, trace)
-        deleted_s = deleted_quiet_s = None
+        deleted_s = deleted_quiet_s = restarted = None
         try:
             deadline = time.perf_counter() + 180
             while not controller.is_ready():
@@ -753,6 +808,9 @@ def _run_cluster(
                 if time.perf_counter() > deadline:
                     raise RuntimeError("the controller process sent no results")
                 time.sleep(0.05)
+            if restart:
+                controller.close()
+                restarted = asyncio.run(_restart(target, runs, workers, timeout))
         finally:
             controller.close()
             client.stop()
@@ -790,6 +848,7 @@ def _run_cluster(
             controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
             delete_s=deleted_s,
             delete_quiet_s=deleted_quiet_s,
+            restart=restarted,
             # statuses first seen by a list, after the watch was told 410 Gone (their
             # apply -> status is read late by up to one watch window)
             watch_relists=client.relists,
@@ -937,16 +996,22 @@ def run(
     delete: bool = False,
     trace: bool = False,
     training_operator: bool = False,
+    restart: bool = False,
 ) -> dict[str, Any]:
     """One API's measurements (``workers``: kopf's handler threads; ``paced``: apply each run
     only after the previous one's status names its job; ``delete``: then delete every run and
-    read the memory once they are gone; ``trace``: tracemalloc's view of where it grew)."""
+    read the memory once they are gone; ``trace``: tracemalloc's view of where it grew;
+    ``restart``: then stop the controller and time a new one resuming every run)."""
+    if delete and restart:
+        raise ValueError("delete and restart: choose one (a restart needs the runs to exist)")
     if api == "kmock":
-        return asyncio.run(_run_kmock(runs, workers, paced, namespaces, timeout, delete, trace))
+        return asyncio.run(
+            _run_kmock(runs, workers, paced, namespaces, timeout, delete, trace, restart)
+        )
     if api == "cluster":
         return _run_cluster(
             *(runs, workers, paced, namespaces, nodes, timeout, keep_logs, write_costs),
-            *(delete, trace, training_operator),
+            *(delete, trace, training_operator, restart),
         )
     raise ValueError(f"api {api!r}: want one of {', '.join(APIS)}")
 
@@ -964,6 +1029,7 @@ def compare(
     delete: bool = False,
     trace: bool = False,
     training_operator: bool = False,
+    restart: bool = False,
 ) -> dict[str, Any]:
     """Each API in turn (kmock first), in one invocation, with the cluster/kmock ratios."""
     results: dict[str, dict[str, Any]] = {}
@@ -974,6 +1040,7 @@ def compare(
             delete=delete,
             trace=trace,
             training_operator=training_operator,
+            restart=restart,
         )
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
@@ -1081,6 +1148,15 @@ def print_report(result: dict[str, Any]) -> None:
                 f"MiB); controller CPU after the runs were reconciled "
                 f"{r['cpu_after_reconciled_s']:.1f} s"
             )
+        if r.get("restart"):
+            again = r["restart"]
+            print(
+                f"{api}: a new controller started where the {r['runs']} runs exist: ready in "
+                f"{again['ready_s']:.1f} s (the benchmark's pure-part timing included), every "
+                f"run resumed {again['resumed_after_ready_s']:.1f} s after that "
+                f"({again['reconciles']} reconciles, {again['cpu_s']:.1f} s of CPU); "
+                f"RSS ready {again['rss_ready_mib']:.0f} MiB, peak {again['rss_peak_mib']:.0f} MiB"
+            )
         if r.get("watch_relists"):
             print(
                 f"{api}: the benchmark's run watch was told 410 Gone {r['watch_relists']} times "
@@ -1181,6 +1257,13 @@ def main(argv: list[str] | None = None) -> None:
         "once they are gone (does it come back?)",
     )
     parser.add_argument(
+        "--restart",
+        action="store_true",
+        help="once every run is reconciled, stop the controller and start a new one where "
+        "they all exist (an upgrade, a failover): time until it has resumed every run, and "
+        "its memory (not with --delete)",
+    )
+    parser.add_argument(
         "--tracemalloc",
         action="store_true",
         help="trace the controller's allocations and report the files whose memory grew most "
@@ -1247,6 +1330,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print raw JSON")
     args = parser.parse_args(argv)
+    if args.delete and args.restart:
+        parser.error("--delete and --restart: choose one (a restart needs the runs to exist)")
     if args.arena_max < 0:
         parser.error("--arena-max must be 0 (glibc's default) or more")
     if args.worker_limit < 0:
@@ -1278,6 +1363,7 @@ def main(argv: list[str] | None = None) -> None:
         delete=args.delete,
         trace=args.tracemalloc,
         training_operator=args.training_operator,
+        restart=args.restart,
     )
     harness.emit(result, args.json, print_report)
 

@@ -168,10 +168,27 @@ def test_the_worker_limit_and_idle_timeout_reach_the_controllers_kopf(monkeypatc
     assert plain["queueing"] == [None, 1.0]  # kopf's no-limit; the benchmark's fast 1 s
 
 
+def test_restart_times_a_new_controller_resuming_every_run(monkeypatch) -> None:
+    """--restart: a second controller process starts where the runs exist and the benchmark
+    waits until it has resumed each one, with a worker limit below the number of runs (the
+    start-up kopf's own limit deadlocks on, docs/capacity.md)."""
+    from bench import controller_reconcile
+
+    monkeypatch.setitem(controller_reconcile.TUNING, "worker_limit", 2)
+    result = controller_reconcile.run(runs=5, workers=2, restart=True, timeout=60)
+    again = result["restart"]
+    assert again["reconciles"] >= 5
+    assert 0 < again["ready_s"] < again["resumed_s"] and again["resumed_after_ready_s"] > 0
+    assert 0 < again["rss_ready_mib"] <= again["rss_peak_mib"]
+    with pytest.raises(ValueError, match="choose one"):
+        controller_reconcile.run(runs=1, delete=True, restart=True)
+
+
 @pytest.mark.parametrize(
     ("argv", "named"),
     [
         (["--arena-max", "-1"], "--arena-max must be 0"),
+        (["--delete", "--restart"], "--delete and --restart: choose one"),
         (["--worker-limit", "-3"], "--worker-limit must be 0"),
         (["--worker-limit", "many"], "--worker-limit: invalid int value"),
         (["--idle-timeout", "-0.5"], "--idle-timeout must be 0"),
