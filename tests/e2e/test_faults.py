@@ -144,7 +144,8 @@ def test_a_finished_runs_deleted_job_is_not_launched_again(kube, ns, controller)
             message="JobPresent=False on the run",
         )
         assert gone["reason"] == "JobDeleted"
-        # The restarted controller has seen the run (above); give it a resync's worth of time.
+        # The restarted controller wrote the condition above: the run's result is kept and no
+        # job was made again.
         controller_seen = status(kube, ns, "exit-1")
         assert controller_seen["phase"] == "Failed"
         assert get_or_none(kube, "pytorchjob", "exit-1", "-n", ns) is None

@@ -132,6 +132,7 @@ def test_worker_limit_defaults_to_the_controllers_and_zero_turns_it_off() -> Non
     from megdet.controller.daemon import DEFAULT_WORKER_LIMIT
 
     _, container = controller(render())
+    assert f"--worker-limit={DEFAULT_WORKER_LIMIT}" in container["args"]  # the chart says it
     assert build_parser().parse_args(container["args"]).worker_limit == DEFAULT_WORKER_LIMIT
     _, container = controller(render({"controller": {"workerLimit": 0}}))
     assert "--worker-limit=0" in container["args"]
