@@ -30,8 +30,11 @@ host's CA bundle for HTTPS to PyPI) are written to a containers.conf in the cach
 image store, so nothing touches the machine's default podman store. That store is bounded: after
 each build, the images that no current variant uses (the previous build of a variant whose
 inputs changed, and its layers, GBs for the training image) are removed, and the layers of the
-current builds are kept as the next build's cache (``prune_store``). Builds from two processes
-take turns (a lock in the cache folder).
+current builds are kept as the next build's cache (``prune_store``). A training variant's image
+itself is not kept there once its archive is saved (``drop_image``): the archive holds it, and
+the store would hold its 6 GB venv twice (the build stage's and the image's copy). What an
+interrupted engine left in its temporary folder is removed before the next build
+(``clear_stale_tmp``). Builds from two processes take turns (a lock in the cache folder).
 """
 
 from __future__ import annotations
@@ -502,6 +505,9 @@ def _build_locked(
     cache = cache_dir()
     output = archive.parent
     env = engine_env(cache)
+    cleared = clear_stale_tmp(cache / "tmp")
+    if cleared:
+        say(f"removed {cleared} left in the engine's temporary folder by an interrupted run")
     base = base_image(pins, cache, env)
     tag = tag_for(variant, data["project"]["version"])
     iidfile = cache / f"iid-{digest[:16]}"
@@ -535,6 +541,7 @@ def _build_locked(
     prune_archives(output, variant, keep=archive)
     saved = time.monotonic() - start - built
     keep_stage(variant, cmd, env)
+    drop_image(variant, tag, env)
     removed = prune_store(env)
     say(
         f"{variant.name}: built in {built:.0f} s, saved in {saved:.0f} s"
@@ -571,6 +578,70 @@ def keep_stage(variant: Variant, cmd: Sequence[str], env: Mapping[str, str]) -> 
         i = stage.index("--iidfile")
         del stage[i : i + 2]
     subprocess.run(stage, check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+def drop_image(variant: Variant, tag: str, env: Mapping[str, str]) -> None:
+    """Untag a training variant's image once its archive is saved; ``prune_store`` then removes
+    its layers. Its venv layer is a 6 GB copy of the build stage's (``COPY --from=build``), so
+    keeping both doubled the store (13 GB); the archive is what the node imports and what the
+    next call with the same inputs returns, and the kept build stage makes the next build's
+    train stage a copy, not a new torch install. ``load`` brings the image back from its
+    archive when something runs it with podman. The controller image (635 MB, run by the image
+    tests) stays."""
+    if variant.target != "train":
+        return
+    subprocess.run(["podman", "untag", tag], check=True, env=env, stdout=subprocess.DEVNULL)
+
+
+#: An entry of the engine's temporary folder untouched this long belongs to no running engine:
+#: a `podman save` of the training image writes its files continuously for about 90 s.
+STALE_TMP_SECONDS = 3600
+
+
+def clear_stale_tmp(tmp: Path, older_than: float = STALE_TMP_SECONDS) -> str:
+    """Remove what an interrupted engine left in its temporary folder (``image_copy_tmp_dir``):
+    a killed `podman save` of the training image left 7.6 GB there, which no later run
+    removed. Only entries not modified for ``older_than`` seconds go (a `podman load` outside
+    the build lock may be writing the others). Returns how much was removed, in words ("" for
+    nothing)."""
+    if not tmp.is_dir():
+        return ""
+    cutoff = time.time() - older_than
+    freed = count = 0
+    for entry in tmp.iterdir():
+        try:
+            if _newest_mtime(entry) > cutoff:
+                continue
+            size = _size(entry)
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        except OSError:
+            continue  # gone meanwhile, or not ours to remove: left
+        freed += size
+        count += 1
+    return f"{count} entries ({freed / 1e9:.1f} GB)" if count else ""
+
+
+def _newest_mtime(path: Path) -> float:
+    newest = path.lstat().st_mtime
+    if path.is_dir() and not path.is_symlink():
+        for sub in path.rglob("*"):
+            with contextlib.suppress(OSError):
+                newest = max(newest, sub.lstat().st_mtime)
+    return newest
+
+
+def _size(path: Path) -> int:
+    if path.is_dir() and not path.is_symlink():
+        total = 0
+        for sub in path.rglob("*"):
+            with contextlib.suppress(OSError):
+                if sub.is_file() and not sub.is_symlink():
+                    total += sub.lstat().st_size
+        return total
+    return path.lstat().st_size
 
 
 def prune_store(env: Mapping[str, str], rounds: int = 50) -> int:

@@ -1,6 +1,7 @@
 """The build store stays bounded: a variant rebuilt with new inputs leaves its previous image's
 layers behind, which ``prune_store`` removes, while the current images, the training variants'
-build stages (``keep_stage``) and the layers under them stay as the next build's cache.
+build stages (``keep_stage``) and the layers under them stay as the next build's cache; a
+training variant's image leaves the store once its archive is saved (``drop_image``).
 
 Real podman on a store of its own (a temporary ``MEGDET_IMAGE_CACHE``), with a base imported
 from a tar of one file: COPY steps only, so nothing runs in a container. (A CI run once failed
@@ -102,6 +103,61 @@ def test_a_rebuild_leaves_only_the_current_images_and_their_cache(store):
     cmd, again = build_train(env, context, "v2\n")
     assert again == second
     assert images(env) == left
+
+
+def test_a_training_image_leaves_the_store_once_saved_and_its_stage_stays(store):
+    # The archive holds the image; the store kept both it and the build stage it copies its
+    # venv from (6 GB each for the real training image).
+    env, context = store
+    variant = b.VARIANTS["train-ci"]
+    cmd, first = build_train(env, context, "v1\n")
+    b.keep_stage(variant, cmd, env)
+    stage = next(i for i, names in images(env).items() if b.stage_tag(variant) in names)
+    b.drop_image(variant, "localhost/store-test:1", env)
+    removed = b.prune_store(env)
+    left = images(env)
+    assert first not in left and removed >= 1
+    assert not any("localhost/store-test:1" in names for names in left.values())
+    assert b.stage_tag(variant) in left[stage]  # the next build's cache
+    # The next build of the same inputs takes its build stage from the store: no new stage.
+    cmd, again = build_train(env, context, "v1\n")
+    b.keep_stage(variant, cmd, env)
+    assert next(i for i, names in images(env).items() if b.stage_tag(variant) in names) == stage
+    assert again in images(env)
+
+
+def test_the_controller_image_stays_in_the_store(store):
+    # The image tests run it with podman: only the training variants are dropped.
+    env, context = store
+    _, first = build_train(env, context, "v1\n")
+    b.drop_image(b.VARIANTS["controller"], "localhost/store-test:1", env)
+    assert "localhost/store-test:1" in images(env)[first]
+
+
+def test_an_interrupted_engines_temporary_files_are_removed_and_a_running_ones_kept(tmp_path):
+    import os
+    import time
+
+    tmp = tmp_path / "tmp"
+    old_file = tmp / "4079994295"
+    old_dir = tmp / "oci1481966133"
+    busy_dir = tmp / "oci2"  # old itself, but a file in it is being written
+    fresh = tmp / "123"
+    for d in (old_dir / "blobs", busy_dir / "blobs"):
+        d.mkdir(parents=True)
+    old_file.write_bytes(b"x" * 1000)
+    (old_dir / "blobs" / "a").write_bytes(b"y" * 500)
+    (busy_dir / "blobs" / "b").write_bytes(b"z")
+    fresh.write_bytes(b"w")
+    hours_ago = time.time() - 2 * 3600
+    for path in (old_file, old_dir, old_dir / "blobs", old_dir / "blobs" / "a", busy_dir,
+                 busy_dir / "blobs"):  # fmt: skip
+        os.utime(path, (hours_ago, hours_ago))
+    said = b.clear_stale_tmp(tmp)
+    assert sorted(p.name for p in tmp.iterdir()) == ["123", "oci2"]
+    assert said == "2 entries (0.0 GB)"
+    assert b.clear_stale_tmp(tmp) == ""
+    assert b.clear_stale_tmp(tmp_path / "absent") == ""
 
 
 def test_a_build_waits_for_the_one_that_holds_the_lock(tmp_path):
