@@ -260,6 +260,10 @@ class Cluster(Operators):
             HELM_CACHE_HOME=str(helm_home / "cache"),
             HELM_CONFIG_HOME=str(helm_home / "config"),
             HELM_DATA_HOME=str(helm_home / "data"),
+            # kubectl's and helm's discovery and HTTP caches, which default to ~/.kube/cache, one
+            # folder per API server address: each cluster on a new port left one behind there
+            # (201 MB after a day of test runs). Here they go with the cluster's state.
+            KUBECACHEDIR=str(self.root / "kube-cache"),
         )
         return env
 

@@ -5,6 +5,8 @@ chart's ServiceAccount, does its work with no call refused and no call outside i
 from __future__ import annotations
 
 import json
+import urllib.parse
+from pathlib import Path
 
 import pytest
 from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, get_json, helm
@@ -48,6 +50,17 @@ def test_kubectl_explain_reads_the_schema(kube, operator_chart) -> None:
     gpus = kube.kubectl("explain", "mdr.spec.gpus").stdout
     assert "GPUs" in gpus or "gpus" in gpus.lower()
     assert "megdet.io" in kube.kubectl("api-resources", "--api-group=megdet.io").stdout
+
+
+def test_kubectl_and_helm_cache_discovery_with_the_cluster_not_in_home(kube, operator_chart):
+    # Their default, ~/.kube/cache, kept one folder per API server address: every test
+    # cluster on a new port left one there for good.
+    kube.kubectl("api-resources", "--api-group=megdet.io")
+    helm(kube, "list", "-n", OPERATOR_NAMESPACE)
+    server = urllib.parse.urlsplit(kube.server).netloc.replace(":", "_")
+    ours = kube.root / "kube-cache" / "discovery"
+    assert server in [p.name for p in ours.iterdir()], sorted(ours.iterdir())
+    assert not (Path.home() / ".kube" / "cache" / "discovery" / server).exists()
 
 
 def test_helm_lists_the_release_deployed(kube, operator_chart) -> None:
