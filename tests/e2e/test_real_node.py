@@ -175,6 +175,13 @@ def test_an_image_built_elsewhere_is_imported_and_runs(
             tar.addfile(member, io.BytesIO(data) if data is not None else None)
     names = real_node_module.import_image(real_node.socket, bare, base_name="megdet.local/hello")
     assert names == ["megdet.local/hello:7"]
+    # Unpacked, its layer blob is let go (what the training image's 3.2 GB were); the pod below
+    # runs from the snapshot that the image's config keeps.
+    manifest = json.loads(next(d for m, d in members if m.name == f"blobs/{_blob(index)}"))
+    layers = [layer["digest"] for layer in manifest["layers"]]
+    held = real_node_module._content_labels(real_node.socket)
+    assert layers and not [d for d in layers if d in held], (layers, sorted(held))
+    assert manifest["config"]["digest"] in held
     hello = pod("hello", namespace, "unused")
     container = hello["spec"]["containers"][0]
     container.update(image="megdet.local/hello:7", imagePullPolicy="Never")
@@ -215,3 +222,9 @@ def test_stopping_the_node_leaves_the_host_as_it_found_it(kube, real_node) -> No
         assert "node" not in kube.state()
     finally:
         kube.start_real_node(timeout=600)
+
+
+def _blob(index: dict) -> str:
+    """The path under blobs/ of an OCI index's (only) manifest."""
+    algo, _, hexd = index["manifests"][0]["digest"].partition(":")
+    return f"{algo}/{hexd}"
