@@ -62,6 +62,7 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,22 @@ TUNING: dict[str, Any] = {
     "python_malloc": "",
     "job_cache": True,
     "sample": False,
+    "rss_after_delete": (),
 }
+
+
+def _rss_after_delete(pid: int, offsets: Sequence[float]) -> dict[str, float]:
+    """The controller's RSS (MiB) ``offsets`` seconds after the deletion's quiet point (the
+    later points show what an idle controller gives back: aiohttp closes an idle pooled
+    connection after 15 s, its TLS buffers with it)."""
+    start = time.perf_counter()
+    found: dict[str, float] = {}
+    for offset in sorted(offsets):
+        time.sleep(max(0.0, start + offset - time.perf_counter()))
+        status = Path(f"/proc/{pid}/status").read_text()
+        kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS"))
+        found[f"{offset:g}"] = kib / 1024
+    return found
 
 
 def _kmock_helpers() -> Any:
@@ -646,6 +662,7 @@ async def _run_kmock(
         helpers.declare_resources(api)
         controller = _ControllerProcess({"api": "kmock", "url": str(api.url)}, runs, workers, trace)
         deleted_s = deleted_quiet_s = restarted = None
+        rss_later: dict[str, float] = {}
         try:
             while not controller.is_ready():
                 await asyncio.sleep(0.05)
@@ -691,6 +708,9 @@ async def _run_kmock(
                     harness.wait_quiet, [controller.proc.pid], DELETE_QUIET_S,
                     timeout=DELETE_QUIET_TIMEOUT_S,
                 )  # fmt: skip
+                rss_later = await asyncio.to_thread(
+                    _rss_after_delete, controller.proc.pid, TUNING["rss_after_delete"]
+                )
             deadline = time.perf_counter() + RESULTS_TIMEOUT_S
             while (child := controller.results()) is None:
                 if time.perf_counter() > deadline:
@@ -708,6 +728,8 @@ async def _run_kmock(
         "kmock", runs, paced, namespaces, applied, status_seen, started, child, jobs, refused[0]
     )
     result.update(delete_s=deleted_s, delete_quiet_s=deleted_quiet_s, restart=restarted)
+    if delete:
+        result["rss_after_delete_mib"] = rss_later
     # kmock serves from this process, which also applies the runs: its CPU is the API's side.
     result["api_cpu_per_run_ms"] = own_cpu / runs * 1e3
     result["other_cpu_per_run_ms"] = {"this process (kmock + client)": own_cpu / runs * 1e3}
@@ -803,6 +825,7 @@ def _run_cluster(
                 deleted_quiet_s = harness.wait_quiet(
                     [controller.proc.pid], DELETE_QUIET_S, timeout=DELETE_QUIET_TIMEOUT_S
                 )
+                rss_later = _rss_after_delete(controller.proc.pid, TUNING["rss_after_delete"])
             deadline = time.perf_counter() + RESULTS_TIMEOUT_S
             while (child := controller.results()) is None:
                 if time.perf_counter() > deadline:
@@ -848,6 +871,7 @@ def _run_cluster(
             controller_login=f"ServiceAccount token ({CONTROLLER_USER})",
             delete_s=deleted_s,
             delete_quiet_s=deleted_quiet_s,
+            rss_after_delete_mib=rss_later if delete else None,
             restart=restarted,
             # statuses first seen by a list, after the watch was told 410 Gone (their
             # apply -> status is read late by up to one watch window)
@@ -1148,6 +1172,8 @@ def print_report(result: dict[str, Any]) -> None:
                 f"MiB); controller CPU after the runs were reconciled "
                 f"{r['cpu_after_reconciled_s']:.1f} s"
             )
+            for offset, mib in (r.get("rss_after_delete_mib") or {}).items():
+                print(f"  RSS {offset} s after that: {mib:.0f} MiB = {mib / idle:.2f} x ready")
         if r.get("restart"):
             again = r["restart"]
             print(
@@ -1257,6 +1283,13 @@ def main(argv: list[str] | None = None) -> None:
         "once they are gone (does it come back?)",
     )
     parser.add_argument(
+        "--rss-after-delete",
+        default="",
+        metavar="S[,S...]",
+        help="with --delete: also read the controller's RSS these many seconds after the "
+        "deletion's quiet point, e.g. 0,15,30,60 (what an idle controller gives back later)",
+    )
+    parser.add_argument(
         "--restart",
         action="store_true",
         help="once every run is reconciled, stop the controller and start a new one where "
@@ -1332,6 +1365,17 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.delete and args.restart:
         parser.error("--delete and --restart: choose one (a restart needs the runs to exist)")
+    try:
+        later = tuple(float(x) for x in args.rss_after_delete.split(",") if x.strip())
+    except ValueError:
+        later = (-1.0,)
+    if not all(0 <= x <= 3600 for x in later):
+        parser.error(
+            f"--rss-after-delete {args.rss_after_delete!r}: seconds from 0 to 3600, "
+            "separated by commas (e.g. 0,15,30,60)"
+        )
+    if later and not args.delete:
+        parser.error("--rss-after-delete needs --delete (it reads the memory once runs are gone)")
     if args.arena_max < 0:
         parser.error("--arena-max must be 0 (glibc's default) or more")
     if args.worker_limit < 0:
@@ -1346,6 +1390,7 @@ def main(argv: list[str] | None = None) -> None:
         idle_timeout=args.idle_timeout,
         job_cache=args.job_cache,
         sample=args.sample,
+        rss_after_delete=later,
     )
     if args.runs < 1 or args.nodes < 1 or args.namespaces < 1:
         parser.error("--runs, --nodes and --namespaces must be at least 1")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -193,6 +194,9 @@ def test_restart_times_a_new_controller_resuming_every_run(monkeypatch) -> None:
         (["--worker-limit", "many"], "--worker-limit: invalid int value"),
         (["--idle-timeout", "-0.5"], "--idle-timeout must be 0"),
         (["--idle-timeout", "nan"], "--idle-timeout must be 0"),
+        (["--delete", "--rss-after-delete", "5,soon"], "--rss-after-delete '5,soon': seconds"),
+        (["--delete", "--rss-after-delete", "-1"], "--rss-after-delete '-1': seconds"),
+        (["--rss-after-delete", "15"], "--rss-after-delete needs --delete"),
     ],
 )
 def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(argv, named, capsys) -> None:
@@ -209,12 +213,20 @@ def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(argv, named, 
     assert before == controller_reconcile.TUNING  # refused before any setting was taken
 
 
-def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(capsys) -> None:
+def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(
+    capsys, monkeypatch
+) -> None:
     """--delete --tracemalloc: every run deleted and released by the controller (its finalizer
-    removed), the memory read once they are gone, and tracemalloc's growth by file reported."""
+    removed), the memory read once they are gone, and again at the --rss-after-delete points,
+    and tracemalloc's growth by file reported."""
     from bench import controller_reconcile
 
+    monkeypatch.setitem(controller_reconcile.TUNING, "rss_after_delete", (0.0, 1.5))
+    started = time.perf_counter()
     result = controller_reconcile.run(runs=4, workers=2, delete=True, trace=True)
+    assert time.perf_counter() - started > 1.5  # it waited for the later point
+    later = result["rss_after_delete_mib"]
+    assert list(later) == ["0", "1.5"] and all(mib > 0 for mib in later.values())
     assert result["delete_s"] is not None and result["delete_s"] > 0
     # The memory is read once the controller process is quiet: nothing in it (the benchmark's
     # own relay thread included) may keep a core busy after the runs are gone.
@@ -227,6 +239,7 @@ def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(cap
     controller_reconcile.print_report(result)
     out = capsys.readouterr().out
     assert "all runs deleted and released in" in out
+    assert "RSS 1.5 s after that:" in out
     assert "tracemalloc, ready -> end, largest growth by file:" in out
 
 
