@@ -139,6 +139,43 @@ def _memory_kib(field: str) -> int:
     return 0
 
 
+#: How ``_rss_by_mapping`` names the kinds of memory in /proc/<pid>/smaps.
+MAPPING_KINDS = (
+    "Go heap (Helm's engine, in process)",
+    "brk heap (glibc's main arena)",
+    "anonymous mmap (pymalloc arenas, glibc's other arenas, stacks)",
+    "files (libraries, mapped data)",
+)
+
+
+def _rss_by_mapping(pid: int | str = "self") -> dict[str, float]:
+    """The process's resident memory (MiB) by kind of mapping, from /proc/<pid>/smaps. The Go
+    runtime inside Helm's shared library reserves its heap at a hint of its own, below the
+    executable (seen here: 0x84e59400000), where the kernel's mmap and brk put nothing else:
+    anonymous mappings below the executable are counted as Go's heap."""
+    found = dict.fromkeys(MAPPING_KINDS, 0.0)
+    rows: list[tuple[int, str, float]] = []
+    start, path = 0, ""
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        first = line.split(maxsplit=5)
+        if "-" in first[0] and not first[0].endswith(":"):
+            start = int(first[0].split("-")[0], 16)
+            path = first[5] if len(first) > 5 else ""
+        elif first[0] == "Rss:":
+            rows.append((start, path, int(first[1]) / 1024))
+    executable = min((s for s, p, _ in rows if p.startswith("/") or p == "[heap]"), default=0)
+    for start, path, mib in rows:
+        if path == "[heap]":
+            found[MAPPING_KINDS[1]] += mib
+        elif path.startswith("/"):
+            found[MAPPING_KINDS[3]] += mib
+        elif not path and start < executable:
+            found[MAPPING_KINDS[0]] += mib
+        else:
+            found[MAPPING_KINDS[2]] += mib
+    return found
+
+
 def _top_growth(after: Any, before: Any, limit: int = 12) -> list[dict[str, Any]]:
     """The source files whose traced memory grew most from ``before`` to ``after``."""
     stats = after.compare_to(before, "filename")
@@ -329,6 +366,7 @@ def _controller(
         if trace:
             snaps["ready"] = tracemalloc.take_snapshot()
         rss["ready"] = _memory_kib("VmRSS")
+        kinds["ready"] = _rss_by_mapping()
         cpu[0] = time.process_time()
         ready.set()
         while not stop.is_set():
@@ -349,12 +387,14 @@ def _controller(
                 recorded.set()
         cpu[1] = time.process_time()
         rss["end"] = _memory_kib("VmRSS")
+        kinds["end"] = _rss_by_mapping()
         if trace:
             snaps["end"] = tracemalloc.take_snapshot()
             held["end"] = _held_bodies()
         kopf_stop.set()
 
     rss: dict[str, int] = {}
+    kinds: dict[str, dict[str, float]] = {}
     snaps: dict[str, Any] = {}
     held: dict[str, dict[str, int]] = {}
     cpu = [0.0, 0.0]
@@ -376,6 +416,7 @@ def _controller(
             "rss_reconciled_kib": rss.get("reconciled", 0),
             "rss_end_kib": rss["end"],
             "rss_peak_kib": _memory_kib("VmHWM"),
+            "rss_by_mapping_mib": kinds,
             # ready -> every run reconciled (or -> stop when that was never marked)
             "cpu_s": (cpu[2] if len(cpu) > 2 else cpu[1]) - cpu[0],
             "cpu_after_reconciled_s": cpu[1] - cpu[2] if len(cpu) > 2 else 0.0,
@@ -398,6 +439,7 @@ def _controller(
             if trimmer is None
             else {
                 "idle": trimmer.stats.idle,
+                "settle": trimmer.stats.settle,
                 "busy": trimmer.stats.busy,
                 "released_mib": trimmer.stats.released_bytes / 2**20,
                 "seconds": trimmer.stats.seconds,
@@ -587,6 +629,7 @@ def _result(
         "queueing": child.get("queueing"),
         "tuning": dict(TUNING),
         "rss_end_mib": child["rss_end_kib"] / 1024,
+        "rss_by_mapping_mib": child.get("rss_by_mapping_mib", {}),
         "machine": f"{platform.machine()}, Python {platform.python_version()}, load {_load()}",
     }
 
@@ -1174,6 +1217,12 @@ def print_report(result: dict[str, Any]) -> None:
             )
             for offset, mib in (r.get("rss_after_delete_mib") or {}).items():
                 print(f"  RSS {offset} s after that: {mib:.0f} MiB = {mib / idle:.2f} x ready")
+        kinds = r.get("rss_by_mapping_mib") or {}
+        if "ready" in kinds and "end" in kinds:
+            print(f"{api}: controller RSS by mapping (/proc smaps), ready -> at the end:")
+            for kind in MAPPING_KINDS:
+                before, after = kinds["ready"].get(kind, 0.0), kinds["end"].get(kind, 0.0)
+                print(f"  {kind:<58} {before:6.1f} -> {after:6.1f} MiB")
         if r.get("restart"):
             again = r["restart"]
             print(
@@ -1199,7 +1248,8 @@ def print_report(result: dict[str, Any]) -> None:
             + (
                 "off"
                 if not trims
-                else f"{trims['idle']} idle + {trims['busy']} busy trims, "
+                else f"{trims['idle']} idle + {trims.get('settle', 0)} settle + "
+                f"{trims['busy']} busy trims, "
                 f"{trims['released_mib']:.0f} MiB returned in {trims['seconds'] * 1e3:.0f} ms"
             )
         )

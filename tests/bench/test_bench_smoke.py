@@ -234,12 +234,19 @@ def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(
     assert result["jobs_created"] == 4
     assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
     assert result["rss_reconciled_mib"] > 0 and result["rss_end_mib"] > 0
+    kinds = result["rss_by_mapping_mib"]
+    assert set(kinds) == {"ready", "end"}
+    assert list(kinds["end"]) == list(controller_reconcile.MAPPING_KINDS)
+    # smaps' Rss lines add up to the process's RSS, read a moment apart
+    assert abs(sum(kinds["end"].values()) - result["rss_end_mib"]) < 0.1 * result["rss_end_mib"]
+    assert kinds["end"]["files (libraries, mapped data)"] > 0
     assert set(result["traced_growth"]) == {"reconciled", "end"}
     assert all(row["file"] and "kib" in row for row in result["traced_growth"]["reconciled"])
     controller_reconcile.print_report(result)
     out = capsys.readouterr().out
     assert "all runs deleted and released in" in out
     assert "RSS 1.5 s after that:" in out
+    assert "controller RSS by mapping (/proc smaps), ready -> at the end:" in out
     assert "tracemalloc, ready -> end, largest growth by file:" in out
 
 

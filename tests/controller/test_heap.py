@@ -51,10 +51,41 @@ def test_trims_once_when_a_burst_is_over() -> None:
     assert t.check() == "idle"
     assert p.trims == 1 and p.rss == 200 * MIB + 5 * MIB
     assert t.stats.idle == 1 and t.stats.released_bytes == 15 * MIB
-    for _ in range(20):  # still quiet: no trim per tick
+    kinds = []
+    for _ in range(30):  # still quiet: one more trim once the idle connections have closed
+        p.tick(2, 0.01)
+        kinds.append(t.check())
+    assert kinds[9] == "settle" and kinds.count("settle") == 1  # 20 s after the idle trim
+    assert kinds.count(None) == 29 and p.trims == 2 and t.stats.settle == 1
+
+
+def test_the_settle_trim_returns_what_closed_connections_freed_and_waits_for_quiet() -> None:
+    p = Process()
+    t = p.trimmer(settle_s=20)
+    p.tick(4, 3.0, grow_mib=50)  # a burst: 3 s of CPU
+    assert t.check() is None
+    p.tick(2, 0.01)
+    assert t.check() == "idle"
+    p.tick(16, 0.02, freed_mib=24)  # the pool's idle connections close, 15 s after their use
+    assert t.check() is None  # 18 s: not yet
+    p.tick(4, 1.5)  # busy again at 22 s: no settle trim while busy
+    assert t.check() is None and p.trims == 1
+    p.tick(2, 0.01)
+    assert t.check() == "settle" and p.rss == 200 * MIB + 50 * MIB - 24 * MIB
+    p.tick(40, 0.05)
+    assert t.check() is None and p.trims == 2
+
+
+def test_no_settle_trim_when_turned_off() -> None:
+    p = Process()
+    t = p.trimmer(settle_s=0)
+    p.tick(4, 3.0)
+    assert t.check() is None
+    p.tick(2, 0.01)
+    assert t.check() == "idle"
+    for _ in range(30):
         p.tick(2, 0.01)
         assert t.check() is None
-    assert p.trims == 1
 
 
 def test_an_idle_controller_is_not_trimmed_for_its_background_work() -> None:
