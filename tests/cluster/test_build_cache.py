@@ -11,12 +11,22 @@ import sys
 from megdet.cluster import build
 
 
+def _cache_of_a_child(tmp_path, unset: tuple[str, ...], code: str) -> str:
+    """Run ``code`` in a new Python process with the cluster cache in ``tmp_path`` and the
+    variables ``unset`` removed; return the cache folder it printed (the process has ended)."""
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["MEGDET_CLUSTER_CACHE"] = str(tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
 def test_a_build_process_has_its_own_go_cache_and_it_is_gone_when_it_ends(tmp_path):
     stale = tmp_path / "go-build" / "999999999"  # a pid no process has: a killed build's
     stale.mkdir(parents=True)
     (stale / "entry").write_text("compiled")
-    env = {k: v for k, v in os.environ.items() if k != "GOCACHE"}
-    env["MEGDET_CLUSTER_CACHE"] = str(tmp_path)
     code = (
         "import os\n"
         "from megdet.cluster import build\n"
@@ -25,11 +35,7 @@ def test_a_build_process_has_its_own_go_cache_and_it_is_gone_when_it_ends(tmp_pa
         "assert os.path.isdir(env['GOCACHE'])\n"
         "print(env['GOCACHE'])\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    used = out.stdout.strip()
+    used = _cache_of_a_child(tmp_path, ("GOCACHE",), code)
     assert used.startswith(str(tmp_path / "go-build"))
     assert not os.path.exists(used)  # removed at exit
     assert not stale.exists()  # and the dead process's too
@@ -48,8 +54,6 @@ def test_a_build_process_has_its_own_go_module_cache_and_it_is_gone_when_it_ends
     stale = tmp_path / "go-mod" / "999999999" / "example.com" / "m@v1.0.0"
     stale.mkdir(parents=True)
     (stale / "go.mod").write_text("module example.com/m\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMODCACHE", "GOFLAGS")}
-    env["MEGDET_CLUSTER_CACHE"] = str(tmp_path)
     code = (
         "import os, pathlib\n"
         "from megdet.cluster import build\n"
@@ -63,11 +67,7 @@ def test_a_build_process_has_its_own_go_module_cache_and_it_is_gone_when_it_ends
         "(src / 'a.go').write_text('package n')\n"
         "print(mods)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    used = out.stdout.strip()
+    used = _cache_of_a_child(tmp_path, ("GOMODCACHE", "GOFLAGS"), code)
     assert used.startswith(str(tmp_path / "go-mod"))
     assert not os.path.exists(used)  # removed at exit
     assert not (tmp_path / "go-mod" / "999999999").exists()  # and the dead process's too
