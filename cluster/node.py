@@ -1148,8 +1148,13 @@ def discard_layers(sock: Path, names: Sequence[str]) -> list[str]:
         # Deleting an image with --sync waits for a garbage collection: a second name of one
         # of these images, deleted at once, runs one now rather than at containerd's leisure.
         trigger = f"megdet.local/gc:{os.getpid()}"
-        ctr(sock, "images", "tag", "--force", names[0], trigger)
-        ctr(sock, "images", "rm", "--sync", trigger)
+        for step in (("tag", "--force", names[0], trigger), ("rm", "--sync", trigger)):
+            proc = ctr(sock, "images", *step)
+            if proc.returncode != 0:
+                raise NodeError(
+                    f"ctr images {' '.join(step)} (the garbage collection after discarding "
+                    f"{names[0]}'s layer blobs) failed: {proc.stderr.strip()}"
+                )
     return released
 
 
