@@ -449,7 +449,7 @@ class RunClient:
         self.watcher = k8s.CustomObjectsApi(k8s.ApiClient(config))
         self.applied: dict[tuple[str, str], float] = {}
         self.status_seen: dict[tuple[str, str], float] = {}
-        #: runs the watch saw deleted (their finalizer removed by the controller)
+        #: runs the watch saw deleted
         self.gone: set[tuple[str, str]] = set()
         self.changed = threading.Condition()
         self._stop = threading.Event()

@@ -45,8 +45,9 @@ writes (its progress annotations) land in the counts.
         [--nodes 4] [--namespaces 1] [--workers N] [--paced] [--json] [--keep-logs DIR]
         [--write-costs N] [--delete] [--tracemalloc]
 
-``--delete``: once every run is reconciled, delete them all, wait until the controller has
-released each one and read its memory again (does it come back?). ``--tracemalloc``: trace the
+``--delete``: once every run is reconciled, delete them all (and on kmock, which has no
+garbage collector, what they own), wait until each is gone and the controller is quiet, and
+read its memory again (does it come back?). ``--tracemalloc``: trace the
 controller's allocations and report the files whose memory grew, and the served or owned
 objects still alive in it, when reconciled and at the end.
 """
@@ -638,8 +639,9 @@ def _result(
 
 
 async def _delete_all_kmock(api: Any, helpers: Any, timeout: float) -> float:
-    """Delete every run and (as the garbage collector would) what it owns; wait until the
-    controller has let every run go (its finalizer removed). Returns the seconds it took."""
+    """Delete every run and (as the garbage collector would) what it owns; wait until every run
+    is gone (runs carry no finalizer: at once, unless an earlier controller's is still being
+    removed). Returns the seconds it took."""
     import kmock
 
     started = time.perf_counter()

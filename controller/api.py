@@ -28,7 +28,8 @@ KIND = "MegDetRun"
 PLURAL = "megdetruns"
 SINGULAR = "megdetrun"
 RUN_API_VERSION = f"{GROUP}/{VERSION}"
-#: kopf's finalizer on MegDetRuns: the delete handler runs before the run goes away.
+#: The finalizer earlier controllers put on MegDetRuns (their delete handler's). Runs carry
+#: none now; kopf removes this one where it finds it (controller/operator.py configure).
 FINALIZER = f"{GROUP}/controller"
 
 #: Kinds the chart renders for a run -> their plural (the API path segment).

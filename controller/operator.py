@@ -89,7 +89,16 @@ def build_registry(
     # The runs by output folder, kept by kopf from its watch of MegDetRuns (filled before any
     # handler runs); a reconcile reads it instead of listing the namespace.
     kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=OUTPUTS_INDEX)(handlers.index_outputs)
-    kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry, id="cleanup")(handlers.cleanup)
+    # A deleted run: what this process holds for it goes with its watch's DELETED event. No
+    # delete handler, so no finalizer: the garbage collector deletes what the run owns (owner
+    # references), and deleting a run never waits for the controller (docs/controller.md).
+    forget = handlers.forget
+
+    async def run_deleted(event: Any, name: str, namespace: str, **_: Any) -> None:
+        if event.get("type") == "DELETED":
+            forget(namespace, name)
+
+    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="run-deleted")(run_deleted)
     # The run-owned jobs as their watch delivers them: the job reads (controller/kubeapi.py).
     cache = getattr(handlers.cluster, "cache", None)
     if cache is not None:
@@ -159,7 +168,7 @@ def configure(
     fast: bool = False,
     workers: int | None = None,
 ) -> None:
-    """Operator settings: bookkeeping in annotations, our finalizer, peering, timings.
+    """Operator settings: bookkeeping in annotations, the old finalizer, peering, timings.
 
     ``fast`` shortens kopf's batching and posting delays (tests and the benchmark).
     """
@@ -169,6 +178,8 @@ def configure(
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
+    # Runs carry no finalizer (no delete handler). Earlier controllers added this one; kopf
+    # removes it from any run that still has it, as it does any finalizer no handler needs.
     settings.persistence.finalizer = FINALIZER
     # Scanning watches CRDs and namespaces; the controller serves fixed resources cluster-wide,
     # so it needs neither (and neither do its RBAC rules).

@@ -45,7 +45,6 @@ __all__ = [
     "digest_of",
     "expected_job_name",
     "is_runs_job",
-    "may_own",
     "merge_patch",
     "operator_value_problems",
     "output_claim",
@@ -453,14 +452,3 @@ def suspend_patch(kind: str, suspend: bool) -> dict[str, Any]:
         node = node.setdefault(key, {})
     node[leaf] = suspend
     return patch
-
-
-def may_own(target: Any, kind: str) -> bool:
-    """Whether a run of ``target`` (status.target; unknown: any) can own objects of ``kind``."""
-    if kind == "NetworkPolicy":
-        return True
-    if target == "pytorchjob":
-        return kind == "PyTorchJob"
-    if target == "trainjob":
-        return kind in ("TrainJob", "TrainingRuntime")
-    return True

@@ -1140,8 +1140,8 @@ def spec_changed(spec_schema: Mapping[str, Any]) -> str:
 
 def match_conditions(spec_schema: Mapping[str, Any]) -> list[dict[str, str]]:
     """The admission policy's matchConditions: a run's creation, and every update that writes
-    its spec (beyond suspend). Metadata and status writes (the controller's finalizer and
-    annotations, labels) and deletion are never checked."""
+    its spec (beyond suspend). Metadata and status writes (kopf's annotations, an earlier
+    controller's finalizer removed, labels) and deletion are never checked."""
     return [
         {
             "name": "spec-written",

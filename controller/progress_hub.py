@@ -393,7 +393,7 @@ class ProgressHub:
 
 def register_forget(registry: Any, hub: ProgressHub) -> None:
     """A kopf handler on ``registry`` that forgets a run in ``hub`` when it is deleted (its
-    watch's DELETED event, after the finalizer's cleanup). An event handler: no finalizer of
+    watch's DELETED event). An event handler: no finalizer of
     its own, no annotation written, and async, so it costs no thread per event."""
     import kopf
 

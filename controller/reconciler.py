@@ -1,4 +1,4 @@
-"""The MegDetRun handlers: reconcile a run, clean up after it, mirror its job.
+"""The MegDetRun handlers: reconcile a run, mirror its job, forget a deleted run.
 
 :class:`Reconciler` holds what the handlers of one operator share (the API layer, the
 cluster's policy, the backoff, the status writer with its phase gauge, the TrainJob mirror's
@@ -23,7 +23,7 @@ import kopf
 from kubernetes import client as k8s
 
 from megdet.controller import metrics
-from megdet.controller.api import GROUP, KIND, OWNED_KINDS, TARGET_BY_KIND, VERSION
+from megdet.controller.api import GROUP, KIND, TARGET_BY_KIND, VERSION
 from megdet.controller.job_state import trainjob_progress
 from megdet.controller.kubeapi import (
     Backoff,
@@ -41,7 +41,6 @@ from megdet.controller.planning import (
     digest_of,
     expected_job_name,
     is_runs_job,
-    may_own,
     merge_patch,
     output_claim,
     output_holder,
@@ -513,39 +512,14 @@ class Reconciler:
             raise kopf.TemporaryError("; ".join(retried), delay=min(delays))
         metrics.RECONCILES.labels("success").inc()
 
-    # -- cleanup: delete ---------------------------------------------------------------------
+    # -- a deleted run: what this process holds for it --------------------------------------
 
-    def cleanup(self, body: kopf.Body, retry: int, **_: Any) -> None:
-        """Delete what the run owns (the API server's GC would too; this also counts them).
-
-        By name, never by listing the namespace: the chart names the job and the
-        TrainingRuntime after the run (``status.jobName``); each is read and deleted only if
-        the run is its controller, and only that incarnation (a uid precondition).
-        """
-        namespace, name, uid, _gen = run_meta(body)
-        status = body.get("status") or {}
-        names = sorted({n for n in (name, status.get("jobName")) if isinstance(n, str) and n})
-        for (api_version, kind), _plural in OWNED_KINDS.items():
-            if not may_own(status.get("target"), kind):
-                continue
-            for item_name in names:
-                item = self.api_call(
-                    f"get {kind} {item_name}",
-                    lambda a=api_version, k=kind, n=item_name: self.cluster.get(a, k, namespace, n),
-                    retry,
-                )
-                if item is None or not controlled_by(item, uid):
-                    continue
-                item_uid = (item.get("metadata") or {}).get("uid")
-                self.api_call(
-                    f"delete {kind} {item_name}",
-                    lambda a=api_version, k=kind, n=item_name, u=item_uid: self.cluster.delete(
-                        a, k, namespace, n, u
-                    ),
-                    retry,
-                )
-                if kind in TARGET_BY_KIND:
-                    metrics.JOBS_DELETED.labels(namespace, TARGET_BY_KIND[kind]).inc()
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop what this process holds for a run that was deleted (its watch's DELETED
+        event): its metric series, kept render, TrainJob milestones, stuck-pods message and
+        phase. What the run owns (its job, TrainingRuntime, NetworkPolicy) the cluster's
+        garbage collector deletes through their controller owner references: the controller
+        deletes none of it and keeps no finalizer on the run (docs/controller.md, "Delete")."""
         metrics.forget_run(namespace, name)
         forget_render(namespace, name)  # its kept render (controller/render.py)
         self.milestones.pop((namespace, name), None)
@@ -564,7 +538,13 @@ class Reconciler:
             return  # just created: the run's reconcile wrote its first status
         name = job["metadata"].get("name")
 
+        deleting = False
+
         def decide(run: Mapping[str, Any]) -> tuple[Decision, Any, Any] | None:
+            nonlocal deleting
+            if (run.get("metadata") or {}).get("deletionTimestamp"):
+                deleting = True  # its status stays as it is (desired_status)
+                return None
             if name != expected_job_name(run):
                 return None  # controlled by the run, but not the job it made (not ours)
             if not is_runs_job(job, ref.get("uid"), run.get("status")):
@@ -580,6 +560,10 @@ class Reconciler:
         namespace = job["metadata"].get("namespace")
         run = self._run_ref(namespace, ref["name"], ref.get("uid"))
         written = self._mirror(run, decide, retry, job["kind"])
+        if type == "DELETED" and (written is None or deleting):
+            # Deleted with its run (the garbage collector's work, or a foreground deletion's):
+            # no status to say it on, but it counts as deleted all the same.
+            metrics.JOBS_DELETED.labels(namespace, TARGET_BY_KIND[job["kind"]]).inc()
         if written is not None and job["kind"] == "TrainJob" and type != "DELETED":
             self._progress_events(run, *written)
 

@@ -339,7 +339,8 @@ def desired_status(
 ) -> dict[str, Any]:
     """The status ``run`` (as just read: its status and metadata) should hold after
     ``decision``, given its ``job`` as just read (None: none). Pure; the status itself when
-    nothing changes (a run being deleted keeps its status: its cleanup is under way).
+    nothing changes (a run being deleted keeps its status while the garbage collector deletes
+    what it owns).
     ``generation``: the one the decision was made for (default: the run's)."""
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     old = run.get("status") if isinstance(run.get("status"), Mapping) else {}

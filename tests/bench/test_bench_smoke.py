@@ -216,8 +216,8 @@ def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(argv, named, 
 def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(
     capsys, monkeypatch
 ) -> None:
-    """--delete --tracemalloc: every run deleted and released by the controller (its finalizer
-    removed), the memory read once they are gone, and again at the --rss-after-delete points,
+    """--delete --tracemalloc: every run deleted (and what it owns, as the garbage collector
+    would), the memory read once they are gone, and again at the --rss-after-delete points,
     and tracemalloc's growth by file reported."""
     from bench import controller_reconcile
 

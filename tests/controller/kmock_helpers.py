@@ -301,6 +301,25 @@ async def delete(api: Any, resource: str, name: str) -> None:
     assert resp.status == 200, await resp.text()
 
 
+async def collect_garbage(api: Any) -> list[str]:
+    """Delete every object whose owners are all gone, as the cluster's garbage collector does
+    (kmock runs none; tests/e2e/test_faults.py shows the real one). Runs carry no finalizer and
+    the controller deletes nothing of a deleted run: on kmock, a test that needs a deleted
+    run's job gone calls this. Returns "kind/name" of each object deleted."""
+    items = [(key, dict(obj.raw)) for key, obj in list(api.objects.items()) if not obj.deleted]
+    live = {(body.get("metadata") or {}).get("uid") for _key, body in items}
+    collected = []
+    for (res, ns, name), body in items:
+        owners = (body.get("metadata") or {}).get("ownerReferences") or []
+        if not owners or any(ref.get("uid") in live for ref in owners):
+            continue
+        prefix = f"/apis/{res.group}/{res.version}" if res.group else f"/api/{res.version}"
+        resp = await api.delete(f"{prefix}/namespaces/{ns}/{res.plural}/{name}")
+        assert resp.status == 200, await resp.text()
+        collected.append(f"{body.get('kind')}/{name}")
+    return collected
+
+
 def objects(api: Any, resource: str) -> dict[str, dict[str, Any]]:
     """Live (not deleted) objects of a resource in the test namespace, by name."""
     out = {}

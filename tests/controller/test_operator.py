@@ -26,6 +26,7 @@ from kmock_helpers import (
     RUNS,
     TRAINJOBS,
     apply,
+    collect_garbage,
     delete,
     eventually,
     get,
@@ -266,7 +267,16 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
             and get(cluster, RUNS, "tj") is None
             and get(cluster, RUNS, "np") is None
         )
-        assert get(cluster, NETWORKPOLICIES, "np") is None  # deleted by name with its run
+        # The controller deletes nothing of a deleted run (no delete verb on its jobs): the
+        # garbage collector does, which kmock runs here as a test helper.
+        assert get(cluster, NETWORKPOLICIES, "np") is not None
+        assert sorted(await collect_garbage(cluster)) == [
+            "NetworkPolicy/np",
+            "PyTorchJob/np",
+            "PyTorchJob/pj",
+            "TrainJob/tj",
+            "TrainingRuntime/tj",
+        ]
         await settle()
     finally:
         await stop_operator(op)
@@ -285,8 +295,9 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         and not any(call[1:] == grant[1:] and grant[0] in (None, call[0]) for call in used)
     }
     assert unused == set(), "rules no call needs"
-    # The delete handler deletes a run's objects by name: it never lists a namespace of them.
+    # It never lists a namespace of a run's objects, nor deletes a job or a runtime.
     assert ("trainer.kubeflow.org", "trainingruntimes", "list") not in {c[1:] for c in used}
+    assert not {c for c in used if c[3] == "delete" and c[2] != "networkpolicies"}
     if namespaces:
         # No cluster-wide grant but the progress endpoint's TokenReview (a cluster-scoped API);
         # the release namespace ("ops") holds only its CA Secret and the pod label.

@@ -12,6 +12,7 @@ from kmock_helpers import (
     NAMESPACE,
     RUNS,
     apply,
+    collect_garbage,
     delete,
     eventually,
     get,
@@ -71,6 +72,9 @@ async def test_the_hub_forgets_deleted_runs_and_a_recreated_run_starts_clean(
             lambda: all(get(cluster, RUNS, n) is None for n in names), message="runs gone"
         )
         await eventually(lambda: not hub.runs, message="the hub to forget every deleted run")
+        # Their jobs go by garbage collection (kmock's stand-in here), as on a cluster, before
+        # the name is used again.
+        assert len(await collect_garbage(cluster)) == len(names)
 
         # The same name again: a new run, its own uid; the same evaluation is news to it.
         await apply(cluster, run_body("r0"))

@@ -232,7 +232,7 @@ def test_a_run_the_policy_no_longer_allows_can_be_suspended_labelled_and_deleted
     kube, ns, controller
 ) -> None:
     """After the policy was tightened again (the fixture above), the run stays: its metadata can
-    change (the controller's finalizer and annotations too), its owner can suspend and resume
+    change (kopf's annotations too), its owner can suspend and resume
     it, and it can be deleted; any other spec edit is checked against the policy as it is now
     (issue 22, item 13)."""
     run = get_or_none(kube, "mdr", "-n", ns, "hostnet")

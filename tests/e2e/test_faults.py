@@ -21,6 +21,8 @@ from e2e_helpers import (
     pods_of,
 )
 
+from megdet.controller.api import FINALIZER
+
 NS = "faults-e2e"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 
@@ -154,25 +156,14 @@ def test_a_finished_runs_deleted_job_is_not_launched_again(kube, ns, controller)
 
 
 def test_deleting_a_run_leaves_nothing_even_without_the_controller(kube, ns, controller) -> None:
-    """The job and everything the operator made for it go by garbage collection (owner
-    references), not only by the controller's finalizer: with the controller stopped and the
-    finalizer removed by hand, `kubectl delete mdr` still leaves nothing."""
+    """Runs carry no finalizer: with the controller stopped, `kubectl delete mdr` returns at
+    once and the garbage collector removes the job, its pods and Services through the owner
+    references (the controller deletes none of them)."""
     start_run(kube, ns, "gc")
+    assert not get_json(kube, "mdr", "gc", "-n", ns)["metadata"].get("finalizers")
     controller.stop()
     try:
-        run = get_json(kube, "mdr", "gc", "-n", ns)
-        if run["metadata"].get("finalizers"):
-            kube.kubectl(
-                "patch",
-                "mdr",
-                "gc",
-                "-n",
-                ns,
-                "--type=merge",
-                "-p",
-                json.dumps({"metadata": {"finalizers": None}}),
-            )
-        kube.kubectl("delete", "mdr", "gc", "-n", ns, "--wait=true")
+        kube.kubectl("delete", "mdr", "gc", "-n", ns, "--wait=true", "--timeout=30s")
         eventually(
             lambda: get_or_none(kube, "pytorchjob", "gc", "-n", ns) is None,
             timeout=60,
@@ -187,3 +178,33 @@ def test_deleting_a_run_leaves_nothing_even_without_the_controller(kube, ns, con
         assert not [s for s in services if s["metadata"]["name"].startswith("gc-")]
     finally:
         controller.start()
+
+
+def test_the_finalizer_of_earlier_controllers_is_removed(kube, ns) -> None:
+    """A run that still carries the finalizer earlier controllers added (their delete handler's)
+    loses it to this controller, on the real API server under the chart's RBAC, and is then
+    reconciled and deleted like any other."""
+    run = mdr("legacy", ns, {
+        "gpus": 8, "dataset": {"claimName": "coco"},
+        "output": {"claimName": "megdet-output"}, "runName": "legacy",
+    })  # fmt: skip
+    run["metadata"]["finalizers"] = [FINALIZER]
+    apply_objects(kube, run)
+    eventually(
+        lambda: not (get_or_none(kube, "mdr", "legacy", "-n", ns) or {})["metadata"].get(
+            "finalizers"
+        ),
+        timeout=60,
+        message="the old finalizer removed",
+    )
+    eventually(
+        lambda: status(kube, ns, "legacy").get("jobName") == "legacy",
+        timeout=60,
+        message="the run reconciled",
+    )
+    kube.kubectl("delete", "mdr", "legacy", "-n", ns, "--wait=true", "--timeout=30s")
+    eventually(
+        lambda: get_or_none(kube, "pytorchjob", "legacy", "-n", ns) is None,
+        timeout=60,
+        message="its PyTorchJob collected",
+    )

@@ -81,8 +81,8 @@ Exactly the verbs and resources the controller uses (tests/controller/test_opera
 checks them against every API call it makes against kmock). No secrets, no wildcards.
 */}}
 {{- define "megdet-operator.runRules" -}}
-# MegDetRuns: kopf lists and watches them and patches its annotations and finalizer; the
-# job mirror reads a run by name.
+# MegDetRuns: kopf lists and watches them and patches its annotations (and removes the
+# finalizer earlier controllers added); the job mirror reads a run by name.
 - apiGroups: ["megdet.io"]
   resources: ["megdetruns"]
   verbs: ["get", "list", "watch", "patch"]
@@ -95,19 +95,20 @@ checks them against every API call it makes against kmock). No secrets, no wildc
   resources: ["megdetruns/finalizers"]
   verbs: ["update"]
 # The jobs it creates and owns: looked up by name, created, suspended/resumed (patch),
-# watched for status (kopf lists and watches), deleted by name when their run is deleted.
+# watched for status (kopf lists and watches). Never deleted by the controller: the garbage
+# collector deletes them with their run (owner references).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainjobs"]
-  verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# A TrainJob's per-run runtime: created next to it, never changed, deleted with the run.
+  verbs: ["get", "list", "watch", "create", "patch"]
+# A TrainJob's per-run runtime: created next to it, never changed, collected with the run.
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
-  verbs: ["get", "create", "delete"]
+  verbs: ["get", "create"]
 # A run's NetworkPolicy (spec.networkPolicy.enabled): created next to its job, patched when
-# the spec changes it, deleted by name when the spec drops it or with the run.
+# the spec changes it, deleted by name when the spec drops it (collected with the run).
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "create", "patch", "delete"]
