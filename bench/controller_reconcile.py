@@ -342,7 +342,8 @@ def _controller(
                 handled.value += 1
 
     cluster = Cluster(api, timeout=10.0, cache=target.get("job_cache", True))
-    registry = build_registry(Reconciler(cluster, Backoff(base=0.05, cap=1.0), observe=observe))
+    reconciler = Reconciler(cluster, Backoff(base=0.05, cap=1.0), observe=observe)
+    registry = build_registry(reconciler)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -351,7 +352,7 @@ def _controller(
         return kopf.login_with_kubeconfig(**kwargs)
 
     settings = kopf.OperatorSettings()
-    configure(settings, peering=None, fast=True, workers=workers)
+    configure(settings, diffbase=reconciler.diffbase, peering=None, fast=True, workers=workers)
     if target.get("worker_limit"):  # as `megdet controller --worker-limit` sets it
         limit_workers(registry, settings, target["worker_limit"])
     if target.get("idle_timeout"):

@@ -310,7 +310,12 @@ def run(args: argparse.Namespace) -> int:
         progress_url=args.progress_url,  # given to every run's render ("" = none)
     )
     settings = kopf.OperatorSettings()
-    configure(settings, peering=None if args.standalone else args.peering, workers=args.workers)
+    configure(
+        settings,
+        diffbase=reconciler.diffbase,
+        peering=None if args.standalone else args.peering,
+        workers=args.workers,
+    )
     settings.peering.priority = args.priority
     settings.posting.reporting_component = "megdet-controller"
     settings.posting.reporting_instance = os.environ.get("POD_ID", "megdet-controller")

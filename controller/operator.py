@@ -3,8 +3,9 @@
 The handlers are methods of :class:`~megdet.controller.reconciler.Reconciler` (reconcile a run,
 clean up after it, mirror its job); :func:`build_registry` registers them with kopf, with one
 kopf index (``megdet_outputs``: runs by output folder) so that a reconcile knows which other
-runs write where without listing the namespace. kopf keeps its own bookkeeping in annotations
-(see :func:`configure`), so ``status`` holds only the fields the CRD declares.
+runs write where without listing the namespace. kopf keeps a retried handler's progress in
+annotations and its diff base in ``status.handledConfiguration`` (see :func:`configure`), so
+``status`` holds only the fields the CRD declares.
 
 Where the rest lives: :mod:`~megdet.controller.api` (group, version, kinds),
 :mod:`~megdet.controller.planning` (a run -> the objects it owns, pure),
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import kopf
 
 from megdet.controller.api import FINALIZER, GROUP, OWNED_KINDS, PLURAL, TARGET_BY_KIND, VERSION
+from megdet.controller.diffbase import ProgressAnnotations, StatusDiffBase
 from megdet.controller.pod_problems import PART_OF
 from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
 
@@ -164,20 +166,24 @@ def limit_workers(
 def configure(
     settings: kopf.OperatorSettings,
     *,
+    diffbase: StatusDiffBase,
     peering: str | None,
     fast: bool = False,
     workers: int | None = None,
 ) -> None:
-    """Operator settings: bookkeeping in annotations, the old finalizer, peering, timings.
+    """Operator settings: kopf's bookkeeping, the old finalizer, peering, timings.
+
+    ``diffbase``: the handlers' (``Reconciler.diffbase``), whose last status write of a
+    reconcile carries kopf's diff base (controller/diffbase.py).
 
     ``fast`` shortens kopf's batching and posting delays (tests and the benchmark).
     """
     # kopf's default "smart" storage also writes status.kopf, which the CRD's structural schema
-    # would prune; annotations keep status to the fields the CRD declares.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    # would prune. A retried handler's progress: annotations. The diff base (what the run was
+    # when last handled): status.handledConfiguration, written with the reconcile's own last
+    # status write, so a reconcile costs kopf no patch of the run (controller/diffbase.py).
+    settings.persistence.progress_storage = ProgressAnnotations()
+    settings.persistence.diffbase_storage = diffbase
     # Runs carry no finalizer (no delete handler). Earlier controllers added this one; kopf
     # removes it from any run that still has it, as it does any finalizer no handler needs.
     settings.persistence.finalizer = FINALIZER

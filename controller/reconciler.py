@@ -156,6 +156,8 @@ class Reconciler:
         self.checkpoint_events = checkpoint_events
         self.progress_url = progress_url
         self.writer = StatusWriter(cluster, self.backoff, now)
+        #: kopf's diff base storage (configure() gives it to kopf's settings).
+        self.diffbase = self.writer.diffbase
         #: (namespace, run) -> the TrainJob mirror's milestone events state.
         self.milestones: dict[tuple[str, str], Milestones] = {}
         #: (namespace, run) -> the message of its ``PodsStarted=False``, as last written: only
@@ -170,7 +172,9 @@ class Reconciler:
     def reconcile(self, body: kopf.Body, reason: Any, diff: Any, retry: int, **kw: Any) -> None:
         started = time.perf_counter()
         try:
-            self._reconcile(dict(body), str(reason), diff, retry, kw.get(OUTPUTS_INDEX))
+            # kopf's diff base once this reconcile ends: its last status write carries it.
+            handled = self.diffbase.encoded(body)
+            self._reconcile(dict(body), str(reason), diff, retry, kw.get(OUTPUTS_INDEX), handled)
         finally:
             elapsed = time.perf_counter() - started
             metrics.RECONCILE_DURATION.observe(elapsed)
@@ -178,8 +182,16 @@ class Reconciler:
                 self.observe(elapsed)
 
     def _reconcile(
-        self, run: dict[str, Any], reason: str, diff: Any, retry: int, outputs: Any
+        self,
+        run: dict[str, Any],
+        reason: str,
+        diff: Any,
+        retry: int,
+        outputs: Any,
+        handled: str | None = None,
     ) -> None:
+        """``handled``: kopf's diff base for ``run``, written by the status write that ends
+        the reconcile (the common ends: planned, invalid); elsewhere kopf writes it."""
         namespace, _name, uid, generation = run_meta(run)
         seen = run.get("status") if isinstance(run.get("status"), Mapping) else {}
         if generation is not None and refused_at(seen) == generation:
@@ -190,7 +202,7 @@ class Reconciler:
         )
         if isinstance(decision, Invalid):
             # Becoming Invalid sends a Warning event (reason Invalid) that names the fields.
-            self._write(run, SpecInvalid(tuple(decision.messages)), retry)
+            self._write(run, SpecInvalid(tuple(decision.messages)), retry, handled=handled)
             metrics.RECONCILES.labels("invalid").inc()
             return
 
@@ -234,7 +246,7 @@ class Reconciler:
             self._sync_suspend(decision, job, retry)
         if not finished(seen) and reason in ("resume", "update"):
             self._delete_unplanned(run, decision, None if reason == "resume" else diff, retry)
-        self._write_planned(run, decision, retry, troubles)
+        self._write_planned(run, decision, retry, troubles, handled)
 
     def _write(
         self,
@@ -244,11 +256,13 @@ class Reconciler:
         job: Mapping[str, Any] | None = None,
         read: Mapping[str, Any] | None = None,
         kind: str = "",
+        handled: str | None = None,
     ) -> tuple[Mapping[str, Any], dict[str, Any], Any] | None:
         """Bring the run's status to :func:`desired_status` of ``decision``, for ``job`` or,
         level-triggered, for the job ``read`` names as it is now (read under the run's lock:
         its mirror may have seen a newer state than this handler did). Returns (old status,
-        new status, the job) as :meth:`StatusWriter.write` does, None if the run is gone."""
+        new status, the job) as :meth:`StatusWriter.write` does, None if the run is gone.
+        ``handled``: this write ends the reconcile (:meth:`StatusWriter.write`)."""
         generation = run_meta(run)[3]
         found: list[Any] = [job]
 
@@ -258,7 +272,7 @@ class Reconciler:
             return desired_status(current, found[0], decision, self.now(), generation)
 
         written = self.writer.write(
-            run, compute, retry, kind or (read or job or {}).get("kind", "")
+            run, compute, retry, kind or (read or job or {}).get("kind", ""), handled
         )
         if written is None:
             return None
@@ -495,15 +509,19 @@ class Reconciler:
         decision: Planned,
         retry: int,
         troubles: list[Trouble] | None = None,
+        handled: str | None = None,
     ) -> None:
         namespace, name, _uid, _generation = run_meta(run)
         children = tuple((t.reason, t.message) for t in troubles or ())
-        self._write(run, Created(decision, children), retry, read=decision.job)
+        delays = [t.delay for t in troubles or () if t.delay is not None]
+        # A write that ends the reconcile carries kopf's diff base; one before a retry does
+        # not (kopf would otherwise take the run as handled and never retry it).
+        ends = None if delays else handled
+        self._write(run, Created(decision, children), retry, read=decision.job, handled=ends)
         plan = decision.rendered.plan
         metrics.record_run_info(
             namespace, name, decision.target, plan.world_size, plan.global_batch, plan.lr
         )
-        delays = [t.delay for t in troubles or () if t.delay is not None]
         if delays:
             # An object of the run that is retried (a refusal that heals, a name taken, a kind
             # not installed): the job is recorded, the rest is tried again.
@@ -525,6 +543,7 @@ class Reconciler:
         self.milestones.pop((namespace, name), None)
         self.stuck.pop((namespace, name), None)
         self.writer.phases.set(namespace, name, None)
+        self.diffbase.forget(namespace, name)
 
     # -- the job mirror: events of the run's job ---------------------------------------------
 

@@ -27,6 +27,8 @@ import kopf
 
 from megdet.controller import metrics
 from megdet.controller.api import TARGET_BY_KIND
+from megdet.controller.diffbase import FIELD as HANDLED_FIELD
+from megdet.controller.diffbase import StatusDiffBase
 from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, retryable
 from megdet.controller.status import JOB_PRESENT, events, progress_patch
@@ -142,6 +144,9 @@ class StatusWriter:
         self.now = now
         self.phases = Phases()
         self.locks = RunLocks()
+        #: kopf's diff base in the run's status (controller/diffbase.py): a reconcile's last
+        #: write carries it, so kopf makes no write of its own.
+        self.diffbase = StatusDiffBase()
 
     def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
         """``call()``; a retryable failure becomes kopf.TemporaryError (counted as an error)."""
@@ -156,7 +161,12 @@ class StatusWriter:
             raise
 
     def write(
-        self, run: Mapping[str, Any], compute: Compute, retry: int, kind: str = ""
+        self,
+        run: Mapping[str, Any],
+        compute: Compute,
+        retry: int,
+        kind: str = "",
+        handled: str | None = None,
     ) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
         """Bring the run's status to what ``compute`` says; returns (the status it replaced,
         the new one), or None when the run is gone (or is another incarnation: a new uid; a run
@@ -167,6 +177,11 @@ class StatusWriter:
         change derives (:func:`~megdet.controller.status.events`) and count it: a job's
         transition, a deleted job (``kind``: the job's, for the target label of a run whose
         status has none yet).
+
+        ``handled``: the write ends a reconcile of the run as it was given to it, and carries
+        kopf's diff base for it (:meth:`StatusDiffBase.encoded`), so that kopf need not patch
+        the run for it once the handler returns (not on a run being deleted, whose status
+        stays as it is).
         """
         namespace, name, uid, _gen = run_meta(run)
         with self.locks.hold((namespace, name)):
@@ -177,6 +192,9 @@ class StatusWriter:
                 return None  # deleted (or deleted and re-created) meanwhile
             old = current.get("status") or {}
             new = compute(current)
+            deleting = (current.get("metadata") or {}).get("deletionTimestamp")
+            if handled is not None and not deleting:
+                new[HANDLED_FIELD] = handled
             patch = changed_fields(old, new)
             if patch:
                 self.api_call(
@@ -184,6 +202,8 @@ class StatusWriter:
                     lambda: self.cluster.patch_run_status(namespace, name, patch),
                     retry,
                 )
+                if handled is not None and HANDLED_FIELD in patch:
+                    self.diffbase.note_written(namespace, name, handled)
         if new.get("phase") is not None:
             self.phases.set(namespace, name, new["phase"])
         target = str(new.get("target") or TARGET_BY_KIND.get(kind, kind.lower()))

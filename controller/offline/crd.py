@@ -148,6 +148,12 @@ def status_schema() -> dict[str, Any]:
             "completionTime": _field("string", "When the job succeeded or failed.", **time),
             "restarts": _field("integer", "Times the job restarted its pods."),
             "progress": progress_schema(),
+            "handledConfiguration": _field(
+                "string",
+                "The spec, labels and annotations the controller last reconciled to an end, as "
+                "JSON: what the next change is compared with (kopf's diff base). Bookkeeping, "
+                "not for users.",
+            ),
         },
     )
 

@@ -28,6 +28,7 @@ import pytest_asyncio
 from kubernetes import client as k8s
 
 from megdet.controller import metrics
+from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.kubeapi import Backoff, Cluster
 from megdet.controller.operator import build_registry, configure, limit_workers
 from megdet.controller.policy import Policy
@@ -354,7 +355,8 @@ async def settle(seconds: float = 0.5) -> None:
     await asyncio.sleep(seconds)
 
 
-#: kopf's record of the run's last handled spec/labels (``configure`` sets the key).
+#: kopf's record of the run's last handled spec/labels: in its status (controller/diffbase.py);
+#: earlier controllers kept it in this annotation.
 LAST_HANDLED = "megdet.io/last-handled-configuration"
 
 
@@ -365,7 +367,9 @@ def handled(api: Any, name: str) -> bool:
     if run is None:
         return False
     meta = run.get("metadata") or {}
-    last = (meta.get("annotations") or {}).get(LAST_HANDLED)
+    last = (run.get("status") or {}).get(HANDLED_FIELD)
+    if not last:
+        last = (meta.get("annotations") or {}).get(LAST_HANDLED)
     if not last:
         return False
     essence = json.loads(last)
@@ -535,7 +539,7 @@ class OperatorThread:
             return kopf.ConnectionInfo(server=self.url, insecure=True, default_namespace=NAMESPACE)
 
         settings = kopf.OperatorSettings()
-        configure(settings, peering=self.peering, fast=True)
+        configure(settings, diffbase=self.reconciler.diffbase, peering=self.peering, fast=True)
         settings.peering.priority = self.priority
         if self.worker_limit:
             self.limit = limit_workers(registry, settings, self.worker_limit)

@@ -5,9 +5,11 @@ kmock emulates the API server (none can run here); see conftest.py for what it d
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kmock as kmock_lib
+import kopf
 import pytest
 from kmock_helpers import (
     NAMESPACE,
@@ -51,7 +53,9 @@ from kmock_helpers import (
 )
 
 from megdet.controller import metrics
-from megdet.controller.api import FINALIZER
+from megdet.controller.api import FINALIZER, GROUP
+from megdet.controller.diffbase import FIELD as HANDLED_FIELD
+from megdet.controller.diffbase import LEGACY_KEY
 from megdet.controller.render import render_run
 
 
@@ -346,6 +350,51 @@ async def test_the_finalizer_of_earlier_controllers_is_removed(cluster, operator
     await eventually(lambda: status(cluster, "legacy").get("jobName") == "legacy")
     await delete(cluster, RUNS, "legacy")
     assert get(cluster, RUNS, "legacy") is None
+
+
+async def test_a_reconcile_costs_kopf_no_patch_of_the_run(cluster, operator) -> None:
+    """kopf's diff base rides on the reconcile's own status write (controller/diffbase.py):
+    neither a create nor a spec edit makes kopf patch the run, and no kopf annotation lands on
+    it."""
+    await apply_run(cluster, run_body("quiet"))
+    await reconciled(cluster, "quiet")
+    await edit(cluster, "quiet", 2, {"imagesPerGpu": 2})
+    await reconciled(cluster, "quiet")
+    # The one patch of the run is the edit's own.
+    patches = requests_to(cluster, "PATCH", "/megdetruns/quiet")
+    assert [r.data.get("spec") for r in patches] == [{"imagesPerGpu": 2}]
+    run = get(cluster, RUNS, "quiet")
+    assert json.loads(run["status"][HANDLED_FIELD])["spec"] == run["spec"]
+    annotations = run["metadata"].get("annotations") or {}
+    assert [k for k in annotations if k.startswith(f"{GROUP}/")] == []
+    # kopf found each one written (and the controller keeps nothing of it once it has)...
+    await eventually(lambda: len(operator.reconciler.diffbase) == 0, message="nothing kept")
+    # ... so two reconciles made two status writes that each carried their diff base.
+    writes = requests_to(cluster, "PATCH", "/megdetruns/quiet/status")
+    assert [HANDLED_FIELD in r.data["status"] for r in writes] == [True, True]
+
+
+async def test_a_run_handled_by_an_earlier_controller_is_resumed_not_created(cluster) -> None:
+    """Earlier controllers kept kopf's diff base in an annotation: a restart onto this one
+    resumes such a run (a resume looks for a NetworkPolicy its spec no longer renders; a
+    create never does), and its diff base moves into its status."""
+    await apply_run(cluster, run_body("old"))
+    stored = get(cluster, RUNS, "old")
+    legacy = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=LEGACY_KEY)
+    essence = legacy.build(body=kopf.Body(stored))
+    marker = {f"{GROUP}/kopf-managed": "yes"}
+    annotations = {f"{GROUP}/{LEGACY_KEY}": json.dumps(essence) + "\n", **marker}
+    await patch(cluster, RUNS, "old", {"metadata": {"annotations": annotations}})
+    resumes = reconciles()
+    op = await start_operator(str(cluster.url))
+    try:
+        await counted(resumes)
+        await eventually(lambda: status(cluster, "old").get(HANDLED_FIELD), message="moved")
+    finally:
+        await stop_operator(op)
+    assert len(requests_to(cluster, "GET", "/networkpolicies/old")) == 1  # a resume's look
+    assert json.loads(status(cluster, "old")[HANDLED_FIELD]) == essence
+    assert job_posts(cluster) == 1
 
 
 def _info_labels(api: Any, name: str) -> dict[str, str]:
@@ -1127,6 +1176,37 @@ async def test_a_refusal_that_heals_is_retried_until_the_job_is_created(
     assert after == refusals  # never counted as a final refusal
 
 
+async def test_a_child_refused_after_the_job_exists_is_retried_until_created(
+    cluster, operator
+) -> None:
+    """The reconcile writes the run's status (the job recorded, ChildrenReady=False) and then
+    asks kopf to retry the NetworkPolicy: that write must not carry kopf's diff base, or kopf
+    would take the spec as handled and never retry (controller/diffbase.py)."""
+    await apply_run(cluster, run_body("r"))
+    await eventually(lambda: status(cluster, "r").get("jobUID"), message="the job recorded")
+    await reconciled(cluster, "r")
+    message = (
+        'networkpolicies.networking.k8s.io is forbidden: User "system:serviceaccount:ops:'
+        'megdet-operator" cannot create resource "networkpolicies" in API group '
+        '"networking.k8s.io" in the namespace "vision"'
+    )
+    refused = refuse_creates(cluster, "networkpolicies", message, times=2)
+    await edit(cluster, "r", 2, {"networkPolicy": {"enabled": True}})
+    retrying = await eventually(
+        lambda: (c := condition(cluster, "r", "ChildrenReady")) and c["status"] == "False" and c,
+        message="ChildrenReady=False",
+    )
+    assert retrying["reason"] == "Retrying" and "NetworkPolicy r" in retrying["message"]
+    await eventually(lambda: get(cluster, NETWORKPOLICIES, "r"), timeout=20, message="created")
+    await eventually(
+        lambda: (condition(cluster, "r", "ChildrenReady") or {}).get("status") == "True",
+        message="ChildrenReady=True",
+    )
+    await reconciled(cluster, "r")
+    assert len(refused) == 2 and len(requests_to(cluster, "POST", "/networkpolicies")) == 3
+    assert len(requests_to(cluster, "POST", "/pytorchjobs")) == 1
+
+
 # ------------------------------------------------------------------------------------------
 # API failures and a controller killed mid-reconcile: retried, and still exactly one job.
 #
@@ -1306,9 +1386,11 @@ async def test_a_reconcile_that_changes_nothing_writes_nothing(cluster) -> None:
         await reconciled(cluster, "r")
     finally:
         await stop_operator(op)
-    # Both computed the run's status and wrote nothing: the status and the events are what
-    # they were.
-    assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) == writes
+    # Both computed the run's status and wrote nothing of it: the status and the events are
+    # what they were. The label is a change kopf compares with, so its diff base (in the
+    # status) is the one field written, once, by the update's reconcile.
+    later = requests_to(cluster, "PATCH", "/megdetruns/r/status")[writes:]
+    assert [sorted(r.data["status"]) for r in later] == [[HANDLED_FIELD]]
     assert len(requests_to(cluster, "POST", "/events")) == posted
     assert get(cluster, RUNS, "r")["status"]["phase"] == "Running"
 

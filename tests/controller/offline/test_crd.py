@@ -296,7 +296,7 @@ def test_status_declares_the_controller_fields(root):
     assert set(status) == {
         "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
         "lr", "maxIter", "steps", "warmupIters", "jobName", "jobUID", "target", "startTime",
-        "completionTime", "restarts", "progress",
+        "completionTime", "restarts", "progress", "handledConfiguration",
     }  # fmt: skip
     progress = status["progress"]["properties"]
     assert set(progress) == {

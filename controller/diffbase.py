@@ -1,0 +1,124 @@
+"""kopf's diff base of a MegDetRun kept in its status, written by the reconcile's own status write.
+
+kopf decides why it calls the reconcile (create, update, resume) and what changed (the
+``diff`` the handler gets) by comparing the run's *essence* (its spec, labels and
+annotations) with the essence it last handled to an end: its diff base. kopf's stock storages
+keep that base in an annotation or in ``status.kopf``, and write it with a patch of their own
+once the handler is done (kopf 1.45 ``_core/reactor/processing.py``,
+``process_changing_cause``: ``diffbase_storage.store`` after the handlers). That patch is one
+write of the run per reconcile, and one watch event back to every watcher, on top of the status
+write the reconcile makes anyway.
+
+:class:`StatusDiffBase` keeps the base in ``status.handledConfiguration`` (a field the CRD
+declares) and lets the reconcile write it *in* its last status write, when that write ends the
+handler: :meth:`StatusDiffBase.note_written` records it, and kopf's :meth:`~StatusDiffBase.store`
+then finds nothing left to write. Where the handler ends without such a write (it retries, a
+rare path writes no status), kopf's own patch writes the field, as its stock storages do.
+
+kopf's progress storage (:class:`ProgressAnnotations`) writes only what a handler that is retried
+needs: kopf's stock one also marks every run once with ``megdet.io/kopf-managed`` (a patch of
+its own on the first reconcile), which tells other kopf operators to leave ``megdet.io/``
+annotations out of the essence; our :meth:`StatusDiffBase.build` always leaves them out.
+
+Runs reconciled by earlier controllers keep their base in the annotation
+``megdet.io/last-handled-configuration``; :meth:`~StatusDiffBase.fetch` reads it where the
+status has none, so a restart of the new controller resumes them instead of re-creating.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kopf
+
+from megdet.controller.api import GROUP
+
+__all__ = ["FIELD", "LEGACY_KEY", "ProgressAnnotations", "StatusDiffBase"]
+
+#: ``status.<FIELD>``: the essence kopf compares the run with, as compact JSON.
+FIELD = "handledConfiguration"
+#: The annotation (under ``megdet.io/``) earlier controllers kept the base in.
+LEGACY_KEY = "last-handled-configuration"
+
+
+def _encode(essence: Mapping[str, Any]) -> str:
+    return json.dumps(essence, separators=(",", ":"), sort_keys=True)
+
+
+class StatusDiffBase(kopf.DiffBaseStorage):
+    """kopf's ``settings.persistence.diffbase_storage`` for MegDetRuns (see the module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._legacy = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=LEGACY_KEY)
+        self._lock = threading.Lock()
+        #: (namespace, name) -> the base the handler's last status write carried, until kopf
+        #: stores the same (or the run is forgotten).
+        self._written: dict[tuple[str, str], str] = {}
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        """kopf's essence, without any ``megdet.io/`` annotation: those are kopf's bookkeeping
+        (its progress) and ours, never part of what a user asks for. (kopf left them out of the
+        essence anyway once its marker annotation was on the run.)"""
+        essence = super().build(body=body, extra_fields=extra_fields)
+        annotations = (essence.get("metadata") or {}).get("annotations")
+        if annotations:
+            for key in [k for k in annotations if k.startswith(f"{GROUP}/")]:
+                del annotations[key]
+            self.remove_empty_stanzas(essence)
+        return essence
+
+    def encoded(self, body: Mapping[str, Any]) -> str:
+        """The base kopf stores once the handler given ``body`` ends (what the reconcile
+        writes into its last status write)."""
+        return _encode(self.build(body=kopf.Body(dict(body))))
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        status = body.get("status")
+        encoded = status.get(FIELD) if isinstance(status, Mapping) else None
+        if isinstance(encoded, str) and encoded:
+            try:
+                decoded = json.loads(encoded)
+            except ValueError:
+                decoded = None  # not ours to trust: handled as never handled (a create)
+            return decoded if isinstance(decoded, dict) else None  # type: ignore[return-value]
+        return self._legacy.fetch(body=body)
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        encoded = _encode(essence)
+        meta = body.get("metadata") or {}
+        with self._lock:
+            written = self._written.pop((meta.get("namespace"), meta.get("name")), None)
+        if written != encoded:
+            patch.status[FIELD] = encoded
+
+    def note_written(self, namespace: str, name: str, encoded: str) -> None:
+        """The handler's status write carried ``encoded`` (the handler ends with it)."""
+        with self._lock:
+            self._written[(namespace, name)] = encoded
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._written.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._written)
+
+
+class ProgressAnnotations(kopf.AnnotationsProgressStorage):
+    """kopf's progress of a run's handlers in ``megdet.io/<handler>`` annotations, without
+    kopf's marker annotation: a reconcile that succeeds at once then leaves kopf nothing to
+    patch (its progress record is written and purged within one patch, which ends up empty:
+    kopf 1.45 ``_cogs/configs/progress.py``, ``AnnotationsProgressStorage.purge``)."""
+
+    def __init__(self) -> None:
+        super().__init__(prefix=GROUP)
+
+    def _store_marker(self, prefix: str, patch: kopf.Patch, body: kopf.Body) -> None:
+        return None  # see the class: the marker's only reader is kopf's essence, ours drops it
