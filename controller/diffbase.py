@@ -87,7 +87,11 @@ class StatusDiffBase(kopf.DiffBaseStorage):
             except ValueError:
                 decoded = None  # not ours to trust: handled as never handled (a create)
             return decoded if isinstance(decoded, dict) else None  # type: ignore[return-value]
-        return self._legacy.fetch(body=body)
+        try:
+            decoded = self._legacy.fetch(body=body)
+        except ValueError:
+            return None  # an annotation that does not parse (kopf's own fetch would raise)
+        return decoded if isinstance(decoded, dict) else None  # type: ignore[return-value]
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         encoded = _encode(essence)

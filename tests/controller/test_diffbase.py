@@ -70,10 +70,15 @@ def test_fetch_reads_the_status_then_the_annotation_of_earlier_controllers() -> 
 
 
 def test_a_base_that_is_not_json_is_taken_as_never_handled() -> None:
+    """In the status or in the old annotation (which a run's editors can write): a base that
+    does not parse to an object is no base, never an exception in kopf's processing."""
     for bad in ("{", "[1]", '"x"'):
         run = _run()
         run["status"][FIELD] = bad
         assert StatusDiffBase().fetch(body=kopf.Body(run)) is None
+        legacy = _run()
+        legacy["metadata"]["annotations"][f"{GROUP}/{LEGACY_KEY}"] = bad
+        assert StatusDiffBase().fetch(body=kopf.Body(legacy)) is None
 
 
 def test_kopf_writes_the_base_unless_the_reconcile_wrote_it() -> None:
