@@ -11,6 +11,7 @@ import json
 
 import pytest
 from e2e_helpers import (
+    CONTROLLER_USER,
     apply_objects,
     claim_volumes,
     eventually,
@@ -22,6 +23,7 @@ from e2e_helpers import (
 )
 
 from megdet.controller.api import FINALIZER
+from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 
 NS = "faults-e2e"
 FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
@@ -208,3 +210,66 @@ def test_the_finalizer_of_earlier_controllers_is_removed(kube, ns) -> None:
         timeout=60,
         message="its PyTorchJob collected",
     )
+
+
+def _run_writes(kube, ns: str, name: str) -> list[dict]:
+    """The controller's completed patches of the run ``name`` (its status and the run itself),
+    from the API server's audit log."""
+    return [
+        e
+        for e in kube.audit_events(CONTROLLER_USER)
+        if e.get("stage") == "ResponseComplete"
+        and e.get("verb") == "patch"
+        and (e.get("objectRef") or {}).get("resource") == "megdetruns"
+        and (e.get("objectRef") or {}).get("namespace") == ns
+        and (e.get("objectRef") or {}).get("name") == name
+    ]
+
+
+def test_kopfs_diff_base_rides_on_the_status_write(kube, ns) -> None:
+    """On the real API server, under the chart's RBAC: the CRD keeps status.handledConfiguration
+    (a field it did not declare would be pruned, and kopf would take every event for a create),
+    a create and a spec edit each record what was handled there, and the controller never
+    patches the run itself: kopf's own write per reconcile is gone (controller/diffbase.py)."""
+    name = "based"
+    apply_objects(kube, mdr(name, ns, {
+        "gpus": 8, "dataset": {"claimName": "coco"},
+        "output": {"claimName": "megdet-output"}, "runName": name,
+    }))  # fmt: skip
+
+    def base() -> dict:
+        raw = status(kube, ns, name).get(HANDLED_FIELD)
+        return json.loads(raw) if raw else {}
+
+    def spec() -> dict:
+        return get_json(kube, "mdr", name, "-n", ns)["spec"]
+
+    eventually(lambda: base().get("spec") == spec(), timeout=60, message="the base recorded")
+    kube.kubectl(
+        "patch", "mdr", name, "-n", ns, "--type=merge", "-p",
+        '{"spec": {"image": {"pullPolicy": "Always"}}}',
+    )  # fmt: skip
+    eventually(
+        lambda: base().get("spec") == spec() and spec()["image"]["pullPolicy"] == "Always",
+        timeout=60,
+        message="the edit's base recorded",
+    )
+    # A third reconcile (a label): kopf handles a run's events in order, so once its write is
+    # in the audit log, any write kopf made after the first two reconciles would be there too.
+    kube.kubectl("label", "mdr", name, "-n", ns, "team=vision")
+    writes = eventually(
+        lambda: (w := _run_writes(kube, ns, name)) and any(
+            "team" in json.loads(
+                ((x.get("requestObject") or {}).get("status") or {}).get(HANDLED_FIELD) or "{}"
+            ).get("metadata", {}).get("labels", {})
+            for x in w
+        ) and w,
+        timeout=60,
+        message="the label's base in the audit log",
+    )  # fmt: skip
+    subresources = [(w.get("objectRef") or {}).get("subresource") for w in writes]
+    assert subresources == ["status"] * len(writes), subresources
+    bodies = [(w.get("requestObject") or {}).get("status") or {} for w in writes]
+    carried = [HANDLED_FIELD in b for b in bodies]
+    assert carried.count(True) == 3, carried  # one per reconcile
+    kube.kubectl("delete", "mdr", name, "-n", ns, "--wait=true", "--timeout=30s")
