@@ -297,6 +297,7 @@ def _controller(
     import kopf
     from kubernetes import client as k8s
 
+    from megdet.controller import metrics
     from megdet.controller.kubeapi import Backoff, Cluster
     from megdet.controller.operator import build_registry, configure, limit_workers
     from megdet.controller.planning import plan_children
@@ -431,6 +432,11 @@ def _controller(
                 "held": len(cluster.cache),
             },
             "renders": {"renders": renderer.renders - renders_before, "reused": renderer.reused},
+            # status writes' reads of their run: from its watch, from the server, stale views
+            "run_reads": {
+                source: metrics.sample("megdet_controller_run_reads_total", {"source": source})
+                for source in ("watch", "server", "stale")
+            },
             # what kopf ran with (--worker-limit, --idle-timeout)
             "queueing": [
                 getattr(settings.queueing.worker_limit, "limit", None),
@@ -1267,6 +1273,12 @@ def print_report(result: dict[str, Any]) -> None:
             )
             + f"; renders {renders.get('renders')}, reused {renders.get('reused')}"
         )
+        reads = r.get("run_reads")
+        if reads:
+            print(
+                f"{api}: status writes' run reads from the watch {reads['watch']:.0f}, from the "
+                f"server {reads['server']:.0f} (of which stale views, 409: {reads['stale']:.0f})"
+            )
         sampled = r.get("sampled")
         if sampled:
             print(f"{api}: {sampled['samples']} stack samples of running threads; own time:")

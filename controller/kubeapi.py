@@ -274,16 +274,16 @@ class JobCache:
       the watch has not delivered yet, or one no run controls: those are not indexed) makes
       the create answer 409, and the next read of that name asks the API server
       (:meth:`refresh`);
-    - the job this process has just created: the create's own answer (:func:`slim_job`),
-      until kopf's index holds it (the watch delivered it: from then on it is read from the
-      API server). A status written right after the create sees the job; the state the job
-      reaches meanwhile comes with its next event, which the job's mirror writes (the status
-      is level-triggered). The answer is dropped when the index holds the job, not when the
-      indexing function is called: kopf stores the index entry after that call returns, and a
-      read in between was answered "no such job", which left the run without a status (its
-      reconcile saw no job to report, and the job's mirror leaves a job's first status to the
-      reconcile). A job the watch has not delivered after ``ttl`` seconds is read from the API
-      server.
+    - the job this process has just created: the create's own answer (:func:`slim_job`), or the API
+      server's answer to a read of it (a create answered 409: the job of an earlier try whose answer
+      was lost), until kopf's index holds it (the watch delivered it: from then on it is read from
+      the API server). A status written right after the create sees the job; the state the job
+      reaches meanwhile comes with its next event, which the job's mirror writes (the status is
+      level-triggered). The answer is dropped when the index holds the job, not when the indexing
+      function is called: kopf stores the index entry after that call returns, and a read in between
+      was answered "no such job", which left the run without a status (its reconcile saw no job to
+      report, and the job's mirror leaves a job's first status to the reconcile). A job the watch
+      has not delivered after ``ttl`` seconds is read from the API server.
 
     A job the watch has seen is read from the API server: a reconcile or a mirror that needs
     its state reads it fresh, under the run's lock. A kind is answered from the cache only once
@@ -482,13 +482,18 @@ class Cluster:
                 return cached
         group, version, plural = self._ref(api_version, kind)
         try:
-            return self.api.get_namespaced_custom_object(
+            found = self.api.get_namespaced_custom_object(
                 group, version, namespace, plural, name, _request_timeout=self.timeout
             )
         except k8s.ApiException as err:
             if err.status == 404:
                 return None
             raise
+        if self.cache is not None and kind in TARGET_BY_KIND:
+            # A job the watch has not delivered yet (a create answered 409, and this read
+            # found what holds the name): answered from this read until it does.
+            self.cache.created(found)
+        return found
 
     def create(self, obj: Mapping[str, Any]) -> dict:
         group, version, plural = self._ref(obj["apiVersion"], obj["kind"])

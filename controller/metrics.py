@@ -85,6 +85,17 @@ RECONCILE_DURATION = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
     registry=REGISTRY,
 )
+RUN_READS = Counter(
+    "megdet_controller_run_reads",
+    "MegDetRuns read for a status write, by source: watch (the run's watch, or the answer to "
+    "this controller's last write of it: no request), server (the API server: no view of the "
+    "run yet), stale (a view the API server refused with 409 because the run had changed "
+    "since: read again from the server, counted there too).",
+    ["source"],
+    registry=REGISTRY,
+)
+for _source in ("watch", "server", "stale"):
+    RUN_READS.labels(_source)
 RUNS = Gauge(
     "megdet_controller_runs",
     "MegDetRuns this controller has seen, by namespace and status phase.",

@@ -101,6 +101,8 @@ def build_registry(
             forget(namespace, name)
 
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="run-deleted")(run_deleted)
+    # The runs as their watch delivers them: a status write reads no run (status_writer.py).
+    handlers.writer.views.register(registry)
     # The run-owned jobs as their watch delivers them: the job reads (controller/kubeapi.py).
     cache = getattr(handlers.cluster, "cache", None)
     if cache is not None:

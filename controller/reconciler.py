@@ -239,7 +239,11 @@ class Reconciler:
                     self._sync_suspend(decision, job, retry)  # suspend always goes through
                 return
 
-        job, troubles = self._create_missing(run, decision, job, finished(seen), retry)
+        # A run's first reconcile (kopf has no base for it, no try before): its other objects
+        # are most likely missing, so created without a read first (a taken name answers
+        # 409, and is read then).
+        fresh = job is None and reason == "create" and retry == 0
+        job, troubles = self._create_missing(run, decision, job, finished(seen), retry, fresh)
         if job is None:
             return  # the API server refused the job
         if reason == "update" and not finished(seen) and diff_touches(diff, SUSPEND_DIFF):
@@ -321,6 +325,7 @@ class Reconciler:
         job: dict[str, Any] | None,
         done: bool,
         retry: int,
+        fresh: bool = False,
     ) -> tuple[dict[str, Any] | None, list[Trouble]]:
         """Create what the run lacks and bring its other objects to the spec: those (the
         TrainingRuntime the TrainJob refers to, the NetworkPolicy) first, the job last; a
@@ -331,12 +336,13 @@ class Reconciler:
         without what it refers to or the isolation the spec asks for (the run's status says
         why, as for the job itself). Once the job exists, a trouble with another object is that
         object's (``ChildrenReady=False``): the job stays the run's, Created=True.
+        ``fresh``: the run's first try (:meth:`_ensure_child`).
         """
         _namespace, _name, uid, generation = run_meta(run)
         wanted = decision.job
         troubles: list[Trouble] = []
         for obj in [] if done else decision.objects[1:]:
-            trouble = self._ensure_child(obj, uid, generation, retry)
+            trouble = self._ensure_child(obj, uid, generation, retry, fresh)
             if trouble is None:
                 continue
             if job is None:
@@ -368,15 +374,23 @@ class Reconciler:
         raise kopf.TemporaryError(trouble.message, delay=trouble.delay)
 
     def _ensure_child(
-        self, obj: Mapping[str, Any], uid: str | None, generation: Any, retry: int
+        self,
+        obj: Mapping[str, Any],
+        uid: str | None,
+        generation: Any,
+        retry: int,
+        fresh: bool = False,
     ) -> Trouble | None:
         """One of the run's other objects as the spec says: created if missing, brought to
         the spec if it is of a kind that follows it (:data:`SYNCED_CHILDREN`); the trouble
-        when the API server refuses, or the name holds an object the run does not control."""
+        when the API server refuses, or the name holds an object the run does not control.
+        ``fresh``: most likely missing, so created first and read only if the name is taken
+        (one request instead of two); else read first."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         wanted = with_digest(obj) if (obj["apiVersion"], kind) in SYNCED_CHILDREN else obj
         try:
-            found = self._get(obj, retry)
+            # _create answers what holds the name when it is taken (409).
+            found = self._create(wanted, generation, retry) if fresh else self._get(obj, retry)
             if found is None:
                 self._create(wanted, generation, retry)
                 return None
@@ -544,6 +558,7 @@ class Reconciler:
         self.stuck.pop((namespace, name), None)
         self.writer.phases.set(namespace, name, None)
         self.diffbase.forget(namespace, name)
+        self.writer.views.forget(namespace, name)
 
     # -- the job mirror: events of the run's job ---------------------------------------------
 

@@ -5,9 +5,11 @@ are serialized by a lock per run: the run's reconcile and its job's mirror never
 and each computes the status from the run (and the job) read inside the lock
 (:func:`~megdet.controller.status.desired_status`), so what it writes is level-triggered:
 the current state, written only where it differs from what the run holds, and nothing at all
-when nothing does. That makes the lost update of two writers impossible by construction, so a
-write needs no resourceVersion precondition and no retry loop (the controller runs
-active-passive: kopf's peering keeps a second replica idle). ``status.progress`` has its own
+when nothing does (the controller runs active-passive: kopf's peering keeps a second replica
+idle). The run is read from :class:`RunViews` (the run's own watch, or this process's last
+write of it, whichever is newer) rather than from the API server; such a write carries the
+version it was computed from as a precondition, so a view that turns out stale costs a 409,
+a read and a second try, never a lost update. ``status.progress`` has its own
 writer (the progress endpoint, or the TrainJob mirror), a field no other writer touches. The
 events and counters of a write follow from the old and the new status
 (:func:`~megdet.controller.status.events`).
@@ -16,6 +18,7 @@ events and counters of a write follow from the old and the new status
 from __future__ import annotations
 
 import contextlib
+import copy
 import datetime
 import logging
 import threading
@@ -24,16 +27,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
+from kubernetes import client as k8s
 
 from megdet.controller import metrics
-from megdet.controller.api import TARGET_BY_KIND
+from megdet.controller.api import GROUP, PLURAL, TARGET_BY_KIND, VERSION
 from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.diffbase import StatusDiffBase
 from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, retryable
 from megdet.controller.status import JOB_PRESENT, events, progress_patch
 
-__all__ = ["RunLocks", "StatusWriter", "changed_fields", "now_text", "run_meta"]
+__all__ = ["RunLocks", "RunViews", "StatusWriter", "changed_fields", "now_text", "run_meta"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +49,11 @@ TRANSITIONS = {
 }
 #: compute(the run as just read) -> the status it should hold (its own: leave it alone).
 Compute = Callable[[Mapping[str, Any]], dict[str, Any]]
+#: The kopf index of the runs as their watch delivers them (:class:`RunViews`).
+RUNS_INDEX = "megdet_runs"
+#: What a view keeps of a run's metadata: what a status write reads (whose run, which
+#: version, being deleted) and what kopf's events name.
+_VIEW_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
 
 
 def now_text() -> str:
@@ -133,6 +142,115 @@ def raiser(err: BaseException) -> Callable[[], Any]:
     return call
 
 
+def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What :class:`RunViews` keeps of a run: its identity and version, and its status (what
+    :func:`~megdet.controller.status.desired_status` and the job and pod mirrors read); not
+    its spec, labels or annotations."""
+    meta = body.get("metadata") or {}
+    view: dict[str, Any] = {
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "metadata": {k: meta[k] for k in _VIEW_METADATA if k in meta},
+    }
+    if isinstance(body.get("status"), Mapping):
+        view["status"] = copy.deepcopy(dict(body["status"]))
+    return view
+
+
+def _version(view: Mapping[str, Any] | None) -> int | None:
+    """A view's resourceVersion as a number (etcd's revision), None if it is not one."""
+    text = ((view or {}).get("metadata") or {}).get("resourceVersion")
+    return int(text) if isinstance(text, str) and text.isdigit() else None
+
+
+class RunViews:
+    """Each run as this process last knew it, so that a status write reads no run from the
+    API server: the run as its watch last delivered it (a kopf index, ``megdet_runs``, fed by
+    the watch kopf already keeps of the runs and filled before any handler runs: at least as
+    new as the event a handler was called for), or as the answer to this process's own last
+    status write of it, until the watch delivers that write (the newer of the two, by
+    resourceVersion: etcd's revision).
+
+    A view may be stale by what the watch has not delivered yet (metric
+    ``megdet_controller_run_reads_total``, by source). :meth:`StatusWriter.write`
+    therefore writes over a view only with its ``resourceVersion`` as a precondition: if the
+    run changed meanwhile the API server answers 409 and the writer reads the run and tries
+    once more, as it did for every write before. A view that says nothing needs writing when
+    a write has landed meanwhile costs nothing: that write is a change of the run, which its
+    watch delivers. Nothing of a run outlives it: kopf drops a deleted run from its index,
+    :meth:`forget` drops its last answer (and so does the watch's delivery of it).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._index: Mapping[Any, Any] | None = None
+        #: (namespace, name) -> the view of this process's last status write's answer, until
+        #: the watch delivers it (or a newer version).
+        self._written: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def register(self, registry: Any) -> None:
+        """The runs' index on ``registry`` (kopf's operator registry)."""
+
+        async def index_run(body: Mapping[str, Any], **kwargs: Any) -> dict[Any, Any]:
+            # Async: kopf calls it on its event loop (no hop to its handler threads).
+            meta = body.get("metadata") or {}
+            key = (meta.get("namespace"), meta.get("name"))
+            view = run_view(body)
+            with self._lock:
+                if self._index is None:
+                    self._index = kwargs.get(RUNS_INDEX)
+                written = self._written.get(key)
+                if written is not None and (
+                    _uid(written) != meta.get("uid")
+                    or (_version(view) or 0) >= (_version(written) or 0)
+                ):
+                    del self._written[key]  # delivered (or a newer version, or another run)
+            return {key: view}
+
+        kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=RUNS_INDEX)(index_run)
+
+    def lookup(self, namespace: str, name: str, uid: str | None) -> dict[str, Any] | None:
+        """The newest view of the run (of the incarnation ``uid``, if given), or None: ask the
+        API server (no watch yet, a run the watch has not delivered, a version that is not a
+        number)."""
+        key = (namespace, name)
+        with self._lock:
+            index, written = self._index, self._written.get(key)
+        seen: list[dict[str, Any]] = []
+        if index is not None:
+            try:
+                store = index.get(key)
+                seen = list(store) if store else []
+            except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
+                seen = []
+        found = [v for v in [*seen, written] if v is not None and uid in (None, _uid(v))]
+        if not found or any(_version(v) is None for v in found):
+            return None
+        metrics.RUN_READS.labels("watch").inc()
+        return max(found, key=lambda v: _version(v) or 0)
+
+    def note_written(self, answer: Mapping[str, Any]) -> None:
+        """The API server's answer to this process's status write of a run."""
+        meta = answer.get("metadata") or {}
+        with self._lock:
+            if self._index is not None:  # without the watch, nothing would drop it
+                self._written[(meta.get("namespace"), meta.get("name"))] = run_view(answer)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._written.pop((namespace, name), None)
+
+    def __len__(self) -> int:
+        """Runs whose last written answer is held (the index is kopf's, and drops a deleted
+        run itself)."""
+        with self._lock:
+            return len(self._written)
+
+
+def _uid(view: Mapping[str, Any]) -> Any:
+    return (view.get("metadata") or {}).get("uid")
+
+
 class StatusWriter:
     """Status writes, events and counters for the handlers of one operator."""
 
@@ -147,6 +265,9 @@ class StatusWriter:
         #: kopf's diff base in the run's status (controller/diffbase.py): a reconcile's last
         #: write carries it, so kopf makes no write of its own.
         self.diffbase = StatusDiffBase()
+        #: the runs as this process last knew them: a write reads no run (register() puts
+        #: their index on the operator's registry; until then every write reads the run).
+        self.views = RunViews()
 
     def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
         """``call()``; a retryable failure becomes kopf.TemporaryError (counted as an error)."""
@@ -172,11 +293,13 @@ class StatusWriter:
         the new one), or None when the run is gone (or is another incarnation: a new uid; a run
         given without a uid, as a pod's labels name it, is taken as it is found).
 
-        Under the run's lock: read the run, ``compute(run)`` the status it should hold, write
-        the fields that differ (no request at all when none do), then post the events the
-        change derives (:func:`~megdet.controller.status.events`) and count it: a job's
-        transition, a deleted job (``kind``: the job's, for the target label of a run whose
-        status has none yet).
+        Under the run's lock: take the run's view (:class:`RunViews`; the API server's
+        answer when there is none), ``compute(run)`` the status it should hold, write the
+        fields that differ (no request at all when none do), then post the events the change
+        derives (:func:`~megdet.controller.status.events`) and count it: a job's transition, a
+        deleted job (``kind``: the job's, for the target label of a run whose status has none
+        yet). A write over a view is conditional on the view's version: on 409 the run is read
+        and the write computed again from it (a run that is gone, 404, is gone).
 
         ``handled``: the write ends a reconcile of the run as it was given to it, and carries
         kopf's diff base for it (:meth:`StatusDiffBase.encoded`), so that kopf need not patch
@@ -185,25 +308,54 @@ class StatusWriter:
         """
         namespace, name, uid, _gen = run_meta(run)
         with self.locks.hold((namespace, name)):
-            current = self.api_call("get run", lambda: self.cluster.get_run(namespace, name), retry)
-            if current is None or (
-                uid is not None and (current.get("metadata") or {}).get("uid") != uid
-            ):
-                return None  # deleted (or deleted and re-created) meanwhile
-            old = current.get("status") or {}
-            new = compute(current)
-            deleting = (current.get("metadata") or {}).get("deletionTimestamp")
-            if handled is not None and not deleting:
-                new[HANDLED_FIELD] = handled
-            patch = changed_fields(old, new)
-            if patch:
-                self.api_call(
-                    "write status",
-                    lambda: self.cluster.patch_run_status(namespace, name, patch),
-                    retry,
-                )
+            view = self.views.lookup(namespace, name, uid)
+            while True:
+                if view is not None:
+                    current = view
+                else:
+                    metrics.RUN_READS.labels("server").inc()
+                    current = self.api_call(
+                        "get run", lambda: self.cluster.get_run(namespace, name), retry
+                    )
+                    if current is None or (
+                        uid is not None and (current.get("metadata") or {}).get("uid") != uid
+                    ):
+                        return None  # deleted (or deleted and re-created) meanwhile
+                old = current.get("status") or {}
+                new = compute(current)
+                deleting = (current.get("metadata") or {}).get("deletionTimestamp")
+                if handled is not None and not deleting:
+                    new[HANDLED_FIELD] = handled
+                patch = changed_fields(old, new)
+                if not patch:
+                    if handled is not None and old.get(HANDLED_FIELD) == handled:
+                        # The run holds this base already (a write whose answer was lost):
+                        # kopf has nothing to write either.
+                        self.diffbase.note_written(namespace, name, handled)
+                    break
+                version = (current.get("metadata") or {}).get("resourceVersion")
+                try:
+                    answer = self.cluster.patch_run_status(
+                        namespace, name, patch, version if view is not None else None
+                    )
+                except k8s.ApiException as err:
+                    if view is not None and err.status == 409:
+                        # Changed since the view: read it, and write once more.
+                        metrics.RUN_READS.labels("stale").inc()
+                        view = None
+                        continue
+                    if view is not None and err.status == 404:
+                        return None  # deleted meanwhile
+                    self.api_call("write status", raiser(err), retry)
+                    raise
+                except Exception as err:
+                    self.api_call("write status", raiser(err), retry)
+                    raise
+                if isinstance(answer, Mapping):
+                    self.views.note_written(answer)
                 if handled is not None and HANDLED_FIELD in patch:
                     self.diffbase.note_written(namespace, name, handled)
+                break
         if new.get("phase") is not None:
             self.phases.set(namespace, name, new["phase"])
         target = str(new.get("target") or TARGET_BY_KIND.get(kind, kind.lower()))

@@ -399,16 +399,18 @@ async def counted(before: float, more: int = 1, name: str = RECONCILE_COUNT, **l
     )
 
 
-async def run_read_after(api: Any, name: str, since: int) -> None:
-    """Wait until the operator reads the run ``name`` after request number ``since`` (the job
-    mirror reads the run for every job status event it handles)."""
-    await eventually(
-        lambda: any(
-            r.method == "GET" and r.url.path.endswith(f"/megdetruns/{name}")
-            for r in list(api)[since:]
-        ),
-        message=f"the operator to read run {name}",
-    )
+def run_reads(source: str | None = None) -> float:
+    """Runs the status writer read (``source``: watch, server or stale; None: watch and
+    server, every read) so far, across operator threads."""
+    sources = (source,) if source else ("watch", "server")
+    return sum(metrics.sample("megdet_controller_run_reads_total", {"source": s}) for s in sources)
+
+
+async def run_read_after(before: float) -> None:
+    """Wait until the status writer reads a run after ``before`` :func:`run_reads` (the job
+    mirror reads its run, from its watch or the API server, for every job status event it
+    handles)."""
+    await eventually(lambda: run_reads() > before, message="the operator to read a run")
 
 
 def events_for(api: Any, name: str) -> list[dict[str, Any]]:

@@ -127,6 +127,8 @@ CHART = Path(__file__).resolve().parents[2] / "charts" / "megdet-operator"
 #: update on the owner's finalizers under the OwnerReferencesPermissionEnforcement admission
 #: plugin, which kmock does not run.
 NOT_CALLED = {("megdet.io", "megdetruns/finalizers", "update")}
+#: kopf's record of a retried reconcile on the run (its progress storage, prefix megdet.io).
+RETRY_ANNOTATION = "megdet.io/reconcile"
 _PATH = re.compile(
     r"^/(?:api/(?P<core>v1)|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+))?/(?P<plural>[^/]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[^/]+))?$"
@@ -237,6 +239,21 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         await apply(cluster, run_body("tj", {"gpus": 8, "target": "trainjob"}))
         await apply(cluster, run_body("bad", {"gpus": 12, "gpusPerNode": 8}))
         await apply(cluster, run_body("np", {"gpus": 8, "networkPolicy": {"enabled": True}}))
+        # A run whose job's name is taken: retried, which kopf records on the run (its progress
+        # annotations: the controller's patch of the run itself).
+        foreign = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": "taken", "namespace": NAMESPACE},
+            "spec": {"pytorchReplicaSpecs": {}},
+        }
+        await apply(cluster, foreign)
+        await apply(cluster, run_body("taken"))
+        await eventually(
+            lambda: RETRY_ANNOTATION
+            in (get(cluster, RUNS, "taken")["metadata"].get("annotations") or {}),
+            message="the retry recorded on the run",
+        )
         await eventually(lambda: get(cluster, PYTORCHJOBS, "pj") and get(cluster, TRAINJOBS, "tj"))
         await eventually(lambda: get(cluster, NETWORKPOLICIES, "np"), message="NetworkPolicy")
         # The NetworkPolicy follows the spec (patched), and goes when the spec drops it.

@@ -41,6 +41,7 @@ from kmock_helpers import (
     requests_to,
     run_body,
     run_read_after,
+    run_reads,
     settle,
     start_operator,
     stop_operator,
@@ -818,16 +819,16 @@ async def test_the_mirror_follows_only_the_job_the_run_controls(cluster, operato
     # but is not the run's job name. Neither is the run's.
     await apply(cluster, foreign_job("r-eval", run, controller=False))
     await apply(cluster, foreign_job("r-copy", run, controller=True))
-    since = len(list(cluster))
+    reads = run_reads()
     await job_condition(cluster, "r-eval", cond("Failed"))
     await job_condition(cluster, "r-copy", cond("Succeeded"))
-    await run_read_after(cluster, "r", since)  # the mirror got r-copy's status event
+    await run_read_after(reads)  # the mirror got r-copy's status event
     await settle()  # and ended its handling of it
     assert phase(cluster, "r") == "Pending"
     await delete(cluster, PYTORCHJOBS, "r-eval")
-    since = len(list(cluster))
+    reads = run_reads()
     await delete(cluster, PYTORCHJOBS, "r-copy")
-    await run_read_after(cluster, "r", since)  # the mirror got r-copy's DELETED event
+    await run_read_after(reads)  # the mirror got r-copy's DELETED event
     await settle()
     assert phase(cluster, "r") == "Pending" and condition(cluster, "r", "JobPresent") is None
     # The run's own job is still followed.
@@ -914,9 +915,9 @@ async def test_a_forged_job_under_the_deleted_jobs_name_is_not_adopted(cluster, 
     assert foreign["status"] == "True" and foreign["reason"] == "NotCreatedByController"
     assert forged_uid in foreign["message"] and created_uid in foreign["message"]
     await eventually(lambda: warnings(cluster, "r", "ForeignJob"), message="Warning event")
-    since = len(list(cluster))
+    reads = run_reads()
     await job_condition(cluster, "r", cond("Created"), cond("Running"))
-    await run_read_after(cluster, "r", since)  # the mirror got the forged job's next event
+    await run_read_after(reads)  # the mirror got the forged job's next event
     await settle()
     # ... nor does a reconcile (a spec edit) adopt it.
     await patch(cluster, RUNS, "r", {"metadata": {"generation": 2}, "spec": {"imagesPerGpu": 2}})
@@ -1169,6 +1170,14 @@ async def test_a_refusal_that_heals_is_retried_until_the_job_is_created(
         # The runtime the TrainJob refers to went first, once.
         assert get(cluster, RUNTIMES, "r") is not None
         assert len(requests_to(cluster, "POST", "/trainingruntimes")) == 1
+        # The run's first try created it without a read first; each retry read it.
+        runtime = [
+            r.method
+            for r in list(cluster)
+            if r.url.path.endswith("/trainingruntimes/r")
+            or (r.method == "POST" and r.url.path.endswith("/trainingruntimes"))
+        ]
+        assert runtime == ["POST", "GET", "GET"]
     assert phase(cluster, "r") == "Pending" and condition(cluster, "r", "Failed") is None
     assert len(warnings(cluster, "r", "Retrying")) == 1  # per episode, not per retry
     assert not warnings(cluster, "r", "JobRefused") and not warnings(cluster, "r", "Failed")
@@ -1243,6 +1252,7 @@ async def test_api_failures_are_retried_and_leave_exactly_one_job(cluster, where
     }
     failed = inject(cluster, match[where], fault, times=2)
     errors = metrics.sample("megdet_controller_reconciles_total", {"result": "error"})
+    stale = run_reads("stale")
     # The client gives up after 1 s; an injected "timeout" answers after 2.5 s.
     # lookup: the job reads the API server answers. With the job watch cache the read after
     # the create is answered from the create's own answer until the watch has the job, so that
@@ -1258,10 +1268,16 @@ async def test_api_failures_are_retried_and_leave_exactly_one_job(cluster, where
     assert list(objects(cluster, PYTORCHJOBS)) == ["r"]
     assert len(requests_to(cluster, "POST", "/pytorchjobs")) == 1
     after = metrics.sample("megdet_controller_reconciles_total", {"result": "error"})
-    if where == "create" and fault == "409":
-        assert after == errors  # resolved in place: the name is taken, look the object up
+    if fault == "409":
+        # Resolved in place. create: the name is taken, look the object up. status: a write
+        # over the run's view carries its resourceVersion, so 409 says the view was stale: read
+        # the run and write again (kmock applies a write before its injected answer, so the run
+        # read then holds it, kopf's diff base too: nothing is left to write, for kopf either).
+        assert after == errors
+        if where == "status":
+            assert run_reads("stale") == stale + 1
+            assert len(requests_to(cluster, "GET", "/megdetruns/r")) == 1
     else:
-        # Status writes carry no precondition, so a 409 there is an error like any other:
         # kopf retries the reconcile, which reads the run and the job again.
         assert after > errors
 
@@ -1342,7 +1358,8 @@ async def test_a_job_event_that_changes_nothing_writes_nothing(cluster) -> None:
         await reconciled(cluster, "r")
         writes = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
         job_reads = len(requests_to(cluster, "GET", "/pytorchjobs/r"))
-        run_reads = len(requests_to(cluster, "GET", "/megdetruns/r"))
+        run_gets = len(requests_to(cluster, "GET", "/megdetruns/r"))
+        reads = run_reads()
         # The operator writes the same status again (a new resourceVersion, a watch event).
         await job_condition(cluster, "r", cond("Created"), cond("Running"))
         await eventually(
@@ -1354,8 +1371,9 @@ async def test_a_job_event_that_changes_nothing_writes_nothing(cluster) -> None:
         await stop_operator(op)
     assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) == writes
     # The mirror reads the run once, under its lock (not once to check the event and again
-    # before the write).
-    assert len(requests_to(cluster, "GET", "/megdetruns/r")) == run_reads + 1
+    # before the write), and from the run's watch: no request.
+    assert run_reads() == reads + 1 and run_reads("watch") >= 1
+    assert len(requests_to(cluster, "GET", "/megdetruns/r")) == run_gets
 
 
 async def test_a_reconcile_that_changes_nothing_writes_nothing(cluster) -> None:
