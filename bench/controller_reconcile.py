@@ -634,6 +634,7 @@ def _result(
         "sampled": child.get("sampled"),
         "job_cache": child.get("job_cache"),
         "renders": child.get("renders"),
+        "run_reads": child.get("run_reads"),
         "queueing": child.get("queueing"),
         "tuning": dict(TUNING),
         "rss_end_mib": child["rss_end_kib"] / 1024,
