@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import copy
 import json
 import re
@@ -263,48 +262,57 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-class JobCache:
-    """Which run-owned jobs exist, as the controller's own watch of them says (a kopf index
-    per job kind, fed by the same watch as the job mirror: kopf fills it from its first list
-    before any handler runs, and drops a job when the watch says it is deleted or no run
-    controls it any more), so that the reads whose answer may safely be a little old are not
-    sent to the API server:
+def _job_version(job: Mapping[str, Any]) -> int | None:
+    """A job's resourceVersion as a number (etcd's revision), None if it is not one."""
+    text = (job.get("metadata") or {}).get("resourceVersion")
+    return int(text) if isinstance(text, str) and text.isdigit() else None
 
+
+class JobCache:
+    """The run-owned jobs as the controller's own watch of them last delivered them (a kopf
+    index per job kind, fed by the same watch as the job mirror: kopf fills it from its first
+    list before any handler runs, and drops a job when the watch says it is deleted or no run
+    controls it any more), so that job reads are not sent to the API server, as a
+    controller-runtime client reads from its informer cache:
+
+    - a job the watch has delivered: the index's copy (:func:`slim_job`: what the handlers
+      read). It may be behind the API server by what the watch has not delivered yet; the
+      status is level-triggered, and each change of the job is a watch event whose mirror
+      reads the job again (the index is updated before the handlers of an event run);
     - "does the run's job exist?" when the watch has never seen it: no. A stale "no" (a job
       the watch has not delivered yet, or one no run controls: those are not indexed) makes
       the create answer 409, and the next read of that name asks the API server
       (:meth:`refresh`);
-    - the job this process has just created: the create's own answer (:func:`slim_job`), or the API
-      server's answer to a read of it (a create answered 409: the job of an earlier try whose answer
-      was lost), until kopf's index holds it (the watch delivered it: from then on it is read from
-      the API server). A status written right after the create sees the job; the state the job
-      reaches meanwhile comes with its next event, which the job's mirror writes (the status is
-      level-triggered). The answer is dropped when the index holds the job, not when the indexing
-      function is called: kopf stores the index entry after that call returns, and a read in between
-      was answered "no such job", which left the run without a status (its reconcile saw no job to
-      report, and the job's mirror leaves a job's first status to the reconcile). A job the watch
-      has not delivered after ``ttl`` seconds is read from the API server.
+    - a job this process has just written (created or patched: the API server's answer), or
+      read from the API server (a create answered 409: the job of an earlier try whose answer
+      was lost): that answer, until the watch delivers that version of the job or a newer one
+      (by resourceVersion: etcd's revision), so a reconcile never reads back an older state
+      than its own write (a suspend it has just set). The answer is dropped when the index
+      holds the delivered version, not when the indexing function is called: kopf stores the
+      index entry after that call returns, and a read in between was answered "no such job",
+      which left the run without a status (its reconcile saw no job to report, and the job's
+      mirror leaves a job's first status to the reconcile). A job whose write the watch has not
+      delivered after ``ttl`` seconds is read from the API server.
 
-    A job the watch has seen is read from the API server: a reconcile or a mirror that needs
-    its state reads it fresh, under the run's lock. A kind is answered from the cache only once
-    its index has been seen (kopf hands every index to each indexing call); until then, and for
-    every other kind, reads go to the API server. The index holds a uid per job; nothing of a
-    job outlives it.
+    A kind is answered from the cache only once its index has been seen (kopf hands every
+    index to each indexing call); until then, and for every other kind, reads go to the API
+    server. Nothing of a job outlives it: kopf drops a deleted job from its index.
     """
 
     def __init__(self, ttl: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl = ttl
         self._clock = clock
         self._lock = threading.Lock()
-        #: kind -> kopf's index for it (Mapping (namespace, name) -> Store of uids).
+        #: kind -> kopf's index for it (Mapping (namespace, name) -> Store of slim jobs).
         self._indices: dict[str, Mapping[Any, Any]] = {}
-        #: (kind, namespace, name) -> (expiry, the create's answer, slimmed), oldest first.
+        #: (kind, namespace, name) -> (expiry, this process's answer, slimmed), oldest first.
         self._created: collections.OrderedDict[tuple[str, str, str], tuple[float, dict]] = (
             collections.OrderedDict()
         )
         #: names whose next read asks the API server (a create answered 409).
         self._refresh: set[tuple[str, str, str]] = set()
-        #: reads answered here (the job is missing, or just created) / sent to the server
+        #: reads answered here (from the watch, a write's answer, or "no such job") / sent to
+        #: the server
         self.hits = 0
         self.misses = 0
 
@@ -343,19 +351,19 @@ class JobCache:
     def _indexer(self, kind: str, index_id: str) -> Callable[..., Any]:
         async def index(body: Mapping[str, Any], **kwargs: Any) -> dict[Any, Any]:
             # Async: kopf calls it on its event loop, no hop to its handler threads.
-            # The created answer of this job is dropped once the index holds it (_sweep), not
-            # here: kopf stores what this returns after it returns.
+            # This process's answer for this job is dropped once the index holds it (_sweep),
+            # not here: kopf stores what this returns after it returns.
             meta = body.get("metadata") or {}
             with self._lock:
                 if kind not in self._indices and index_id in kwargs:
                     self._indices[kind] = kwargs[index_id]
-            return {(meta.get("namespace"), meta.get("name")): meta.get("uid")}
+            return {(meta.get("namespace"), meta.get("name")): slim_job(body)}
 
         index.__name__ = index.__qualname__ = f"index_{kind.lower()}"
         return index
 
     def __len__(self) -> int:
-        """Jobs held: in the indices, created but not yet delivered by the watch, and names
+        """Jobs held: in the indices, written but not yet delivered by the watch, and names
         whose next read goes to the API server."""
         with self._lock:
             self._sweep()
@@ -380,38 +388,40 @@ class JobCache:
                 return False, None
             self._sweep(key)
             created = self._created.get(key)
-            if created is not None:
-                self.hits += 1
-                return True, copy.deepcopy(created[1])
-            if key in self._refresh:  # created, but not delivered within ttl
+            if created is None and key in self._refresh:  # written, not delivered within ttl
                 self._refresh.discard(key)
                 self.misses += 1
                 return False, None
         try:
-            seen = (namespace, name) in index
+            store = index.get((namespace, name))
+            seen = list(store) if store else []
         except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
-            seen = True
-        if seen:
+            self.misses += 1
+            return False, None
+        found = [*seen, created[1]] if created is not None else seen
+        if not found:
+            self.hits += 1
+            return True, None
+        if any(_job_version(j) is None for j in found):
             self.misses += 1
             return False, None
         self.hits += 1
-        return True, None
+        return True, copy.deepcopy(max(found, key=lambda j: _job_version(j) or 0))
 
     def created(self, obj: Mapping[str, Any]) -> None:
-        """This process created ``obj`` (the API server's answer): answered from it until the
-        watch delivers it."""
+        """This process created or patched ``obj``, or read it from the API server (its
+        answer): answered from it until the watch delivers that version (or a newer one)."""
         kind, meta = str(obj.get("kind")), obj.get("metadata") or {}
         key = (kind, meta.get("namespace"), meta.get("name"))
+        slim = slim_job(obj)
         with self._lock:
             if kind not in self._indices:
                 return
-            index = self._indices[kind]
-            with contextlib.suppress(RuntimeError):
-                store = index.get((meta.get("namespace"), meta.get("name")))
-                if store and meta.get("uid") in list(store):
-                    return  # the watch delivered it before the create answered
+            if self._delivered(key, slim):  # type: ignore[arg-type]
+                return  # the watch delivered it before the answer came
             self._created.pop(key, None)  # type: ignore[arg-type]
-            self._created[key] = (self._clock() + self.ttl, slim_job(obj))  # type: ignore[index]
+            self._created[key] = (self._clock() + self.ttl, slim)  # type: ignore[index]
+            self._refresh.discard(key)  # type: ignore[arg-type]
             self._sweep(key)  # type: ignore[arg-type]
 
     def refresh(self, kind: str, namespace: str, name: str) -> None:
@@ -423,10 +433,10 @@ class JobCache:
                 self._created.pop((kind, namespace, name), None)
 
     def _sweep(self, key: tuple[str, str, str] | None = None) -> None:
-        """Drop the created answers older than ``ttl`` (their next read asks the API server
-        unless the index holds the job by then), and the answer for ``key`` (every answer when
-        None) once kopf's index holds its job with that uid (delivered). Under the lock; a
-        lookup checks its own key only, so a read stays O(1) in a burst."""
+        """Drop the answers older than ``ttl`` (their next read asks the API server unless
+        the index holds the job by then), and the answer for ``key`` (every answer when None)
+        once kopf's index holds that version of its job or a newer one (delivered). Under the
+        lock; a lookup checks its own key only, so a read stays O(1) in a burst."""
         now = self._clock()
         while self._created:  # oldest first: one ttl for all, so ordered by expiry
             first, (expiry, _obj) = next(iter(self._created.items()))
@@ -441,12 +451,19 @@ class JobCache:
                 del self._created[k]
 
     def _delivered(self, key: tuple[str, str, str], obj: Mapping[str, Any]) -> bool:
+        """Whether kopf's index holds ``obj``'s job (its uid) at its version or newer."""
         kind, namespace, name = key
+        uid, version = obj["metadata"].get("uid"), _job_version(obj)
         try:
             store = self._indices[kind].get((namespace, name))
-            return bool(store) and obj["metadata"].get("uid") in list(store)
+            seen = list(store) if store else []
         except RuntimeError:  # changed while read (kopf's loop writes it): look again later
             return False
+        return any(
+            (j.get("metadata") or {}).get("uid") == uid
+            and (version is None or (_job_version(j) or 0) >= version)
+            for j in seen
+        )
 
 
 class Cluster:
@@ -490,8 +507,8 @@ class Cluster:
                 return None
             raise
         if self.cache is not None and kind in TARGET_BY_KIND:
-            # A job the watch has not delivered yet (a create answered 409, and this read
-            # found what holds the name): answered from this read until it does.
+            # A job the watch has not delivered (this version of) yet, such as the job of an
+            # earlier try whose create answered 409: answered from this read until it does.
             self.cache.created(found)
         return found
 
@@ -526,9 +543,12 @@ class Cluster:
 
     def patch(self, api_version: str, kind: str, namespace: str, name: str, body: Mapping) -> dict:
         group, version, plural = self._ref(api_version, kind)
-        return self.api.patch_namespaced_custom_object(
+        patched = self.api.patch_namespaced_custom_object(
             group, version, namespace, plural, name, dict(body), _request_timeout=self.timeout
         )
+        if self.cache is not None and kind in TARGET_BY_KIND:
+            self.cache.created(patched)  # a job's suspend: read back as written
+        return patched
 
     def delete(
         self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None

@@ -44,8 +44,8 @@ class FakeKopf:
         values = asyncio.run(self.function(body=body, **{INDEX_ID: self.index}))
         self.index.update({k: [v] for k, v in values.items()})
         assert values == {
-            (body["metadata"]["namespace"], body["metadata"]["name"]): (body["metadata"]["uid"])
-        }  # the index holds a uid per job, nothing more
+            (body["metadata"]["namespace"], body["metadata"]["name"]): slim_job(body)
+        }  # the index holds the job as the handlers read it, not its pod templates
 
     def deleted(self, body: dict[str, Any]) -> None:
         self.index.pop((body["metadata"]["namespace"], body["metadata"]["name"]), None)
@@ -67,19 +67,26 @@ def test_nothing_is_answered_before_the_kinds_index_is_seen() -> None:
     assert cache.lookup("TrainJob", "ns", "a") == (False, None)
 
 
-def test_a_job_the_watch_never_saw_is_missing_and_one_it_saw_is_read_fresh() -> None:
+def test_a_job_the_watch_never_saw_is_missing_and_one_it_saw_is_answered_from_it() -> None:
     cache = JobCache()
     kopf = FakeKopf(cache)
     kopf.event(job("a", "u1", status={"phase": "x"}))
     assert cache.serves("PyTorchJob")
-    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)  # exists: ask the server
+    answered, found = cache.lookup("PyTorchJob", "ns", "a")
+    assert answered and found == slim_job(job("a", "u1", status={"phase": "x"}))
+    found["status"]["phase"] = "changed"  # a copy: the cache is not the caller's
+    assert cache.lookup("PyTorchJob", "ns", "a")[1]["status"] == {"phase": "x"}
     assert cache.lookup("PyTorchJob", "ns", "b") == (True, None)
+    kopf.event(job("a", "u1", version="2", status={"phase": "y"}))  # the next event
+    assert cache.lookup("PyTorchJob", "ns", "a")[1]["status"] == {"phase": "y"}
     kopf.deleted(job("a", "u1"))
     assert cache.lookup("PyTorchJob", "ns", "a") == (True, None)
     assert len(cache) == 0
+    kopf.event(job("n", "u9", version="abc"))  # a version that is no number: the server
+    assert cache.lookup("PyTorchJob", "ns", "n") == (False, None)
 
 
-def test_a_job_just_created_is_answered_from_the_create_until_the_watch_has_it() -> None:
+def test_a_job_just_written_is_answered_from_the_answer_until_the_watch_has_it() -> None:
     now = [0.0]
     cache = JobCache(ttl=10, clock=lambda: now[0])
     kopf = FakeKopf(cache)
@@ -90,11 +97,17 @@ def test_a_job_just_created_is_answered_from_the_create_until_the_watch_has_it()
     assert "pytorchReplicaSpecs" not in found["spec"]  # slim
     found["metadata"]["uid"] = "changed"  # a copy: the cache is not the caller's
     # an older incarnation of the name still in the watch is not the created one
-    kopf.index[("ns", "a")] = ["old-uid"]
+    kopf.index[("ns", "a")] = [slim_job(job("old", "old-uid", version="3"))]
     assert cache.lookup("PyTorchJob", "ns", "a")[1]["metadata"]["uid"] == "u1"
-    kopf.event(job("a", "u1", version="7", status={"s": 1}))  # delivered: read it fresh
-    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)
-    assert len(cache) == 2  # "other" and "a", nothing created left over
+    kopf.event(job("a", "u1", version="7", status={"s": 1}))  # delivered: the watch answers
+    assert cache.lookup("PyTorchJob", "ns", "a")[1]["status"] == {"s": 1}
+    assert len(cache) == 2  # "other" and "a", nothing written left over
+    # A patch (a suspend) newer than the watch: its answer, until the watch delivers it.
+    cache.created(job("a", "u1", version="9", status={"s": 2}))
+    kopf.event(job("a", "u1", version="8", status={"s": 1}))  # an event from before it
+    assert cache.lookup("PyTorchJob", "ns", "a")[1]["metadata"]["resourceVersion"] == "9"
+    kopf.event(job("a", "u1", version="9", status={"s": 2}))
+    assert len(cache) == 2
     cache.created(job("b", "u2"))
     now[0] = 11  # not delivered within ttl (a watch far behind, or created and deleted at
     # once): the next read asks the API server, never "no such job" from here
@@ -103,7 +116,8 @@ def test_a_job_just_created_is_answered_from_the_create_until_the_watch_has_it()
     assert len(cache) == 2
     kopf.event(job("c", "u3"))  # the watch was faster than the create's answer
     cache.created(job("c", "u3"))
-    assert cache.lookup("PyTorchJob", "ns", "c") == (False, None) and len(cache) == 3
+    assert cache.lookup("PyTorchJob", "ns", "c")[1]["metadata"]["uid"] == "u3"
+    assert len(cache) == 3
 
 
 def test_a_create_answered_409_sends_the_next_read_to_the_server() -> None:
@@ -113,9 +127,14 @@ def test_a_create_answered_409_sends_the_next_read_to_the_server() -> None:
     cache.refresh("PyTorchJob", "ns", "foreign")  # a job no run controls: not in the index
     assert cache.lookup("PyTorchJob", "ns", "foreign") == (False, None)
     assert cache.lookup("PyTorchJob", "ns", "foreign") == (True, None)  # once
+    # The server's answer to that read holds until the watch delivers the job.
+    cache.refresh("PyTorchJob", "ns", "lost")
+    assert cache.lookup("PyTorchJob", "ns", "lost") == (False, None)
+    cache.created(job("lost", "u5", version="4"))
+    assert cache.lookup("PyTorchJob", "ns", "lost")[1]["metadata"]["uid"] == "u5"
 
 
-def test_the_created_answer_holds_until_kopf_has_stored_the_index_entry() -> None:
+def test_the_written_answer_holds_until_kopf_has_stored_the_index_entry() -> None:
     # kopf calls the indexing function, then stores what it returned: a read in between must
     # still see the job this process created. (Answering "no such job" there left a run of a
     # 1,000-run burst on the real API server without any status: its reconcile saw no job to
@@ -127,6 +146,6 @@ def test_the_created_answer_holds_until_kopf_has_stored_the_index_entry() -> Non
     asyncio.run(kopf.function(body=job("a", "u1", version="6"), **{INDEX_ID: kopf.index}))
     answered, found = cache.lookup("PyTorchJob", "ns", "a")  # indexed, not yet stored
     assert answered and found["metadata"]["uid"] == "u1"
-    kopf.index[("ns", "a")] = ["u1"]  # kopf stores it: from now on read from the server
-    assert cache.lookup("PyTorchJob", "ns", "a") == (False, None)
+    kopf.index[("ns", "a")] = [slim_job(job("a", "u1", version="6"))]  # kopf stores it
+    assert cache.lookup("PyTorchJob", "ns", "a")[1]["metadata"]["resourceVersion"] == "6"
     assert len(cache) == 2

@@ -27,6 +27,7 @@ from kmock_helpers import (
     TRAINJOBS,
     apply,
     collect_garbage,
+    condition,
     delete,
     eventually,
     get,
@@ -253,6 +254,21 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
             lambda: RETRY_ANNOTATION
             in (get(cluster, RUNS, "taken")["metadata"].get("annotations") or {}),
             message="the retry recorded on the run",
+        )
+        # The same for a TrainJob: jobs are read from the controller's watch of them, and
+        # from the API server only where the watch cannot answer (here: a create answered 409).
+        foreign_tj = {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": "taken-tj", "namespace": NAMESPACE},
+            "spec": {"runtimeRef": {"name": "someone-elses"}},
+        }
+        await apply(cluster, foreign_tj)
+        await apply(cluster, run_body("taken-tj", {"gpus": 8, "target": "trainjob"}))
+        await eventually(
+            lambda: (condition(cluster, "taken-tj", "Created") or {}).get("reason")
+            == "JobNameConflict",
+            message="the TrainJob's name taken",
         )
         await eventually(lambda: get(cluster, PYTORCHJOBS, "pj") and get(cluster, TRAINJOBS, "tj"))
         await eventually(lambda: get(cluster, NETWORKPOLICIES, "np"), message="NetworkPolicy")
