@@ -229,6 +229,23 @@ class RunViews:
         metrics.RUN_READS.labels("watch").inc()
         return max(found, key=lambda v: _version(v) or 0)
 
+    def gone(self, namespace: str, name: str, uid: str | None) -> bool:
+        """Whether the run's watch says the run (the incarnation ``uid``, if given) does not
+        exist: kopf's index has been seen (it is complete before any handler runs) and holds no
+        such run. A write for a run this process's watch never delivered can only be for one
+        that is deleted: the job mirror's, for a job the garbage collector deletes after its
+        run (a read of the run from the API server would answer 404)."""
+        with self._lock:
+            index, written = self._index, self._written.get((namespace, name))
+        if index is None or (written is not None and uid in (None, _uid(written))):
+            return False
+        try:
+            store = index.get((namespace, name))
+            seen = list(store) if store else []
+        except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
+            return False
+        return not any(uid in (None, _uid(v)) for v in seen)
+
     def note_written(self, answer: Mapping[str, Any]) -> None:
         """The API server's answer to this process's status write of a run."""
         meta = answer.get("metadata") or {}
@@ -309,6 +326,8 @@ class StatusWriter:
         namespace, name, uid, _gen = run_meta(run)
         with self.locks.hold((namespace, name)):
             view = self.views.lookup(namespace, name, uid)
+            if view is None and self.views.gone(namespace, name, uid):
+                return None  # deleted: no read of it (its watch is complete and lacks it)
             while True:
                 if view is not None:
                     current = view

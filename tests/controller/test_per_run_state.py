@@ -1,10 +1,10 @@
 """Nothing the controller keeps for a run outlives it (issue 24, item 1), on kmock with the real
-operator serving the progress endpoint: the per-run status lock, the progress hub, the served-run
-directory, the run's ``megdet_controller_run_info`` series, the job cache (kubeapi.JobCache)
-and the kept renders (render.py) all hold the runs while they exist and nothing of them once
-every run is deleted, so a burst of runs that come and go leaves the controller's memory where
-it was (the RSS itself is measured by ``bench/controller_reconcile.py --delete``,
-docs/benchmarks.md)."""
+operator serving the progress endpoint: the per-run status lock, the progress hub, the
+served-run directory, the run's ``megdet_controller_run_info`` series, the job cache
+(kubeapi.JobCache), the runs' views (status_writer.RunViews) and the kept renders (render.py)
+all hold the runs while they exist and nothing of them once every run is deleted, so a burst of
+runs that come and go leaves the controller's memory where it was (the RSS itself is measured by
+``bench/controller_reconcile.py --delete``, docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,8 @@ async def test_no_per_run_structure_outlives_its_run(cluster) -> None:
         assert {(NAMESPACE, n) for n in names} <= set(default_renderer().memo_keys())
         assert reconciler.cluster.cache.serves("PyTorchJob")
         assert len(reconciler.cluster.cache) >= len(names)
+        views = reconciler.writer.views
+        assert all(views.lookup(NAMESPACE, n, None) is not None for n in names)
 
         for name in names:
             await delete(cluster, RUNS, name)
@@ -75,6 +77,8 @@ async def test_no_per_run_structure_outlives_its_run(cluster) -> None:
                 and not run_info_names() & set(names)
                 and len(reconciler.writer.locks) == 0
                 and len(reconciler.cluster.cache) == 0
+                and len(views) == 0
+                and all(views.gone(NAMESPACE, n, None) for n in names)
                 and not {key[1] for key in default_renderer().memo_keys()} & set(names)
             ),
             message="every per-run structure to let its run go",

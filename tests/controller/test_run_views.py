@@ -96,6 +96,25 @@ def test_another_incarnation_or_a_version_that_is_no_number_asks_the_server() ->
     assert v.views.lookup("ns", "other", "u1") is None
 
 
+def test_a_run_its_complete_watch_lacks_is_gone() -> None:
+    views = RunViews()
+    assert not views.gone("ns", "r", "u1")  # no watch yet: ask the server
+    v = Views()
+    v.deliver(run(5))
+    assert not v.views.gone("ns", "r", "u1") and not v.views.gone("ns", "r", None)
+    assert v.views.gone("ns", "r", "u2")  # another incarnation: the job's run is gone
+    assert v.views.gone("ns", "deleted", "u3") and v.views.gone("ns", "deleted", None)
+
+
+def test_a_write_for_a_deleted_run_reads_nothing() -> None:
+    cluster, v = Cluster(run(5)), Views()
+    v.deliver(run(5))
+    writer = writer_with(cluster, v)
+    deleted = run(1, uid="gone-uid") | {"metadata": {"namespace": "ns", "name": "old"}}
+    assert writer.write(deleted, lambda cur: {"phase": "Failed"}, 0) is None
+    assert cluster.calls == []
+
+
 def test_forget_drops_the_last_write() -> None:
     v = Views()
     v.deliver(run(1))
