@@ -575,6 +575,22 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="reqps",
             width=6,
         ),
+        _timeseries(
+            ids,
+            "Run reads for status writes",
+            "Where the controller read a run before writing its status: watch (its watch of the "
+            "runs, or its own last write: no request), server (the API server) and stale (a "
+            "view the API server refused with 409 because the run had changed: read again). "
+            "server or stale near watch means the watch lags the API server.",
+            [
+                (
+                    f"sum by (source) (rate(megdet_controller_run_reads_total[{RATE}]))",
+                    "{{source}}",
+                )
+            ],
+            unit="reqps",
+            width=6,
+        ),
     ]
 
 

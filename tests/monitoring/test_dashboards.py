@@ -120,6 +120,7 @@ def test_no_hard_coded_namespace_and_run_panels_select_the_run(name):
                         "megdet_controller_progress_reports",
                         "megdet_controller_progress_writes",
                         "megdet_controller_http_refused",
+                        "megdet_controller_run_reads",
                     )
                 ), query
                 continue
