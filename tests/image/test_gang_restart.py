@@ -98,13 +98,17 @@ def test_a_killed_worker_restarts_the_gang_which_resumes_and_finishes(tmp_path):
     #  a. its agent notices the dead agent re-entering the rendezvous (num_nodes_waiting > 0) and
     #     stops the worker with SIGTERM. Membership changes are not counted as restarts
     #     (torch/distributed/elastic/agent/server/api.py, _invoke_run).
-    #  b. the worker's next gloo collective fails first ("Connection closed by peer") and it
-    #     exits 1; its agent counts that as a failure and restarts too.
+    #  b. the worker's next gloo collective fails first and it exits 1; its agent counts that as
+    #     a failure and restarts too. gloo says "Connection closed by peer" when the dead
+    #     worker's socket closed cleanly, "Connection reset by peer" when the kernel reset it
+    #     (the killed process left unread data: both seen here, gloo's tcp/pair.cc read error).
     victim_logs = [log for log in text if "failed (exitcode: -9)" in log]
     assert len(victim_logs) == 1, [log[-2000:] for log in text]
     healthy = text[1 - text.index(victim_logs[0])]
     stopped_by_agent = "closing signal SIGTERM" in healthy
-    failed_collective = "failed (exitcode: 1)" in healthy and "Connection closed by peer" in healthy
+    failed_collective = "failed (exitcode: 1)" in healthy and (
+        "Connection closed by peer" in healthy or "Connection reset by peer" in healthy
+    )
     how = "stopped by its agent (SIGTERM)" if stopped_by_agent else "failed by its collective"
     print(f"gang restart: the healthy worker was {how}")
     assert stopped_by_agent != failed_collective, healthy[-3000:]
