@@ -149,3 +149,48 @@ def test_the_written_answer_holds_until_kopf_has_stored_the_index_entry() -> Non
     kopf.index[("ns", "a")] = [slim_job(job("a", "u1", version="6"))]  # kopf stores it
     assert cache.lookup("PyTorchJob", "ns", "a")[1]["metadata"]["resourceVersion"] == "6"
     assert len(cache) == 2
+
+
+class FakeApi:
+    """The two calls of the official client's CustomObjectsApi that store answers: a read
+    and a patch of a job, answering the job as the API server would (a newer version)."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def get_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append("get")
+        return job(args[4], "u1", version="5", status={"read": True})
+
+    def patch_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.calls.append("patch")
+        return job(args[4], "u1", version="8", status={"patched": True})
+
+
+def cluster_with(cache: JobCache) -> Any:
+    from megdet.controller.kubeapi import Cluster
+
+    cluster = Cluster.__new__(Cluster)
+    cluster.api, cluster.timeout, cluster.cache = FakeApi(), 1.0, cache
+    return cluster
+
+
+def test_a_job_the_client_read_or_patched_is_answered_from_that_answer() -> None:
+    """The client's own answers feed the cache: a read from the server (after a create that
+    answered 409) and a patch (a suspend) are what the next read sees, not the older state the
+    watch still holds, until the watch delivers them."""
+    cache = JobCache(ttl=10, clock=lambda: 0.0)
+    kopf = FakeKopf(cache)
+    kopf.event(job("other", "u0"))
+    cluster = cluster_with(cache)
+    cache.refresh("PyTorchJob", "ns", "a")  # a create of "a" answered 409
+    found = cluster.get("kubeflow.org/v1", "PyTorchJob", "ns", "a")
+    assert found["status"] == {"read": True} and cluster.api.calls == ["get"]
+    assert cluster.get("kubeflow.org/v1", "PyTorchJob", "ns", "a")["status"] == {"read": True}
+    assert cluster.api.calls == ["get"]  # the second read was the answer's
+    kopf.event(job("a", "u1", version="6", status={"watched": True}))
+    cluster.patch("kubeflow.org/v1", "PyTorchJob", "ns", "a", {"spec": {}})
+    kopf.event(job("a", "u1", version="7", status={"watched": True}))  # before the patch
+    assert cluster.get("kubeflow.org/v1", "PyTorchJob", "ns", "a")["status"] == {"patched": True}
+    kopf.event(job("a", "u1", version="8", status={"patched": True}))  # the patch delivered
+    assert len(cache) == 2 and cluster.api.calls == ["get", "patch"]
