@@ -1277,6 +1277,9 @@ async def test_api_failures_are_retried_and_leave_exactly_one_job(cluster, where
         if where == "status":
             assert run_reads("stale") == stale + 1
             assert len(requests_to(cluster, "GET", "/megdetruns/r")) == 1
+            # kopf found its base written: it patched nothing (it would, and meet the 409 too).
+            patches = requests_to(cluster, "PATCH", "/megdetruns/r/status")
+            assert [r for r in patches if r.headers.get("User-Agent", "").startswith("kopf/")] == []
     else:
         # kopf retries the reconcile, which reads the run and the job again.
         assert after > errors
