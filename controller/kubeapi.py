@@ -262,9 +262,10 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _job_version(job: Mapping[str, Any]) -> int | None:
-    """A job's resourceVersion as a number (etcd's revision), None if it is not one."""
-    text = (job.get("metadata") or {}).get("resourceVersion")
+def version_of(obj: Mapping[str, Any] | None) -> int | None:
+    """An object's resourceVersion as a number (etcd's revision), None if it is not one: the
+    watch caches (JobCache, status_writer.RunViews) keep the newer of two copies by it."""
+    text = ((obj or {}).get("metadata") or {}).get("resourceVersion")
     return int(text) if isinstance(text, str) and text.isdigit() else None
 
 
@@ -402,11 +403,11 @@ class JobCache:
         if not found:
             self.hits += 1
             return True, None
-        if any(_job_version(j) is None for j in found):
+        if any(version_of(j) is None for j in found):
             self.misses += 1
             return False, None
         self.hits += 1
-        return True, copy.deepcopy(max(found, key=lambda j: _job_version(j) or 0))
+        return True, copy.deepcopy(max(found, key=lambda j: version_of(j) or 0))
 
     def created(self, obj: Mapping[str, Any]) -> None:
         """This process created or patched ``obj``, or read it from the API server (its
@@ -453,7 +454,7 @@ class JobCache:
     def _delivered(self, key: tuple[str, str, str], obj: Mapping[str, Any]) -> bool:
         """Whether kopf's index holds ``obj``'s job (its uid) at its version or newer."""
         kind, namespace, name = key
-        uid, version = obj["metadata"].get("uid"), _job_version(obj)
+        uid, version = obj["metadata"].get("uid"), version_of(obj)
         try:
             store = self._indices[kind].get((namespace, name))
             seen = list(store) if store else []
@@ -461,7 +462,7 @@ class JobCache:
             return False
         return any(
             (j.get("metadata") or {}).get("uid") == uid
-            and (version is None or (_job_version(j) or 0) >= version)
+            and (version is None or (version_of(j) or 0) >= version)
             for j in seen
         )
 

@@ -34,7 +34,7 @@ from megdet.controller.api import GROUP, PLURAL, TARGET_BY_KIND, VERSION
 from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.diffbase import StatusDiffBase
 from megdet.controller.job_state import TERMINAL_PHASES
-from megdet.controller.kubeapi import Backoff, Cluster, retryable
+from megdet.controller.kubeapi import Backoff, Cluster, retryable, version_of
 from megdet.controller.status import JOB_PRESENT, events, progress_patch
 
 __all__ = ["RunLocks", "RunViews", "StatusWriter", "changed_fields", "now_text", "run_meta"]
@@ -157,12 +157,6 @@ def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
     return view
 
 
-def _version(view: Mapping[str, Any] | None) -> int | None:
-    """A view's resourceVersion as a number (etcd's revision), None if it is not one."""
-    text = ((view or {}).get("metadata") or {}).get("resourceVersion")
-    return int(text) if isinstance(text, str) and text.isdigit() else None
-
-
 class RunViews:
     """Each run as this process last knew it, so that a status write reads no run from the
     API server: the run as its watch last delivered it (a kopf index, ``megdet_runs``, fed by
@@ -202,7 +196,7 @@ class RunViews:
                 written = self._written.get(key)
                 if written is not None and (
                     _uid(written) != meta.get("uid")
-                    or (_version(view) or 0) >= (_version(written) or 0)
+                    or (version_of(view) or 0) >= (version_of(written) or 0)
                 ):
                     del self._written[key]  # delivered (or a newer version, or another run)
             return {key: view}
@@ -224,10 +218,10 @@ class RunViews:
             except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
                 seen = []
         found = [v for v in [*seen, written] if v is not None and uid in (None, _uid(v))]
-        if not found or any(_version(v) is None for v in found):
+        if not found or any(version_of(v) is None for v in found):
             return None
         metrics.RUN_READS.labels("watch").inc()
-        return max(found, key=lambda v: _version(v) or 0)
+        return max(found, key=lambda v: version_of(v) or 0)
 
     def gone(self, namespace: str, name: str, uid: str | None) -> bool:
         """Whether the run's watch says the run (the incarnation ``uid``, if given) does not
