@@ -392,8 +392,8 @@ def run(args: argparse.Namespace) -> int:
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
-    # A burst of runs leaves freed memory in glibc's arenas: give it back once the burst is
-    # over (controller/heap.py; a no-op without glibc).
+    # A burst of runs leaves freed memory in the C allocator's arenas (jemalloc's in the image,
+    # else glibc's): give it back once the burst is over (controller/heap.py).
     from megdet.controller.heap import HeapTrimmer
 
     trimmer = HeapTrimmer().start()

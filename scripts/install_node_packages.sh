@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The real node's Debian packages (megdet.cluster.node, docs/cluster.md): containerd, runc, the
 # CNI plugins (in /usr/lib/cni), iptables (kube-proxy's), busybox-static (the test image) and
-# gcc with glibc's static library (the pause binary). CI machines are fresh: `make test` and
-# `make cluster` call this. Root only (the node itself needs root); a no-op when all are there.
+# gcc with glibc's static library (the pause binary); and libjemalloc2, the controller image's
+# allocator, which tests/controller/test_heap.py preloads on the host. CI machines are fresh:
+# `make test` and `make cluster` call this. Root only (the node itself needs root); a no-op when all are there.
 set -euo pipefail
-packages=(containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev)
+packages=(containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev libjemalloc2)
 missing=()
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from megdet.controller.heap import HeapTrimmer, libc_trim, rss_bytes
+from megdet.controller.heap import HeapTrimmer, find_trim, rss_bytes
 
 MIB = 2**20
 
@@ -124,11 +128,58 @@ def test_bad_interval_is_refused() -> None:
 
 
 def test_glibc_trim_and_rss_on_this_machine() -> None:
-    trim = libc_trim()
-    if trim is None:
+    found = find_trim()
+    if found is None:
         pytest.skip("this C library has no malloc_trim")
+    _, trim = found
     assert rss_bytes() > 0
     blocks = [bytearray(4000) for _ in range(20000)]  # 80 MB through malloc
     del blocks[::2]
     trim()  # must not crash; the RSS after it is the benchmark's business
     assert rss_bytes() > 0
+
+
+#: The controller image's allocator (Dockerfile: LD_PRELOAD, PYTHONMALLOC=malloc); `make test`
+#: installs the same Debian package on the host (scripts/install_node_packages.sh).
+JEMALLOC = "libjemalloc.so.2"
+
+_BURST = """
+import json
+from megdet.controller.heap import HeapTrimmer, rss_bytes
+t = HeapTrimmer()
+blocks = [bytearray(3000) for _ in range(40000)]  # about 120 MB of small blocks
+peak = rss_bytes()
+del blocks
+before = rss_bytes()
+t._trim()
+print(json.dumps({"allocator": t.allocator, "peak": peak, "before": before,
+                  "after": rss_bytes()}))
+"""
+
+
+def _burst(env: dict[str, str]) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", _BURST],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "cannot be preloaded" not in result.stderr, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_under_jemalloc_the_trim_is_its_purge_and_gives_a_burst_back() -> None:
+    """glibc's malloc_trim does nothing for jemalloc's heap: the trimmer must find and call
+    jemalloc's own purge when the image preloads it."""
+    r = _burst({"LD_PRELOAD": JEMALLOC, "PYTHONMALLOC": "malloc"})
+    assert r["allocator"] == "jemalloc"
+    assert r["peak"] - r["before"] < 60 * MIB  # jemalloc held the freed blocks ...
+    assert r["before"] - r["after"] > 60 * MIB, r  # ... until the purge gave them back
+
+
+def test_on_glibc_the_trim_is_malloc_trim() -> None:
+    r = _burst({"LD_PRELOAD": "", "PYTHONMALLOC": "malloc"})
+    assert r["allocator"] == "glibc"
+    assert r["before"] - r["after"] > 60 * MIB, r
