@@ -92,17 +92,33 @@ RESULTS_TIMEOUT_S = 300.0
 #: How the controller process runs (``--no-heap-trim``, ``--arena-max``, ``--python-malloc``):
 #: the heap trimmer of controller/heap.py as ``megdet controller`` starts it, glibc's
 #: ``MALLOC_ARENA_MAX`` (0: glibc's default, 8 per core; the operator chart sets 2) and
-#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc); ``worker_limit``: the
+#: ``PYTHONMALLOC`` ("": Python's own small-object allocator, pymalloc); ``preload``: a C
+#: allocator the child loads first (``LD_PRELOAD``: "jemalloc", "mimalloc"; "": glibc's);
+#: ``worker_limit``: the
 #: objects of a kind whose events are processed at once once the controller is indexed
 #: (``--worker-limit``; ``megdet controller``'s default; 0: no limit, kopf's default);
 #: ``idle_timeout``: kopf's ``settings.queueing.idle_timeout`` (0: the controller's, 1 s), how
 #: long an object's worker waits for its next event.
+#: --preload's allocators: the library the dynamic loader finds by name, and its Debian package
+PRELOADS = {"jemalloc": "libjemalloc.so.2", "mimalloc": "libmimalloc.so.2"}
+PRELOAD_PACKAGES = {"jemalloc": "libjemalloc2", "mimalloc": "libmimalloc2.0"}
+
+
+def _preload_present(soname: str) -> bool:
+    """Whether the dynamic loader knows ``soname`` (what LD_PRELOAD will ask it for); asks
+    ldconfig's cache rather than loading an allocator into this process."""
+    import ctypes.util
+
+    return ctypes.util.find_library(soname.removeprefix("lib").split(".so")[0]) == soname
+
+
 TUNING: dict[str, Any] = {
     "heap_trim": True,
     "worker_limit": DEFAULT_WORKER_LIMIT,
     "idle_timeout": 0.0,
     "arena_max": 0,
     "python_malloc": "",
+    "preload": "",
     "job_cache": True,
     "sample": False,
     "rss_after_delete": (),
@@ -488,6 +504,7 @@ class _ControllerProcess:
         child_env = {
             "MALLOC_ARENA_MAX": str(TUNING["arena_max"]) if TUNING.get("arena_max") else None,
             "PYTHONMALLOC": TUNING.get("python_malloc") or None,
+            "LD_PRELOAD": PRELOADS.get(TUNING.get("preload") or ""),
         }
         saved = {key: os.environ.get(key) for key in child_env}
         for key, value in child_env.items():
@@ -1253,6 +1270,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{api}: job cache {'on' if tuning.get('job_cache', True) else 'off'}; "
             f"MALLOC_ARENA_MAX {tuning.get('arena_max') or 'unset'}; "
             f"PYTHONMALLOC {tuning.get('python_malloc') or 'unset'}; "
+            f"C allocator {tuning.get('preload') or 'glibc'}; "
             f"kopf worker limit {tuning.get('worker_limit') or 'none'}, idle timeout "
             f"{tuning.get('idle_timeout') or 1.0:g} s; heap trimmer "
             + (
@@ -1398,6 +1416,14 @@ def main(argv: list[str] | None = None) -> None:
         "malloc: every allocation from the C library, which the heap trimmer can give back)",
     )
     parser.add_argument(
+        "--preload",
+        choices=sorted(PRELOADS),
+        default=None,
+        help="load this C allocator into the controller process first (LD_PRELOAD of its "
+        "Debian package's library; default: glibc's malloc). Only Python's allocations that "
+        "go to the C library use it: pair with --python-malloc malloc",
+    )
+    parser.add_argument(
         "--worker-limit",
         type=int,
         default=DEFAULT_WORKER_LIMIT,
@@ -1442,6 +1468,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     if later and not args.delete:
         parser.error("--rss-after-delete needs --delete (it reads the memory once runs are gone)")
+    if args.preload and not _preload_present(PRELOADS[args.preload]):
+        parser.error(
+            f"--preload {args.preload}: {PRELOADS[args.preload]} is not installed "
+            f"(apt-get install {PRELOAD_PACKAGES[args.preload]})"
+        )
     if args.arena_max < 0:
         parser.error("--arena-max must be 0 (glibc's default) or more")
     if args.worker_limit < 0:
@@ -1452,6 +1483,7 @@ def main(argv: list[str] | None = None) -> None:
         heap_trim=args.heap_trim,
         arena_max=args.arena_max,
         python_malloc=args.python_malloc or "",
+        preload=args.preload or "",
         worker_limit=args.worker_limit,
         idle_timeout=args.idle_timeout,
         job_cache=args.job_cache,

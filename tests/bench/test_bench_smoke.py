@@ -197,6 +197,7 @@ def test_restart_times_a_new_controller_resuming_every_run(monkeypatch) -> None:
         (["--delete", "--rss-after-delete", "5,soon"], "--rss-after-delete '5,soon': seconds"),
         (["--delete", "--rss-after-delete", "-1"], "--rss-after-delete '-1': seconds"),
         (["--rss-after-delete", "15"], "--rss-after-delete needs --delete"),
+        (["--preload", "tcmalloc"], "--preload: invalid choice: 'tcmalloc' (choose from"),
     ],
 )
 def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(argv, named, capsys) -> None:
@@ -337,3 +338,24 @@ def test_controller_cluster_counts_the_controllers_requests_from_the_audit_log(t
     assert counted["by_verb"] == {"patch": 2, "get": 1, "create": 1}
     assert counted["by_call"]["patch megdetruns/status"] == 2
     assert counted["non_2xx"] == {"get pytorchjobs 404": 1, "patch megdetruns/status 409": 1}
+
+
+def test_a_preload_that_is_not_installed_is_refused_with_its_package(monkeypatch, capsys) -> None:
+    from bench import controller_reconcile
+
+    monkeypatch.setattr(controller_reconcile, "_preload_present", lambda soname: False)
+    with pytest.raises(SystemExit) as exit_:
+        controller_reconcile.main(["--runs", "2", "--preload", "jemalloc"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--preload jemalloc: libjemalloc.so.2 is not installed" in err
+    assert "apt-get install libjemalloc2" in err and "Traceback" not in err
+
+
+def test_the_preloads_are_found_by_the_name_the_loader_is_given() -> None:
+    """ldconfig's name for the library is the one LD_PRELOAD gets (libjemalloc2 is installed
+    by `make test`: scripts/install_node_packages.sh)."""
+    from bench import controller_reconcile
+
+    assert controller_reconcile._preload_present(controller_reconcile.PRELOADS["jemalloc"])
+    assert not controller_reconcile._preload_present("libnosuchallocator.so.7")
