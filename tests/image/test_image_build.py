@@ -9,6 +9,8 @@ test takes seconds. The training image's cold build (about 14 min) does not fit 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from megdet.image import build as b
@@ -60,3 +62,28 @@ def test_megdet_validate_runs_offline_in_the_controller_image(controller_archive
     assert "Traceback" not in result.stderr, result.stderr
     assert result.returncode != 0  # 12 GPUs: not a whole number of 8-GPU nodes
     assert "spec.gpus" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_the_controller_image_allocates_with_jemalloc_and_the_trimmer_purges_it(
+    controller_archive,
+):
+    """The image preloads jemalloc for every allocation (Dockerfile ENV): the library is there,
+    the loader takes it, and the heap trimmer finds jemalloc's purge, which gives a freed burst
+    back (glibc's malloc_trim would not: it has no arena of jemalloc's)."""
+    code = (
+        "import json, os; from megdet.controller.heap import HeapTrimmer, rss_bytes; "
+        "t = HeapTrimmer(); b = [bytearray(3000) for _ in range(40000)]; del b; "
+        "before = rss_bytes(); t._trim(); "
+        "maps = open('/proc/self/maps').read(); "
+        "print(json.dumps({'allocator': t.allocator, 'mapped': 'libjemalloc' in maps, "
+        "'env': [os.environ.get('LD_PRELOAD'), os.environ.get('PYTHONMALLOC')], "
+        "'released': before - rss_bytes()}))"
+    )
+    result = b.run_in_image(controller_archive, ["-c", code], entrypoint="python")
+    assert result.returncode == 0, result.stderr
+    assert "cannot be preloaded" not in result.stderr, result.stderr
+    report = json.loads(result.stdout)
+    assert report["env"] == ["libjemalloc.so.2", "malloc"]
+    assert report["mapped"] and report["allocator"] == "jemalloc"
+    assert report["released"] > 60 * 2**20, report
+

@@ -139,6 +139,19 @@ def test_worker_limit_defaults_to_the_controllers_and_zero_turns_it_off() -> Non
     assert build_parser().parse_args(container["args"]).worker_limit == 0
 
 
+def test_the_allocator_is_the_images_jemalloc_unless_pymalloc_is_asked_for() -> None:
+    """controller.allocator: jemalloc (LD_PRELOAD of the image's library, every allocation from
+    it) or pymalloc on glibc with at most 2 arenas; either way the image's ENV is overridden."""
+    _, container = controller(render())
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LD_PRELOAD"] == "libjemalloc.so.2" and env["PYTHONMALLOC"] == "malloc"
+    assert "MALLOC_ARENA_MAX" not in env
+    _, container = controller(render({"controller": {"allocator": "pymalloc"}}))
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["LD_PRELOAD"] == "" and env["PYTHONMALLOC"] == "pymalloc"
+    assert env["MALLOC_ARENA_MAX"] == "2"
+
+
 def test_peering_object_and_args_match() -> None:
     rendered = render(values_file(next(p for p in CI_VALUES if "servicemonitor" in p.name)))
     peering = rendered.one("ClusterKopfPeering")
@@ -212,6 +225,11 @@ def test_notes_say_what_was_installed_and_what_to_run() -> None:
         ({"controller": {"workers": "four"}}, ["/controller/workers", "integer"]),
         ({"controller": {"workerLimit": -5}}, ["/controller/workerLimit", "minimum"]),
         ({"controller": {"workerLimit": 1.5}}, ["/controller/workerLimit", "integer"]),
+        (
+            {"controller": {"allocator": "tcmalloc"}},
+            ["/controller/allocator", "one of 'jemalloc', 'pymalloc'"],
+        ),
+        ({"controller": {"allocator": 1}}, ["/controller/allocator", "'jemalloc', 'pymalloc'"]),
         (
             {"replicaCount": 2, "controller": {"peering": {"enabled": False}}},
             ["replicaCount=2 needs controller.peering.enabled=true"],
