@@ -160,7 +160,7 @@ def _memory_kib(field: str) -> int:
 MAPPING_KINDS = (
     "Go heap (Helm's engine, in process)",
     "brk heap (glibc's main arena)",
-    "anonymous mmap (pymalloc arenas, glibc's other arenas, stacks)",
+    "anonymous mmap (pymalloc's or jemalloc's arenas, glibc's other arenas, stacks)",
     "files (libraries, mapped data)",
 )
 
@@ -169,7 +169,8 @@ def _rss_by_mapping(pid: int | str = "self") -> dict[str, float]:
     """The process's resident memory (MiB) by kind of mapping, from /proc/<pid>/smaps. The Go
     runtime inside Helm's shared library reserves its heap at a hint of its own, below the
     executable (seen here: 0x84e59400000), where the kernel's mmap and brk put nothing else:
-    anonymous mappings below the executable are counted as Go's heap."""
+    anonymous mappings below the executable are counted as Go's heap (so is mimalloc's heap,
+    under ``--preload mimalloc``: it reserves its segments there too)."""
     found = dict.fromkeys(MAPPING_KINDS, 0.0)
     rows: list[tuple[int, str, float]] = []
     start, path = 0, ""
