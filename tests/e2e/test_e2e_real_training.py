@@ -292,6 +292,13 @@ def test_a_megdetrun_trains_through_the_controller_pod(
     assert status["ready"] and "running" in status["state"]
     (container,) = controller_pod["spec"]["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    # The chart's allocator (controller.allocator: jemalloc) is what the process runs on: the
+    # loader preloaded the image's library (a missing one is only a warning on stderr).
+    maps = kube.kubectl(
+        "exec", "-n", controller_pod["metadata"]["namespace"], controller_pod["metadata"]["name"],
+        "--", "cat", "/proc/1/maps",
+    ).stdout  # fmt: skip
+    assert "libjemalloc.so.2" in maps
     spec = {k: v for k, v in run_values(train_image).items() if k != "runName"}
     apply_objects(kube, mdr(RUN, NS, spec))
 
