@@ -889,6 +889,7 @@ def _run_cluster(
             cpu_after = bench.component_cpu_s()
             operator_after = bench.operator_requests()
             by_kind = bench.jobs_by_kind()  # before any deletion lets the garbage collector in
+            pods = bench.count_pods() if training_operator else {}  # the same
             jobs = sum(by_kind.values())
             controller.mark_reconciled()
             if delete:
@@ -959,7 +960,7 @@ def _run_cluster(
                     - cpu_before.get("training-operator", 0.0)
                 ),
                 quiet_s,
-                bench.count_pods(),
+                pods,
             )
         if write_costs:
             result["write_costs"] = measure_write_costs(bench, client, write_costs)
