@@ -9,6 +9,7 @@ import urllib.parse
 from pathlib import Path
 
 import pytest
+import yaml
 from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, get_json, helm
 
 from megdet.cluster import build
@@ -126,3 +127,35 @@ def test_the_crd_installs_on_an_older_api_server(tmp_path) -> None:
         assert "gpus above gpusPerNode must be a multiple" in refused.stderr
     finally:
         older.down()
+
+
+def test_the_api_server_takes_the_controller_on_either_allocator(kube, operator_chart) -> None:
+    """controller.allocator's two renders of the controller's Deployment, as the API server
+    stores them (a server-side dry run beside the installed release): jemalloc's preload, or
+    pymalloc with the image's LD_PRELOAD emptied (the server keeps an empty value as none)."""
+    version = kube.kubectl("version", "-o", "json").stdout
+    server = json.loads(version)["serverVersion"]["gitVersion"].lstrip("v")
+    expected = {
+        "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2", "PYTHONMALLOC": "malloc"},
+        "pymalloc": {"LD_PRELOAD": None, "PYTHONMALLOC": "pymalloc", "MALLOC_ARENA_MAX": "2"},
+    }
+    for allocator, want in expected.items():
+        rendered = helm(
+            kube, "template", "alloc", "charts/megdet-operator", "-n", OPERATOR_NAMESPACE,
+            "--kube-version", server, "--set", f"controller.allocator={allocator}",
+        ).stdout  # fmt: skip
+        (deployment,) = [
+            d for d in yaml.safe_load_all(rendered) if d and d.get("kind") == "Deployment"
+        ]
+        deployment["metadata"]["name"] = f"megdet-allocator-{allocator}"
+        stored = json.loads(
+            kube.kubectl(
+                "create", "--dry-run=server", "-n", OPERATOR_NAMESPACE, "-f", "-", "-o", "json",
+                input=json.dumps(deployment),
+            ).stdout
+        )  # fmt: skip
+        (container,) = stored["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert {name: env.get(name, "absent") for name in want} == want, allocator
+        if allocator == "jemalloc":
+            assert "MALLOC_ARENA_MAX" not in env

@@ -98,3 +98,20 @@ def test_the_controller_image_keeps_no_package_lists_or_caches(controller_archiv
     )
     assert result.returncode == 0, result.stderr
     assert ".bin" not in result.stdout and "_Packages" not in result.stdout, result.stdout
+
+
+def test_the_charts_pymalloc_setting_turns_jemalloc_off_in_the_image(controller_archive):
+    """controller.allocator=pymalloc sets LD_PRELOAD empty and PYTHONMALLOC=pymalloc over the
+    image's ENV: the process then runs on glibc's malloc, and the trimmer trims glibc's."""
+    code = (
+        "import json; from megdet.controller.heap import HeapTrimmer; "
+        "print(json.dumps({'allocator': HeapTrimmer().allocator, "
+        "'mapped': 'libjemalloc' in open('/proc/self/maps').read()}))"
+    )
+    result = b.run_in_image(
+        controller_archive,
+        ["-c", f'LD_PRELOAD= PYTHONMALLOC=pymalloc MALLOC_ARENA_MAX=2 python -c "{code}"'],
+        entrypoint="/bin/sh",
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"allocator": "glibc", "mapped": False}
