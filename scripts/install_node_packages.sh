@@ -3,7 +3,8 @@
 # CNI plugins (in /usr/lib/cni), iptables (kube-proxy's), busybox-static (the test image) and
 # gcc with glibc's static library (the pause binary); and libjemalloc2, the controller image's
 # allocator, which tests/controller/test_heap.py preloads on the host. CI machines are fresh:
-# `make test` and `make cluster` call this. Root only (the node itself needs root); a no-op when all are there.
+# `make test` and `make cluster` call this. Root only (the node itself needs root); a no-op
+# when all are there.
 set -euo pipefail
 packages=(containerd runc containernetworking-plugins iptables busybox-static gcc libc6-dev libjemalloc2)
 missing=()

@@ -166,7 +166,10 @@ def _burst(env: dict[str, str]) -> dict:
         timeout=120,
     )
     assert result.returncode == 0, result.stderr
-    assert "cannot be preloaded" not in result.stderr, result.stderr
+    assert "cannot be preloaded" not in result.stderr, (
+        f"{result.stderr}\nthe host lacks jemalloc: apt-get install libjemalloc2 "
+        "(scripts/install_node_packages.sh, which `make test` runs as root)"
+    )
     return json.loads(result.stdout)
 
 
