@@ -120,6 +120,7 @@ TUNING: dict[str, Any] = {
     "python_malloc": "",
     "preload": "",
     "job_cache": True,
+    "schema_precheck": True,
     "sample": False,
     "rss_after_delete": (),
 }
@@ -325,6 +326,10 @@ def _controller(
         from megdet.controller.heap import HeapTrimmer
 
         trimmer = HeapTrimmer().start()  # as `megdet controller` starts it
+    if not target.get("schema_precheck", True):
+        from megdet.controller.render import default_renderer
+
+        default_renderer()._unchecked = None  # every render runs Helm's schema check, as before
     helpers = _kmock_helpers()
     bodies = [helpers.run_body(f"pure-{i:04d}", served_spec(i)) for i in range(runs)]
     plan_children(bodies[0])  # loads the chart once, as the first real reconcile would
@@ -337,7 +342,7 @@ def _controller(
     from megdet.controller.render import default_renderer
 
     renderer = default_renderer()
-    renders_before = renderer.renders
+    renders_before, prechecked_before = renderer.renders, renderer.prechecked
 
     config = k8s.Configuration()
     if target["api"] == "kmock":
@@ -448,7 +453,11 @@ def _controller(
                 "misses": cluster.cache.misses,
                 "held": len(cluster.cache),
             },
-            "renders": {"renders": renderer.renders - renders_before, "reused": renderer.reused},
+            "renders": {
+                "renders": renderer.renders - renders_before,
+                "reused": renderer.reused,
+                "prechecked": renderer.prechecked - prechecked_before,
+            },
             # status writes' reads of their run: from its watch, from the server, stale views
             "run_reads": {
                 source: metrics.sample("megdet_controller_run_reads_total", {"source": source})
@@ -1292,7 +1301,8 @@ def print_report(result: dict[str, Any]) -> None:
                 if cache
                 else "off"
             )
-            + f"; renders {renders.get('renders')}, reused {renders.get('reused')}"
+            + f"; renders {renders.get('renders')}, reused {renders.get('reused')}, values "
+            f"schema checked in process {renders.get('prechecked')} (else by Helm)"
         )
         reads = r.get("run_reads")
         if reads:
@@ -1450,6 +1460,14 @@ def main(argv: list[str] | None = None) -> None:
         "default: on; --no-job-cache: every read asks the API server, as before)",
     )
     parser.add_argument(
+        "--schema-precheck",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check a run's values against the chart's schema in process and render the chart "
+        "without Helm's check when they pass (controller/render.py ValuesSchema; default: on; "
+        "--no-schema-precheck: Helm checks the schema in every render, as before)",
+    )
+    parser.add_argument(
         "--sample",
         action="store_true",
         help="sample every thread of the controller's stacks every 5 ms, ready -> reconciled, "
@@ -1489,6 +1507,7 @@ def main(argv: list[str] | None = None) -> None:
         worker_limit=args.worker_limit,
         idle_timeout=args.idle_timeout,
         job_cache=args.job_cache,
+        schema_precheck=args.schema_precheck,
         sample=args.sample,
         rss_after_delete=later,
     )

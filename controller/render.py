@@ -6,7 +6,13 @@ the run's spec as values. The CR spec uses the chart's value names, so spec -> v
 identity plus ``fullnameOverride = <run name>`` (the job is named after the run). Whatever the
 chart renders, the controller creates: there is one job builder.
 
-The chart is loaded once per process and reused. The controller renders a run once per
+The chart is loaded once per process and reused. Helm checks the values against the chart's
+``values.schema.json`` on every render, compiling the schema each time (half of a render's CPU,
+docs/benchmarks.md): :class:`ValuesSchema` compiles it once in process, and values it passes
+are rendered by the same chart loaded without the schema file; values it refuses are rendered
+with the schema, so Helm's own check and messages decide (its verdict is never widened).
+
+The controller renders a run once per
 reconcile and creates what that render returned. A run whose inputs (name, namespace, the values
 the controller built from its spec) are what they were at its last render is not rendered again:
 :class:`ChartRenderer` keeps the last render of each run (at most ``memo_size`` runs, the least
@@ -20,10 +26,12 @@ from __future__ import annotations
 import collections
 import copy
 import functools
+import io
 import json
 import math
 import os
 import re
+import tarfile
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
+import jsonschema
 import yaml
 from pydantic.alias_generators import to_camel
 
@@ -152,6 +161,75 @@ class RenderedRun:
         }
 
 
+#: The values schema's file in a chart (Helm's name for it).
+SCHEMA_FILE = "values.schema.json"
+# An unescaped `$` outside a bracket expression (RE2's end of text, without the (?m) flag).
+_DOLLAR = re.compile(r"(\\.|\[(?:\\.|[^\]\\])*\]|\$)")
+
+
+def go_pattern(pattern: str) -> str:
+    """A JSON Schema ``pattern`` (Go's RE2, as Helm matches it) for Python's ``re``: ``$`` is
+    the end of the text in RE2 but also matches before a final newline in Python, so each
+    ``$`` outside a bracket expression becomes ``\\Z``; ``(?a)`` makes ``\\d``, ``\\w`` and
+    ``\\s`` ASCII classes, as RE2's are (Python's ``\\s`` also takes ``\\v``: where a pattern
+    negates it, as the chart's do, Python matches less)."""
+    return "(?a)" + _DOLLAR.sub(lambda m: r"\Z" if m.group(0) == "$" else m.group(0), pattern)
+
+
+def _go_patterns(node: Any) -> Any:
+    if isinstance(node, dict):
+        out = {}
+        for key, value in node.items():
+            if key == "pattern" and isinstance(value, str):
+                out[key] = go_pattern(value)
+            elif key == "patternProperties" and isinstance(value, dict):
+                out[key] = {go_pattern(k): _go_patterns(v) for k, v in value.items()}
+            else:
+                out[key] = _go_patterns(value)
+        return out
+    if isinstance(node, list):
+        return [_go_patterns(v) for v in node]
+    return node
+
+
+class ValuesSchema:
+    """A chart's ``values.schema.json`` compiled once (draft 7, its patterns as RE2 reads them):
+    :meth:`passes` answers in about 0.5 ms what Helm's check answers in about 5 ms (it compiles
+    the schema per call). Only a pass is acted on, so where the two could differ the answer
+    must err towards "no": a value this passes, Helm's check passes too (tests check both on
+    the chart's valid and invalid values)."""
+
+    def __init__(self, schema: Mapping[str, Any]) -> None:
+        self._validator = jsonschema.Draft7Validator(_go_patterns(schema))
+
+    def passes(self, values: Any) -> bool:
+        try:
+            return bool(self._validator.is_valid(values))
+        except (jsonschema.exceptions.SchemaError, re.error, TypeError, ValueError):
+            return False  # not ours to judge: Helm's check decides
+
+
+def _load_unchecked(chart: helm_python.Chart, path: Path) -> helm_python.Chart | None:
+    """The chart at ``path`` (a directory) as Helm loaded it, without its values schema: built
+    from exactly the files Helm read there (its .helmignore applied), as an archive in memory.
+    None when the chart is not one this can rebuild (an archive, or one with dependencies)."""
+    if not path.is_dir() or chart.dependencies or (path / "charts").exists():
+        return None
+    names = ["Chart.yaml", "values.yaml"] + [
+        item["name"] for item in (*chart.templates, *chart.files, *chart.crds)
+    ]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name in names:
+            if name == SCHEMA_FILE or not (path / name).is_file():
+                continue
+            data = (path / name).read_bytes()
+            info = tarfile.TarInfo(f"{chart.name}/{name}")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return helm_python.Chart.load_archive(buffer.getvalue())
+
+
 #: Runs whose last render :class:`ChartRenderer` keeps (a render's objects and merged values
 #: are 20-40 KiB of Python objects: 64 runs are a few MiB).
 MEMO_SIZE = 64
@@ -166,6 +244,10 @@ class ChartRenderer:
     def __init__(self, path: Path | str | None = None, memo_size: int = MEMO_SIZE) -> None:
         self.path = Path(path) if path is not None else chart_dir()
         self._chart = helm_python.Chart.load(str(self.path))
+        #: The values schema compiled in process, and the chart without it (None: every
+        #: render is checked by Helm).
+        self._schema = ValuesSchema(self._chart.schema) if self._chart.schema else None
+        self._unchecked = _load_unchecked(self._chart, self.path) if self._schema else None
         self._lock = threading.Lock()
         self.memo_size = memo_size
         #: (namespace, name) -> (the inputs as canonical JSON, that render), oldest first.
@@ -175,6 +257,8 @@ class ChartRenderer:
         self._memo_lock = threading.Lock()
         self.renders = 0
         self.reused = 0
+        #: Renders whose values the in-process schema passed (Helm's check skipped).
+        self.prechecked = 0
 
     def memo_keys(self) -> list[tuple[str, str]]:
         """The (namespace, name) of the runs whose last render is kept."""
@@ -244,13 +328,21 @@ class ChartRenderer:
     def _render(self, name: str, namespace: str, values: dict[str, Any]) -> RenderedRun:
         self.renders += 1
         with self._lock:
+            chart, merged = self._chart, None
+            if self._unchecked is not None and self._schema is not None:
+                try:
+                    merged = self._chart.merge_values(values)
+                except helm_python.HelmError:
+                    merged = None  # the checked render says why
+                if merged is not None and self._schema.passes(merged):
+                    chart = self._unchecked
+                    self.prechecked += 1
             try:
-                files = self._chart.render(
-                    values=values, name=name, namespace=namespace, is_install=True
-                )
+                files = chart.render(values=values, name=name, namespace=namespace, is_install=True)
             except helm_python.HelmError as err:
                 raise InvalidRunError(helm_problems(str(err))) from None
-            merged = self._chart.merge_values(values)
+            if merged is None:
+                merged = self._chart.merge_values(values)
         plan = _plan(merged)
         objects, notes = _parse_manifests(files)
         for obj in objects:

@@ -292,8 +292,17 @@ def test_the_controller_renders_a_run_once_and_creates_that_render(monkeypatch):
         def __getattr__(self, name: str) -> Any:
             return getattr(self.chart, name)
 
-    counting = CountingChart(renderer._chart)
-    renderer._chart = counting
+    # Both the chart and its copy without the values schema (values the in-process schema
+    # passes are rendered by the copy): one render in all.
+    checked, unchecked = CountingChart(renderer._chart), CountingChart(renderer._unchecked)
+    renderer._chart, renderer._unchecked = checked, unchecked
+
+    class Both:
+        @property
+        def renders(self) -> int:
+            return checked.renders + unchecked.renders
+
+    counting = Both()
     monkeypatch.setattr(planning, "render_run", renderer.render)
     run = {
         "apiVersion": "megdet.io/v1alpha1",
@@ -304,6 +313,8 @@ def test_the_controller_renders_a_run_once_and_creates_that_render(monkeypatch):
     planned = planning.plan_children(run)
     assert isinstance(planned, planning.Planned)
     assert counting.renders == 1
+    # A valid spec: the values schema was checked in process, the copy without it rendered.
+    assert unchecked.renders == 1 and renderer.prechecked == 1
     # What is created is that render, adopted: no second render, no cached copy.
     assert planned.objects[0] is planned.rendered.objects[0]
     assert planned.job["metadata"]["ownerReferences"][0]["uid"] == "u-1"

@@ -1,0 +1,204 @@
+"""The values schema checked in process (controller/render.py, ``ValuesSchema``).
+
+A render whose values the in-process schema passes skips Helm's own schema check (the chart is
+rendered without its ``values.schema.json``), so the in-process check must never pass what
+Helm's refuses. These tests hold the two side by side on the chart's own values, on values the
+chart refuses, and on generated strings in every patterned field (RE2 and Python's ``re`` differ
+on ``$`` and on Unicode classes), and check that the render is the same either way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from megdet.controller.problems import InvalidRunError
+from megdet.controller.render import SCHEMA_FILE, ChartRenderer, ValuesSchema, go_pattern, plain
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "chart"))
+from chart_helpers import ALL_CI_VALUES, CHART_DIR, values_file  # noqa: E402
+
+SCHEMA = json.loads((CHART_DIR / SCHEMA_FILE).read_text())
+
+
+@pytest.fixture(scope="module")
+def renderer() -> ChartRenderer:
+    return ChartRenderer(memo_size=0)
+
+
+def helm_passes(renderer: ChartRenderer, merged: Mapping[str, Any]) -> bool:
+    """Helm's own check of the values schema (what a render with the schema runs)."""
+    try:
+        renderer._chart.validate_schema(dict(merged))
+    except helm_python.HelmError:
+        return False
+    return True
+
+
+def merged_values(renderer: ChartRenderer, spec: Mapping[str, Any]) -> dict[str, Any]:
+    values = renderer.values("r", spec)
+    return renderer._chart.merge_values(values)
+
+
+def patterned(node: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Paths (through properties only) of the schema's string fields with a pattern."""
+    if "pattern" in node:
+        yield path
+    for name, prop in (node.get("properties") or {}).items():
+        yield from patterned(prop, (*path, name))
+
+
+def with_value(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {}
+    node = spec
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value
+    return spec
+
+
+PATTERNED = sorted(patterned(SCHEMA))
+
+
+def test_go_pattern_ends_at_the_end_of_the_text() -> None:
+    pattern = "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+    # Python's `$` also matches before a final newline; RE2's (Helm's) does not.
+    assert re.search(pattern, "abc\n")
+    assert not re.search(go_pattern(pattern), "abc\n")
+    assert re.search(go_pattern(pattern), "abc")
+    # Escaped dollars and dollars in bracket expressions stay literal.
+    assert go_pattern(r"^a\$[$]$") == r"(?a)^a\$[$]\Z"
+    assert re.search(go_pattern(r"^a\$[$]$"), "a$$")
+    # \d is ASCII in RE2: an Arabic-Indic digit is not a digit there.
+    assert re.search(r"^\d$", "\u0663") and not re.search(go_pattern(r"^\d$"), "\u0663")
+
+
+def test_the_chart_has_patterned_fields_and_a_schema() -> None:
+    assert len(PATTERNED) >= 20
+    assert ChartRenderer(memo_size=0)._unchecked.schema is None
+
+
+def test_the_copy_without_the_schema_is_the_same_chart(renderer: ChartRenderer) -> None:
+    checked, unchecked = renderer._chart, renderer._unchecked
+    assert checked.schema and unchecked.schema is None
+    assert unchecked.templates == checked.templates
+    assert unchecked.files == checked.files
+    assert unchecked.values == checked.values
+    assert unchecked.metadata == checked.metadata
+
+
+@pytest.mark.parametrize("path", ALL_CI_VALUES, ids=lambda p: p.name)
+def test_the_charts_values_pass_both_and_render_the_same(renderer, path) -> None:
+    spec = values_file(path)
+    merged = merged_values(renderer, spec)
+    assert renderer._schema.passes(merged) and helm_passes(renderer, merged)
+    before = renderer.prechecked
+    fast = renderer.render("r", "ns", spec)
+    assert renderer.prechecked == before + 1
+    checked = renderer._chart.render(
+        values=renderer.values("r", spec), name="r", namespace="ns", is_install=True
+    )
+    assert (
+        renderer._unchecked.render(
+            values=renderer.values("r", spec), name="r", namespace="ns", is_install=True
+        )
+        == checked
+    )
+    assert fast.objects[0]["metadata"]["name"] == "r"
+
+
+REFUSED = [
+    {"gpus": "eight"},
+    {"gpus": -8},
+    {"gpusPerNode": 3.5},
+    {"nccl": {"ib": {"hca": "mlx5_0\n"}}},
+    {"nccl": {"socketIfname": "eth0\n"}},
+    {"image": {"repository": "Registry/Megdet"}},
+    {"image": {"pullPolicy": "Sometimes"}},
+    {"dataset": {"output": "out\n"}},
+    {"extraOverrides": {"solver.base_lr": 1}},
+    {"extraOverrides": {"SOLVER.MAX_ITER\n": 1}},
+    {"priorityClassName": "High Priority"},
+    {"unknownField": 1},
+    {"resources": {"cpu": "lots"}},
+    {"serviceAccountName": "sa\n"},
+]
+
+
+@pytest.mark.parametrize("spec", REFUSED, ids=lambda s: json.dumps(s)[:60])
+def test_what_helm_refuses_the_in_process_check_refuses(renderer, spec) -> None:
+    merged = merged_values(renderer, spec)
+    assert not helm_passes(renderer, merged)
+    assert not renderer._schema.passes(merged)
+    # And the render says so with Helm's message, as before.
+    before = renderer.prechecked
+    with pytest.raises(InvalidRunError):
+        renderer.render("r", "ns", spec)
+    assert renderer.prechecked == before
+
+
+TRICKY = ["a\n", "a\nb", "\n", "a ", " a", "a\u00a0b", "\u0663", "A", "a" * 300, "", "a/b",
+          "-a", "a.b", "a$", "é", "a\tb", "a\x0bb", "http://x", "https://x/y", "10.0.0.0/8",
+          "1Gi\n", "https://x\u00a0y", "mlx5_0", "1Gi", "eth0"]  # fmt: skip
+
+
+def test_every_patterned_field_on_tricky_strings(renderer) -> None:
+    """Every patterned field with strings where RE2 and Python's re could differ: never a pass
+    that Helm refuses, and where the two differ, only towards Helm's check (none but Unicode
+    spaces, which Python's \\s knows and RE2's does not)."""
+    passed = differ = 0
+    for path in PATTERNED:
+        for value in TRICKY:
+            merged = merged_values(renderer, with_value(path, value))
+            ours, helms = renderer._schema.passes(merged), helm_passes(renderer, merged)
+            assert helms or not ours, (path, value)
+            passed += ours
+            if ours != helms:
+                differ += 1
+                assert "\u00a0" in value, (path, value)
+    assert passed > 100  # the check passes what it should: the fast path is taken
+    assert differ < 10
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    path=st.sampled_from(PATTERNED),
+    value=st.one_of(
+        st.sampled_from(TRICKY), st.text(max_size=12), st.text(alphabet="a-Z0.\n/: ", max_size=8)
+    ),
+)
+def test_a_string_the_in_process_check_passes_helm_passes(renderer, path, value) -> None:
+    merged = merged_values(renderer, with_value(path, value))
+    if renderer._schema.passes(merged):
+        assert helm_passes(renderer, merged), (path, value)
+
+
+def test_a_chart_that_cannot_be_rebuilt_is_checked_by_helm(tmp_path) -> None:
+    """A chart with dependencies is not copied: every render then runs Helm's own check."""
+    import shutil
+
+    copy_dir = tmp_path / "megdet"
+    shutil.copytree(CHART_DIR, copy_dir)
+    (copy_dir / "charts").mkdir()
+    renderer = ChartRenderer(copy_dir, memo_size=0)
+    assert renderer._unchecked is None
+    assert renderer.render("r", "ns", plain({"gpus": 8})).job["metadata"]["name"] == "r"
+    assert renderer.prechecked == 0
+    with pytest.raises(InvalidRunError):
+        renderer.render("r", "ns", {"gpus": "eight"})
+
+
+def test_values_schema_answers_no_when_it_cannot_judge() -> None:
+    # A pattern Python's re cannot compile (RE2's \pL): no pass, Helm decides.
+    schema = ValuesSchema({"properties": {"a": {"type": "string", "pattern": r"^\pL+$"}}})
+    assert not schema.passes({"a": "abc"})
