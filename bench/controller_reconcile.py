@@ -120,7 +120,7 @@ TUNING: dict[str, Any] = {
     "python_malloc": "",
     "preload": "",
     "job_cache": True,
-    "schema_precheck": True,
+    "lean_render": True,
     "sample": False,
     "rss_after_delete": (),
 }
@@ -326,10 +326,10 @@ def _controller(
         from megdet.controller.heap import HeapTrimmer
 
         trimmer = HeapTrimmer().start()  # as `megdet controller` starts it
-    if not target.get("schema_precheck", True):
+    if not target.get("lean_render", True):
         from megdet.controller.render import default_renderer
 
-        default_renderer()._unchecked = None  # every render runs Helm's schema check, as before
+        default_renderer()._unchecked = None  # Helm's schema check and the NOTES, as before
     helpers = _kmock_helpers()
     bodies = [helpers.run_body(f"pure-{i:04d}", served_spec(i)) for i in range(runs)]
     plan_children(bodies[0])  # loads the chart once, as the first real reconcile would
@@ -1301,8 +1301,8 @@ def print_report(result: dict[str, Any]) -> None:
                 if cache
                 else "off"
             )
-            + f"; renders {renders.get('renders')}, reused {renders.get('reused')}, values "
-            f"schema checked in process {renders.get('prechecked')} (else by Helm)"
+            + f"; renders {renders.get('renders')}, reused {renders.get('reused')}, lean (values "
+            f"schema checked in process, no NOTES) {renders.get('prechecked')}"
         )
         reads = r.get("run_reads")
         if reads:
@@ -1460,12 +1460,13 @@ def main(argv: list[str] | None = None) -> None:
         "default: on; --no-job-cache: every read asks the API server, as before)",
     )
     parser.add_argument(
-        "--schema-precheck",
+        "--lean-render",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="check a run's values against the chart's schema in process and render the chart "
-        "without Helm's check when they pass (controller/render.py ValuesSchema; default: on; "
-        "--no-schema-precheck: Helm checks the schema in every render, as before)",
+        help="check a run's values against the chart's schema in process and, when they pass, "
+        "render the chart's copy without its schema and NOTES.txt (controller/render.py; "
+        "default: on; --no-lean-render: every render runs Helm's schema check and renders the "
+        "NOTES, as before)",
     )
     parser.add_argument(
         "--sample",
@@ -1507,7 +1508,7 @@ def main(argv: list[str] | None = None) -> None:
         worker_limit=args.worker_limit,
         idle_timeout=args.idle_timeout,
         job_cache=args.job_cache,
-        schema_precheck=args.schema_precheck,
+        lean_render=args.lean_render,
         sample=args.sample,
         rss_after_delete=later,
     )

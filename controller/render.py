@@ -9,12 +9,13 @@ chart renders, the controller creates: there is one job builder.
 The chart is loaded once per process and reused. Helm checks the values against the chart's
 ``values.schema.json`` on every render, compiling the schema each time (half of a render's CPU,
 docs/benchmarks.md): :class:`ValuesSchema` compiles it once in process, and values it passes
-are rendered by the same chart loaded without the schema file; values it refuses are rendered
-with the schema, so Helm's own check and messages decide (its verdict is never widened).
+are rendered by the same chart loaded without the schema file (and without NOTES.txt, which no
+one reads here); values it refuses are rendered with the schema, so Helm's own check and
+messages decide (its verdict is never widened).
 
-The controller renders a run once per
-reconcile and creates what that render returned. A run whose inputs (name, namespace, the values
-the controller built from its spec) are what they were at its last render is not rendered again:
+The controller renders a run once per reconcile and creates what that render returned. A run
+whose inputs (name, namespace, the values the controller built from its spec) are what they
+were at its last render is not rendered again:
 :class:`ChartRenderer` keeps the last render of each run (at most ``memo_size`` runs, the least
 recently rendered dropped first) and hands out copies of it, so a reconcile retried or resumed
 on the same spec generation costs no render. The controller's delete handler drops the run's
@@ -34,7 +35,7 @@ import re
 import tarfile
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,6 @@ class RenderedRun:
     values: dict[str, Any]
     objects: tuple[dict[str, Any], ...]
     plan: Plan
-    #: The chart's NOTES.txt for these values (not an object; shown by `megdet render`).
-    notes: str = field(default="", repr=False)
 
     @property
     def job(self) -> dict[str, Any]:
@@ -209,8 +208,14 @@ class ValuesSchema:
             return False  # not ours to judge: Helm's check decides
 
 
+#: What the chart the controller renders leaves out: the values schema (checked in process by
+#: :class:`ValuesSchema`) and the NOTES (text for `helm install`'s user: a third of what is
+#: left of a render; what it includes, the job's templates include too, so no check is lost).
+LEFT_OUT = (SCHEMA_FILE, "templates/NOTES.txt")
+
+
 def _load_unchecked(chart: helm_python.Chart, path: Path) -> helm_python.Chart | None:
-    """The chart at ``path`` (a directory) as Helm loaded it, without its values schema: built
+    """The chart at ``path`` (a directory) as Helm loaded it, without :data:`LEFT_OUT`: built
     from exactly the files Helm read there (its .helmignore applied), as an archive in memory.
     None when the chart is not one this can rebuild (an archive, or one with dependencies)."""
     if not path.is_dir() or chart.dependencies or (path / "charts").exists():
@@ -221,7 +226,7 @@ def _load_unchecked(chart: helm_python.Chart, path: Path) -> helm_python.Chart |
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         for name in names:
-            if name == SCHEMA_FILE or not (path / name).is_file():
+            if name in LEFT_OUT or not (path / name).is_file():
                 continue
             data = (path / name).read_bytes()
             info = tarfile.TarInfo(f"{chart.name}/{name}")
@@ -344,7 +349,7 @@ class ChartRenderer:
             if merged is None:
                 merged = self._chart.merge_values(values)
         plan = _plan(merged)
-        objects, notes = _parse_manifests(files)
+        objects, _notes = _parse_manifests(files)
         for obj in objects:
             labels = obj.get("metadata", {}).get("labels")
             if isinstance(labels, dict) and "app.kubernetes.io/managed-by" in labels:
@@ -362,7 +367,6 @@ class ChartRenderer:
             values=merged,
             objects=(jobs[0], *others),
             plan=plan,
-            notes=notes,
         )
 
 
@@ -391,7 +395,6 @@ def _copy_rendered(rendered: RenderedRun) -> RenderedRun:
         values=_tree(rendered.values),
         objects=tuple(_tree(o) for o in rendered.objects),
         plan=rendered.plan,
-        notes=rendered.notes,
     )
 
 
