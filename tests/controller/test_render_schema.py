@@ -9,6 +9,7 @@ on ``$`` and on Unicode classes), and check that the render is the same either w
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -59,12 +60,8 @@ def patterned(node: Mapping[str, Any], path: tuple[str, ...] = ()) -> Iterator[t
 
 
 def with_value(path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {}
-    node = spec
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-    node[path[-1]] = value
-    return spec
+    """A spec with ``value`` at ``path`` only: ``("a", "b"), 1`` -> ``{"a": {"b": 1}}``."""
+    return functools.reduce(lambda inner, key: {key: inner}, reversed(path), value)
 
 
 PATTERNED = sorted(patterned(SCHEMA))
