@@ -204,7 +204,7 @@ class ValuesSchema:
     def passes(self, values: Any) -> bool:
         try:
             return bool(self._validator.is_valid(values))
-        except (jsonschema.exceptions.SchemaError, re.error, TypeError, ValueError):
+        except (jsonschema.exceptions.SchemaError, re.error, RecursionError, TypeError, ValueError):
             return False  # not ours to judge: Helm's check decides
 
 

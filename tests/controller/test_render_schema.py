@@ -200,3 +200,15 @@ def test_values_schema_answers_no_when_it_cannot_judge() -> None:
     # A pattern Python's re cannot compile (RE2's \pL): no pass, Helm decides.
     schema = ValuesSchema({"properties": {"a": {"type": "string", "pattern": r"^\pL+$"}}})
     assert not schema.passes({"a": "abc"})
+    # Nesting deeper than the interpreter's recursion limit: no pass (not a crash).
+    nested: dict[str, Any] = {}
+    for _ in range(sys.getrecursionlimit()):
+        nested = {"a": nested}
+    deep = ValuesSchema(
+        {
+            "$ref": "#/definitions/n",
+            "definitions": {"n": {"additionalProperties": {"$ref": "#/definitions/n"}}},
+        }
+    )
+    assert not deep.passes(nested)
+    assert deep.passes({"a": {"a": {}}})
