@@ -217,17 +217,22 @@ LEFT_OUT = (SCHEMA_FILE, "templates/NOTES.txt")
 def _load_unchecked(chart: helm_python.Chart, path: Path) -> helm_python.Chart | None:
     """The chart at ``path`` (a directory) as Helm loaded it, without :data:`LEFT_OUT`: built
     from exactly the files Helm read there (its .helmignore applied), as an archive in memory.
-    None when the chart is not one this can rebuild (an archive, or one with dependencies)."""
+    None when the chart is not one this can rebuild (an archive, one with dependencies, or a
+    file Helm read that is no longer there): every render is then checked by Helm."""
     if not path.is_dir() or chart.dependencies or (path / "charts").exists():
         return None
-    names = ["Chart.yaml", "values.yaml"] + [
+    names = ["Chart.yaml"] + [
         item["name"] for item in (*chart.templates, *chart.files, *chart.crds)
     ]
+    if (path / "values.yaml").is_file():  # optional in a chart
+        names.append("values.yaml")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
         for name in names:
-            if name in LEFT_OUT or not (path / name).is_file():
+            if name in LEFT_OUT:
                 continue
+            if not (path / name).is_file():
+                return None
             data = (path / name).read_bytes()
             info = tarfile.TarInfo(f"{chart.name}/{name}")
             info.size = len(data)

@@ -82,7 +82,25 @@ def test_go_pattern_ends_at_the_end_of_the_text() -> None:
 
 def test_the_chart_has_patterned_fields_and_a_schema() -> None:
     assert len(PATTERNED) >= 20
-    assert ChartRenderer(memo_size=0)._unchecked.schema is None
+
+
+def test_a_file_helm_read_that_is_gone_means_no_lean_copy(tmp_path, monkeypatch) -> None:
+    """The copy is built from the files Helm listed; one missing on disk (the chart changed
+    under the process) leaves every render to Helm's check rather than a copy without it."""
+    import shutil
+
+    copy_dir = tmp_path / "megdet"
+    shutil.copytree(CHART_DIR, copy_dir)
+    real_load = helm_python.Chart.load
+
+    def load_then_remove(path: str) -> helm_python.Chart:
+        loaded = real_load(path)
+        (copy_dir / "files" / "owned-overrides.yaml").unlink()
+        return loaded
+
+    monkeypatch.setattr(helm_python.Chart, "load", staticmethod(load_then_remove))
+    renderer = ChartRenderer(copy_dir, memo_size=0)
+    assert renderer._unchecked is None and renderer._schema is not None
 
 
 def test_the_copy_without_the_schema_is_the_same_chart(renderer: ChartRenderer) -> None:
