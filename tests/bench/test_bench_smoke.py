@@ -169,6 +169,21 @@ def test_the_worker_limit_and_idle_timeout_reach_the_controllers_kopf(monkeypatc
     assert plain["queueing"] == [None, 1.0]  # kopf's no-limit; the benchmark's fast 1 s
 
 
+def test_the_lean_render_is_on_by_default_and_off_with_no_lean_render(monkeypatch) -> None:
+    """--no-lean-render (the before side of docs/benchmarks.md's comparison) sends every
+    render of the controller process through Helm's schema check; by default each new run's
+    values are checked in process and the chart's lean copy renders them."""
+    from bench import controller_reconcile
+
+    lean = controller_reconcile.run(runs=4, workers=2)
+    # The pure part's renders come before the count starts: the burst's 4 are counted.
+    assert lean["renders"]["prechecked"] == lean["renders"]["renders"] == 4
+    monkeypatch.setitem(controller_reconcile.TUNING, "lean_render", False)
+    checked = controller_reconcile.run(runs=4, workers=2)
+    assert checked["renders"]["renders"] == 4 and checked["renders"]["prechecked"] == 0
+    assert checked["jobs_created"] == 4
+
+
 def test_restart_times_a_new_controller_resuming_every_run(monkeypatch) -> None:
     """--restart: a second controller process starts where the runs exist and the benchmark
     waits until it has resumed each one, with a worker limit below the number of runs (the
