@@ -8,7 +8,8 @@ ask the kubelet for a token of any audience. So the pod is read once (``get pods
 its uid) and must be
 
 - named as the training operator names the job's pods (``<job>-master-0``,
-  ``<job>-worker-<i>``), within the job's replica counts (``<job>-worker-999`` of a job with
+  ``<job>-worker-<i>``, the index as the operator writes it: ``<job>-worker-01`` is no pod's
+  name), within the job's replica counts (``<job>-worker-999`` of a job with
   4 workers is no pod of it), and
 - controlled by the run's job: its controller owner reference is the PyTorchJob named
   ``status.jobName`` whose uid is ``status.jobUID``, the job this controller created (for a run
@@ -39,6 +40,11 @@ __all__ = ["JOB_API_VERSION", "PodBinding", "RunDirectory", "RunRef", "kubernete
 
 #: The job kind whose pods report to this endpoint (target pytorchjob).
 JOB_API_VERSION, JOB_KIND = "kubeflow.org/v1", "PyTorchJob"
+
+#: What follows ``<job>-`` in the name of a job's pod: ``<replica type, lowercase>-<index>``, the
+#: index in decimal without leading zeros (Go's strconv.Itoa; kubeflow/training-operator,
+#: pkg/core/utils.go ``GenGeneralName``), so one spelling per pod; the master's index is 0.
+_REPLICA = "(master-0|worker-(?:0|[1-9][0-9]*))"
 
 #: (namespace, name) -> the object, None when it does not exist; raises on API errors.
 ReadFn = Callable[[str, str], Mapping[str, Any] | None]
@@ -130,7 +136,7 @@ class PodBinding:
         """None when the pod ``namespace/pod_name`` with ``pod_uid`` is a pod of ``run``'s job,
         else why not. Raises what the reads raise (the caller answers 500 and caches nothing)."""
         job = run.job
-        named = re.fullmatch(rf"{re.escape(job)}-(master|worker)-(\d+)", pod_name)
+        named = re.fullmatch(rf"{re.escape(job)}-{_REPLICA}", pod_name)
         if named is None:
             return f"pod {namespace}/{pod_name} is not named as a pod of job {job}"
         if not pod_uid:
@@ -139,7 +145,8 @@ class PodBinding:
         if found is None:
             return f"MegDetRun {run.name} has no job {job} of its own"
         job_uid, replicas = found
-        role, index = named[1], int(named[2])
+        role, _, index_text = named[1].partition("-")
+        index = int(index_text)
         if index >= replicas.get(role, 0):
             return (
                 f"pod {namespace}/{pod_name} is not one of job {job}'s pods "

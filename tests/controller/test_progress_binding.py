@@ -88,6 +88,40 @@ def test_a_pod_beyond_the_jobs_replicas_is_refused_even_with_the_jobs_owner_refe
     assert ("pod", NS, "victim-worker-999") not in ns.reads  # refused before the pod is read
 
 
+# The training operator names a job's pods <job>-<replica type, lowercase>-<index>, the index
+# written by strconv.Itoa (kubeflow/training-operator, pkg/core/utils.go GenGeneralName): one
+# spelling per pod. Any other spelling of an index within the replica counts is a name no pod
+# of the job will ever hold, free for a pod carrying a copied owner reference.
+NOT_CANONICAL = ["victim-master-00", "victim-master-1", "victim-master-01", "victim-worker-01",
+                 "victim-worker-00", "victim-worker-001", "victim-worker-+1", "victim-worker--1",
+                 "victim-worker-1 ", " victim-worker-1", "victim-worker-1\n", "victim-worker-1_0",
+                 "victim-worker-\u0661", "victim-worker-0x1", "victim-Worker-1", "victim-worker-",
+                 "victim-launcher-0"]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NOT_CANONICAL, ids=ascii)
+def test_only_the_canonical_spelling_of_a_replica_index_binds(name: str) -> None:
+    """A pod under a non-canonical name, carrying a perfect copy of the job's controller
+    reference, is refused by its name alone: nothing is read for it."""
+    ns = FakeNamespace(every_run=False)
+    run = RunRef("victim", run_uid("victim"), "victim", job_uid("victim"))
+    ns.jobs[NS, "victim"] = job("victim", workers=11)
+    ns.pods[NS, name] = pod(name, "victim")
+    reason = ns.binding().refusal(NS, run, name, pod_uid(name))
+    assert reason == f"pod {NS}/{name} is not named as a pod of job victim"
+    assert ns.reads == []
+
+
+@pytest.mark.parametrize("name", ["victim-master-0", "victim-worker-0", "victim-worker-1",
+                                  "victim-worker-9", "victim-worker-10"])  # fmt: skip
+def test_the_canonical_names_within_the_replicas_bind(name: str) -> None:
+    ns = FakeNamespace(every_run=False)
+    run = RunRef("victim", run_uid("victim"), "victim", job_uid("victim"))
+    ns.jobs[NS, "victim"] = job("victim", workers=11)
+    ns.pods[NS, name] = pod(name, "victim")
+    assert ns.binding().refusal(NS, run, name, pod_uid(name)) is None
+
+
 def test_the_pod_must_be_the_one_the_token_is_bound_to(world) -> None:
     """A pod replaced under the same name (a new uid) is not the token's pod."""
     _ns, review, auth, _clock = world
