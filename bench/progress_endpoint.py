@@ -1,6 +1,6 @@
 """The progress endpoint under attack: peak memory under a flood, service during a slowloris.
 
-Issue 22, items 1 and 2. The endpoint (controller/progress_server.py, with the real hub and the
+The endpoint (controller/progress_server.py, with the real hub and the
 real token cache around a fake TokenReview function) runs in a child process of its own, so
 its peak RSS (``ru_maxrss``) is its own; this process attacks it on 127.0.0.1 only, with
 bounded counts and times. Side by side in one invocation:
@@ -99,7 +99,7 @@ def _fake_auth(tree: Path) -> Any:
 
     from megdet import progress as protocol
 
-    try:  # one module for both servers' token checks since issue 23
+    try:  # one module for both servers' token checks (controller/tokenauth.py)
         from megdet.controller.tokenauth import RunAuthenticator
     except ImportError:  # a tree from before
         from megdet.controller.progress_auth import RunAuthenticator

@@ -1,4 +1,4 @@
-"""Hand the heap a burst of runs freed back to the operating system (issue 24, item 1).
+"""Hand the heap a burst of runs freed back to the operating system.
 
 After a burst of runs the controller's live Python objects are back near their idle size, but
 glibc keeps the freed memory in its arenas (one per thread that allocated: the handler pool,

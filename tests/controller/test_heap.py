@@ -1,4 +1,4 @@
-"""controller/heap.py: when the controller hands its freed heap back (issue 24, item 1)."""
+"""controller/heap.py: when the controller hands its freed heap back to the operating system."""
 
 from __future__ import annotations
 

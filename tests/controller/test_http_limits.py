@@ -1,5 +1,5 @@
 """Both of the controller's servers (the progress endpoint and /metrics) cap their connections
-and give each request one deadline for all of it (issue 22, item 2): a client that holds
+and give each request one deadline for all of it: a client that holds
 connections open, or sends a byte now and then, cannot hold the server's threads.
 
 Real sockets on 127.0.0.1; the limits are made small so that each test is quick. No timing is

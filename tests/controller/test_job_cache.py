@@ -1,5 +1,5 @@
 """controller/kubeapi.py JobCache: the job reads answered from the controller's own watch
-(issue 24, item 3), and when they go to the API server instead."""
+(no request to the API server), and when they go to the API server instead."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Nothing the controller keeps for a run outlives it (issue 24, item 1), on kmock with the real
+"""Nothing the controller keeps for a run outlives it, on kmock with the real
 operator serving the progress endpoint: the per-run status lock, the progress hub, the
 served-run directory, the run's ``megdet_controller_run_info`` series, the job cache
 (kubeapi.JobCache), the runs' views (status_writer.RunViews) and the kept renders (render.py)

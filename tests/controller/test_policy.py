@@ -180,7 +180,7 @@ def test_the_chart_defaults_and_a_restricted_run_pass_the_default_policy() -> No
         ({"podSecurityContext": {"seccompProfile": {"type": "Unconfined"}}}, "spec.podSecurityContext", "Unconfined"),
         ({"podSecurityContext": {"sysctls": [{"name": "net.core.somaxconn"}]}}, "spec.podSecurityContext", "sysctls"),
         ({"extraVolumes": [{"name": "root", "hostPath": {"path": "/"}}]}, "spec.extraVolumes", "policy.privileged.hostPath"),
-        # AppArmor or seccomp unconfined by annotation, as by podSecurityContext (issue 22).
+        # AppArmor or seccomp unconfined by annotation, as by podSecurityContext.
         ({"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "unconfined"}}, "spec.podAnnotations", "policy.privileged.podSecurity: false"),
         ({"podAnnotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}}, "spec.podAnnotations", "AppArmor or seccomp"),
         ({"podSecurityContext": {"appArmorProfile": {"type": "Unconfined"}}}, "spec.podSecurityContext", "policy.privileged.podSecurity"),
@@ -217,8 +217,8 @@ def test_each_rule_names_its_field_and_the_allowed_values(
 
 
 def test_what_the_new_knobs_let_through_by_default_and_when_opened() -> None:
-    """The safe side of each gap of issue 22 passes the default policy; each value opens its
-    gap, and only that one."""
+    """The safe side of each gap the policy closes passes the default policy; each value opens
+    its gap, and only that one."""
     fine = {
         **SECURE,
         "podAnnotations": {
@@ -426,7 +426,7 @@ def test_a_run_carrying_an_operator_value_is_refused_not_rendered(key) -> None:
 async def test_a_stricter_policy_applies_at_the_next_spec_change_and_suspend_goes_through(
     cluster,
 ) -> None:
-    """Issue 22, item 13: a run made under a looser policy keeps its job; its owner can still
+    """A run made under a looser policy keeps its job; its owner can still
     suspend and resume it; any other spec change is checked against the policy as it is now
     (Valid=False, PolicyDenied, the phase and the job kept, the change not applied)."""
     allowing = Policy.from_values({"privileged": {"hostNetwork": True}})

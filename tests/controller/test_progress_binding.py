@@ -1,4 +1,4 @@
-"""The progress endpoint's token decision (issue 22 item 3): a token is the run's only when its
+"""The progress endpoint's token decision: a token is the run's only when its
 audience names the run's uid and the pod it is bound to is a pod of the job this controller
 created for the run. Fake TokenReview and reads (tests/controller/progress_fakes.py); the real
 API server's answers are in tests/e2e/test_e2e_progress_ha.py."""

@@ -1,4 +1,4 @@
-"""The progress hub forgets a run when it is deleted (issue 22, item 6), on kmock with the real
+"""The progress hub forgets a run when it is deleted, on kmock with the real
 operator: nothing the hub holds for a run outlives it, and a run re-created under the same
 name starts clean (its own uid, no old progress, its milestones from the start)."""
 

@@ -1,5 +1,5 @@
-"""The progress endpoint with two controller replicas and with edited CA ConfigMaps (issue 22
-items 5 and 7), the real operator against kmock.
+"""The progress endpoint with two controller replicas and with edited CA ConfigMaps, the real
+operator against kmock.
 
 - Two replicas (the operator chart's default) share one CA through a Secret, only the active
   one (kopf's peering) answers and writes ``status.progress`` and labels its pod for the

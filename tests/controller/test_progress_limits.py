@@ -1,4 +1,4 @@
-"""The progress endpoint cannot be used to take the controller down (issue 22, items 1, 2, 4):
+"""The progress endpoint cannot be used to take the controller down:
 names bounded to what Kubernetes allows, nothing remembered for a request without a token,
 every cache and set bounded, TokenReviews rate-limited per source, grants never evicted by
 refusals, report values checked against their ranges, a refused status write dropped.

@@ -1106,7 +1106,8 @@ QUOTA = (
     "count/pytorchjobs.kubeflow.org=4",
     "ResourceQuota",
 )
-#: Trainer v2.3.0's TrainJob webhook, as it answered on a loaded machine (issue 22, item 10).
+#: Trainer v2.3.0's TrainJob webhook, as it answered on a loaded machine: its runtime not seen
+#: yet.
 RUNTIME_NOT_SEEN = (
     "trainjobs",
     {"gpus": 8, "target": "trainjob"},

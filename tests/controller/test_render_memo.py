@@ -1,4 +1,4 @@
-"""One render per spec generation (issue 24, item 3): the run chart renders a run again only
+"""One render per spec generation: the run chart renders a run again only
 when its inputs changed; a reused render is an independent copy; a deleted run's render goes."""
 
 from __future__ import annotations

@@ -96,7 +96,7 @@ CASES: dict[str, dict[str, Any]] = {
     "gang-off": {"gang": {"enabled": False, "schedulerName": "my-scheduler"}},
     "ib-root": {"nccl": {"ib": {"enabled": True, "memlock": "root", "rdmaResourceName": "rdma/ib"}}},
     "kueue": {"kueue": {"queueName": "team-a"}},
-    # Issue 22, item 11: each gap, refused, and its safe side, accepted.
+    # Each gap the policy closes, refused, and its safe side, accepted.
     "apparmor-unconfined": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "unconfined"}},
     "apparmor-localhost": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "localhost/train", "example.com/team": "a"}},
     "apparmor-profile": {"podSecurityContext": {"runAsNonRoot": True, "appArmorProfile": {"type": "Unconfined"}}},
@@ -233,8 +233,8 @@ def test_a_run_the_policy_no_longer_allows_can_be_suspended_labelled_and_deleted
 ) -> None:
     """After the policy was tightened again (the fixture above), the run stays: its metadata can
     change (kopf's annotations too), its owner can suspend and resume
-    it, and it can be deleted; any other spec edit is checked against the policy as it is now
-    (issue 22, item 13)."""
+    it, and it can be deleted; any other spec edit is checked against the policy as it is
+    now."""
     run = get_or_none(kube, "mdr", "-n", ns, "hostnet")
     if run is None:
         pytest.fail("test_privileged_knobs_need_the_policy_and_the_grant made no run")
@@ -269,7 +269,7 @@ def test_a_run_the_policy_no_longer_allows_can_be_suspended_labelled_and_deleted
 
 def test_every_spec_update_is_checked_against_the_policy_but_suspend(kube, ns) -> None:
     """A run inside the policy, updated: each spec change is admitted only inside the policy
-    as it is now (a loader variable, an output mount), suspend always (issue 22, item 13)."""
+    as it is now (a loader variable, an output mount), suspend always."""
     accepted, said = create_as(kube, AUTHOR, mdr("updated", ns, {"gpus": 8}), dry_run=False)
     assert accepted, said
     try:

@@ -1,5 +1,5 @@
 """A status.progress write the real API server refuses (422, the CRD's schema) is dropped and
-counted by the progress hub, never retried (issue 22, item 4). The hub's own range checks keep
+counted by the progress hub, never retried. The hub's own range checks keep
 such values out (tests/controller/test_progress_limits.py); here one is put past them, as a bug
 would, to see what the server answers and what the hub does with the answer. Only the CRDs are
 needed (the operator chart), not the controller."""

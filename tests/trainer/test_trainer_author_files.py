@@ -1,5 +1,5 @@
-"""No file the trainer unpickles or fetches is chosen by a run's author without the grant
-(issue 22, item 12): MODEL.LOAD_PROPOSALS with DATASETS.PROPOSAL_FILES_* (detectron2
+"""No file the trainer unpickles or fetches is chosen by a run's author without the grant:
+MODEL.LOAD_PROPOSALS with DATASETS.PROPOSAL_FILES_* (detectron2
 pickle.loads them, and downloads URLs), a config file that grants MEGDET.ALLOW_UNSAFE_WEIGHTS
 itself, and a _BASE_ that is a URL (fvcore downloads it). The grant is the command line's
 MEGDET.ALLOW_UNSAFE_WEIGHTS True, which the run chart passes only when the operator's
