@@ -35,11 +35,13 @@ from megdet.messages import python_field, python_message
 __all__ = [
     "THREE_STAGE_BOUNDARIES",
     "Plan",
+    "Resize",
     "RunSpec",
     "Scaling",
     "Schedule",
     "SpecError",
     "parse_spec",
+    "plan_continuation",
     "plan_run",
 ]
 
@@ -62,6 +64,13 @@ class Schedule(str, Enum):
 
     STEP = "step"  # linear warmup, then x gamma at each step (detectron2's WarmupMultiStepLR)
     THREE_STAGE = "three-stage"  # ramp, square-root-shaped decay, linear decay (seed 000)
+
+
+class Resize(str, Enum):
+    """What a run that continues on another number of GPUs keeps."""
+
+    KEEP_BATCH = "keep-batch"  # the global batch, through accumulation (DeepSpeed's way)
+    RESCALE = "rescale"  # the spec's accumulation: a new global batch, the scaling rule's LR
 
 
 class SpecError(ValueError):
@@ -237,10 +246,21 @@ class Plan(BaseModel):
     warmup_iters: int
     images_seen: int
     reference_images_seen: int
+    #: Where this plan takes over a run that already saw ``images_done`` images (0 for a run
+    #: that starts): its first iteration. Iteration ``i`` ends after ``images_at(i + 1)``.
+    start_iter: int = 0
+    images_done: int = 0
+    #: How a continuation chose its global batch, and why (empty for a run that starts).
+    resize: Resize | None = None
+    resize_reason: str = ""
 
     @property
     def schedule(self) -> Schedule:
         return self.spec.schedule
+
+    def images_at(self, iterations_done: int) -> int:
+        """Images the run has seen once ``iterations_done`` iterations are complete."""
+        return self.images_done + (iterations_done - self.start_iter) * self.global_batch
 
     def scale_iters(self, reference_iters: int) -> int:
         """A reference-scale period (checkpoint, eval) at this scale; at least 1."""
@@ -302,9 +322,14 @@ class Plan(BaseModel):
             "warmup_iters": self.warmup_iters,
             "images_seen": self.images_seen,
             "reference_images_seen": self.reference_images_seen,
+            "start_iter": self.start_iter,
+            "images_done": self.images_done,
         }
         if self.spec.schedule is Schedule.THREE_STAGE:
             out["stage_boundaries"] = list(self.stage_boundaries())
+        if self.resize is not None:
+            out["resize"] = self.resize.value
+            out["resize_reason"] = self.resize_reason
         return out
 
 
@@ -364,3 +389,83 @@ def plan_run(spec: RunSpec | Mapping[str, Any]) -> Plan:
         images_seen=max_iter * global_batch,
         reference_images_seen=spec.max_iter * spec.reference_batch,
     )
+
+
+def plan_continuation(
+    spec: RunSpec | Mapping[str, Any],
+    images_done: int,
+    *,
+    run_batch: int | None = None,
+    resize: Resize | str = Resize.KEEP_BATCH,
+) -> Plan:
+    """The plan for the rest of a run that has seen ``images_done`` images, on ``spec.gpus``.
+
+    The schedule is fixed in images: the total (``reference_images_seen``), every LR milestone
+    and the warmup sit at the same image counts as in a run that never changed size. With
+    ``resize`` keep-batch and ``run_batch`` (the global batch the run trained at), the
+    accumulation is raised or lowered so that the global batch, the learning rate and the whole
+    curve stay the run's; when the new world cannot make that batch (``gpus * images_per_gpu``
+    does not divide it) or with rescale, the spec's accumulation gives a new global batch and
+    the scaling rule its learning rate.
+
+    The returned plan's iterations count in the new global batch ``g``, placed so that
+    iteration ``i`` starts after ``images_done + (i - start_iter) * g`` images, with
+    ``start_iter = round(images_done / g)``: a milestone at ``M`` reference images is at
+    iteration ``start_iter + round((M - images_done) / g)``, so it is applied within half a
+    global batch of ``M`` images, and the run ends within half a batch of the planned total.
+    With ``images_done`` 0 and no batch to keep, the result is :func:`plan_run`'s exactly.
+    """
+    spec = parse_spec(spec)
+    resize = _resize_mode(resize)
+    for name, value, low in (("images_done", images_done, 0), ("run_batch", run_batch, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise SpecError(name, f"{value!r} is invalid: expected a whole number")
+        if value is not None and value < low:
+            raise SpecError(name, f"{value} is invalid: must be >= {low}")
+    used, reason = resize, ""
+    per_step = spec.gpus * spec.images_per_gpu
+    if resize is Resize.KEEP_BATCH and run_batch is not None:
+        if run_batch % per_step == 0:
+            spec = spec.model_copy(update={"accumulation_steps": run_batch // per_step})
+            reason = (
+                f"global batch {run_batch} kept: {spec.gpus} GPUs x {spec.images_per_gpu} "
+                f"images x {spec.accumulation_steps} accumulation steps"
+            )
+        else:
+            used = Resize.RESCALE
+            reason = (
+                f"{spec.gpus} GPUs x {spec.images_per_gpu} images per GPU = {per_step} does not "
+                f"divide the run's global batch {run_batch}: rescaled by the "
+                f"{spec.scaling.value} rule"
+            )
+    elif run_batch is not None:
+        reason = f"rescaled by the {spec.scaling.value} rule, as asked"
+    base = plan_run(spec)
+    changes: dict[str, Any] = {"resize": used if run_batch is not None else None}
+    changes["resize_reason"] = reason
+    if images_done:
+        g = base.global_batch
+        start = _round_half_up(Fraction(images_done, g))
+
+        def at(images: int) -> int:
+            return start + _round_half_up(Fraction(images - images_done, g))
+
+        ref = spec.reference_batch
+        max_iter = max(start, at(base.reference_images_seen))
+        changes.update(
+            start_iter=start,
+            images_done=images_done,
+            max_iter=max_iter,
+            steps=tuple(at(s * ref) for s in spec.steps),
+            warmup_iters=max(0, at(spec.warmup_iters * ref)) if spec.warmup_iters else 0,
+            images_seen=images_done + (max_iter - start) * g,
+        )
+    return base.model_copy(update=changes)
+
+
+def _resize_mode(value: Resize | str) -> Resize:
+    try:
+        return Resize(value)
+    except ValueError:
+        allowed = ", ".join(r.value for r in Resize)
+        raise SpecError("resize", f"{value!r} is invalid: allowed values: {allowed}") from None
