@@ -10,6 +10,7 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 from megdet.image.topology import EnvError, LaunchTopology, topology_from_env
 
@@ -44,10 +45,12 @@ def run_doctor(args: argparse.Namespace) -> int:
 def run_launch(args: argparse.Namespace) -> int:
     from megdet.cli import UsageError
     from megdet.image.launcher import run_forwarding_signals, torchrun_command, with_launch_defaults
+    from megdet.image.nccl_log import ECHO_ENV, LogEcho, with_fabric_log
 
     if not args.megdet_args:
         raise UsageError("give the megdet command to run, e.g. `megdet launch train --config X`")
     env, added = with_launch_defaults(os.environ)
+    env, fabric_note = with_fabric_log(env)
     topology = _topology(env)
     cmd = torchrun_command(topology, args.megdet_args)
     if not args.dry_run:
@@ -56,11 +59,17 @@ def run_launch(args: argparse.Namespace) -> int:
         print(format_report(build_report(env, topology, args.megdet_args)), flush=True)
     if added:
         print("megdet launch: defaults added: " + " ".join(f"{k}={v}" for k, v in added.items()))
+    if fabric_note:
+        print(f"megdet launch: {fabric_note}")
     print(f"megdet launch: world size {topology.world_size}: {shlex.join(cmd)}", flush=True)
     if args.dry_run:
         return 0
     sys.stdout.flush()
-    return run_forwarding_signals(cmd, env)
+    if fabric_note is None or "NCCL_DEBUG_FILE" not in env:
+        return run_forwarding_signals(cmd, env)
+    # The lines the pod's NCCL_DEBUG level prints, copied from the files NCCL writes now.
+    with LogEcho(Path(env["NCCL_DEBUG_FILE"]).parent, env[ECHO_ENV]):
+        return run_forwarding_signals(cmd, env)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

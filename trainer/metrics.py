@@ -2,9 +2,9 @@
 
 Design (docs/trainer.md, "Metrics"):
 
-* :data:`TRAINER_METRICS` is the one list of what a trainer exports (names, types, labels,
-  help); dashboards and alerts are checked against it (:data:`TRAINER_METRIC_NAMES`,
-  :func:`build_registry`).
+* :data:`TRAINER_METRICS` (trainer/metric_specs.py) is the one list of what a trainer exports
+  (names, types, labels, help); dashboards and alerts are checked against it
+  (:data:`TRAINER_METRIC_NAMES`, :func:`build_registry`).
 * :class:`PrometheusExporter` is a detectron2 hook: it reads what the loop already records (the
   event storage: iteration time, LR, losses, eval results, SyncBN divergence) after each step
   and sets gauges; it adds no code to the loop.
@@ -35,128 +35,21 @@ from megdet.trainer.bn_health import DIVERGENCE_KEYS
 from megdet.trainer.config import ConfigError
 from megdet.trainer.evaluation import BOX_METRICS
 
+# The metric table (trainer/metric_specs.py); its names stay importable from here.
+from megdet.trainer.metric_specs import (
+    COUNTER,
+    ETA_WINDOW,
+    HISTORY_FILE,
+    LOSS_WINDOW,
+    TRAINER_METRICS,
+)
+from megdet.trainer.metric_specs import TRAINER_METRIC_NAMES as TRAINER_METRIC_NAMES
+from megdet.trainer.metric_specs import MetricSpec as MetricSpec
+
 logger = logging.getLogger(__name__)
 
 #: prometheus_client's multiprocess folder; must be set before prometheus_client is imported.
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-#: Append-only JSON lines in the output folder: one object per resume / non-finite loss.
-HISTORY_FILE = "run_history.jsonl"
-#: Loss history window for the loss gauges (detectron2's console printer uses the same).
-LOSS_WINDOW = 20
-#: Iteration-time window for the ETA (detectron2's CommonMetricPrinter uses the same).
-ETA_WINDOW = 1000
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """One exported metric: exposition name, type, labels, who exports it, help text."""
-
-    name: str
-    kind: str  # "gauge" | "counter" (counter names end in _total, as exposed)
-    labels: tuple[str, ...]
-    scope: str  # "global": rank 0 only | "rank": every rank, with a rank label
-    help: str
-
-
-_G, _C = "gauge", "counter"
-#: Every metric the trainer exports (the contract with the dashboards and alerts).
-TRAINER_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("megdet_train_iteration", _G, (), "global", "Iterations completed."),
-    MetricSpec("megdet_train_max_iterations", _G, (), "global", "Planned iterations (max_iter)."),
-    MetricSpec(
-        "megdet_train_loss",
-        _G,
-        ("component",),
-        "global",
-        f"Training loss by component (total = their sum); median of the last {LOSS_WINDOW} "
-        "iterations.",
-    ),
-    MetricSpec("megdet_train_learning_rate", _G, (), "global", "Learning rate in use."),
-    MetricSpec(
-        "megdet_train_planned_learning_rate",
-        _G,
-        (),
-        "global",
-        "Learning rate the plan gives for the same iteration (megdet.plan Plan.lr_at).",
-    ),
-    MetricSpec(
-        "megdet_train_images_total", _C, ("rank",), "rank", "Training images processed by a rank."
-    ),
-    MetricSpec(
-        "megdet_train_iteration_seconds",
-        _G,
-        ("rank",),
-        "rank",
-        "Wall time of a rank's last iteration.",
-    ),
-    MetricSpec(
-        "megdet_train_data_seconds",
-        _G,
-        ("rank",),
-        "rank",
-        "Data-loading time of a rank's last iteration.",
-    ),
-    MetricSpec(
-        "megdet_train_eta_seconds",
-        _G,
-        (),
-        "global",
-        f"Estimated seconds to the last iteration (median of the last {ETA_WINDOW} iteration "
-        "times x iterations left).",
-    ),
-    MetricSpec(
-        "megdet_train_gpu_memory_max_bytes",
-        _G,
-        ("rank",),
-        "rank",
-        "Peak GPU memory allocated by a rank (torch.cuda.max_memory_allocated); CUDA only.",
-    ),
-    MetricSpec(
-        "megdet_train_run_info",
-        _G,
-        ("world_size", "sync_bn", "bn_group_size", "global_batch"),
-        "global",
-        "The run's shape (value 1): world size, SyncBN scope, BN group size, global batch.",
-    ),
-    MetricSpec(
-        "megdet_eval_ap",
-        _G,
-        ("metric",),
-        "global",
-        "COCO box AP of the last evaluation, percent (AP, AP50, AP75, APs, APm, APl).",
-    ),
-    MetricSpec(
-        "megdet_train_last_checkpoint_timestamp_seconds",
-        _G,
-        (),
-        "global",
-        "Unix time of the last complete checkpoint in the output folder.",
-    ),
-    MetricSpec(
-        "megdet_train_nonfinite_loss_total",
-        _C,
-        (),
-        "global",
-        f"Non-finite losses in this run, restarts included ({HISTORY_FILE}).",
-    ),
-    MetricSpec(
-        "megdet_train_resumes",
-        _G,
-        (),
-        "global",
-        f"Times this run resumed from a checkpoint ({HISTORY_FILE}).",
-    ),
-    MetricSpec(
-        "megdet_syncbn_divergence",
-        _G,
-        ("stat",),
-        "global",
-        "Largest |difference| of backbone BN running statistics (stat=mean|var) between ranks "
-        "of a BN group; ~0 when BN is synchronized.",
-    ),
-)
-#: The exposition names of :data:`TRAINER_METRICS`.
-TRAINER_METRIC_NAMES: tuple[str, ...] = tuple(m.name for m in TRAINER_METRICS)
 
 
 class TrainerMetrics:
@@ -174,7 +67,7 @@ class TrainerMetrics:
         for spec in TRAINER_METRICS:
             if spec.scope not in scopes:
                 continue
-            if spec.kind == _C:
+            if spec.kind == COUNTER:
                 # prometheus_client appends _total to a counter's name.
                 metric = Counter(spec.name.removesuffix("_total"), spec.help, spec.labels,
                                  registry=registry)  # fmt: skip
@@ -473,6 +366,7 @@ def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
     if check is not None:
         result.append(check)
     port = cfg.MEGDET.METRICS.PORT
+    metrics = None
     if port:
         server = start_metrics_server(port)
         scopes = ("global", "rank") if comm.is_main_process() else ("rank",)
@@ -485,7 +379,12 @@ def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
             checkpointer=bundle.checkpointer,
             on_cuda=next(bundle.model.parameters()).is_cuda,
         )
-        result.append(PrometheusExporter(TrainerMetrics(scopes=scopes), facts, server))
+        metrics = TrainerMetrics(scopes=scopes)
+        result.append(PrometheusExporter(metrics, facts, server))
+    # The network each rank's NCCL uses, from NCCL's init log: logged, exported, reported.
+    from megdet.trainer.fabric import report_fabric
+
+    report_fabric(metrics)
     # Progress reports to Trainer's status server (rank 0, KUBEFLOW_TRAINER_SERVER_URL set).
     from megdet.trainer.progress_reporter import build_progress_hook
 

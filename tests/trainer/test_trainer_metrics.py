@@ -38,6 +38,7 @@ CONTRACT = {
     "megdet_train_nonfinite_loss_total": ("counter", set()),
     "megdet_train_resumes": ("gauge", set()),
     "megdet_syncbn_divergence": ("gauge", {"stat"}),
+    "megdet_train_fabric_info": ("gauge", {"rank", "transport", "requested"}),
 }
 
 
