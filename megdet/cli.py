@@ -21,6 +21,7 @@ from megdet import __version__
 COMMAND_MODULES = (
     "megdet.plan_cli",
     "megdet.trainer.cli",
+    "megdet.trainer.report_cli",
     "megdet.image.cli",
     "megdet.controller.offline.cli",
     "megdet.controller.daemon",
