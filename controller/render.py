@@ -11,7 +11,10 @@ The chart is loaded once per process and reused. Helm checks the values against 
 docs/benchmarks.md): :class:`ValuesSchema` compiles it once in process, and values it passes
 are rendered by the same chart loaded without the schema file (and without NOTES.txt, which no
 one reads here); values it refuses are rendered with the schema, so Helm's own check and
-messages decide (its verdict is never widened).
+messages decide (its verdict is never widened). A schema the in-process check would not judge
+as Helm does (controller/values_schema.py: a keyword it does not enforce as Helm does, such as
+``format``, or another draft) is never checked in process: a warning says so and every render
+is checked by Helm.
 
 The controller renders a run once per reconcile and creates what that render returned. A run
 whose inputs (name, namespace, the values the controller built from its spec) are what they
@@ -29,6 +32,7 @@ import copy
 import functools
 import io
 import json
+import logging
 import math
 import os
 import re
@@ -40,12 +44,12 @@ from pathlib import Path
 from typing import Any
 
 import helm_python
-import jsonschema
 import yaml
 from pydantic.alias_generators import to_camel
 
 from megdet.controller.api import JOB_KINDS
 from megdet.controller.problems import InvalidRunError, Problem, field_path
+from megdet.controller.values_schema import SCHEMA_FILE, ValuesSchema
 from megdet.messages import cel_message
 from megdet.plan import Plan, RunSpec, SpecError, plan_run
 
@@ -64,6 +68,8 @@ __all__ = [
     "spec_error_problem",
     "split_manifests",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Environment variable naming the run chart's folder (the controller image sets it).
 CHART_DIR_ENV = "MEGDET_CHART_DIR"
@@ -160,54 +166,6 @@ class RenderedRun:
         }
 
 
-#: The values schema's file in a chart (Helm's name for it).
-SCHEMA_FILE = "values.schema.json"
-# An unescaped `$` outside a bracket expression (RE2's end of text, without the (?m) flag).
-_DOLLAR = re.compile(r"(\\.|\[(?:\\.|[^\]\\])*\]|\$)")
-
-
-def go_pattern(pattern: str) -> str:
-    """A JSON Schema ``pattern`` (Go's RE2, as Helm matches it) for Python's ``re``: ``$`` is
-    the end of the text in RE2 but also matches before a final newline in Python, so each
-    ``$`` outside a bracket expression becomes ``\\Z``; ``(?a)`` makes ``\\d``, ``\\w`` and
-    ``\\s`` ASCII classes, as RE2's are (Python's ``\\s`` also takes ``\\v``: where a pattern
-    negates it, as the chart's do, Python matches less)."""
-    return "(?a)" + _DOLLAR.sub(lambda m: r"\Z" if m.group(0) == "$" else m.group(0), pattern)
-
-
-def _go_patterns(node: Any) -> Any:
-    if isinstance(node, dict):
-        out = {}
-        for key, value in node.items():
-            if key == "pattern" and isinstance(value, str):
-                out[key] = go_pattern(value)
-            elif key == "patternProperties" and isinstance(value, dict):
-                out[key] = {go_pattern(k): _go_patterns(v) for k, v in value.items()}
-            else:
-                out[key] = _go_patterns(value)
-        return out
-    if isinstance(node, list):
-        return [_go_patterns(v) for v in node]
-    return node
-
-
-class ValuesSchema:
-    """A chart's ``values.schema.json`` compiled once (draft 7, its patterns as RE2 reads them):
-    :meth:`passes` answers in about 0.5 ms what Helm's check answers in about 5 ms (it compiles
-    the schema per call). Only a pass is acted on, so where the two could differ the answer
-    must err towards "no": a value this passes, Helm's check passes too (tests check both on
-    the chart's valid and invalid values)."""
-
-    def __init__(self, schema: Mapping[str, Any]) -> None:
-        self._validator = jsonschema.Draft7Validator(_go_patterns(schema))
-
-    def passes(self, values: Any) -> bool:
-        try:
-            return bool(self._validator.is_valid(values))
-        except (jsonschema.exceptions.SchemaError, re.error, RecursionError, TypeError, ValueError):
-            return False  # not ours to judge: Helm's check decides
-
-
 #: What the chart the controller renders leaves out: the values schema (checked in process by
 #: :class:`ValuesSchema`) and the NOTES (text for `helm install`'s user: a third of what is
 #: left of a render; what it includes, the job's templates include too, so no check is lost).
@@ -257,7 +215,12 @@ class ChartRenderer:
         #: The values schema compiled in process, and the chart without it (None: every
         #: render is checked by Helm).
         self._schema = ValuesSchema(self._chart.schema) if self._chart.schema else None
-        self._unchecked = _load_unchecked(self._chart, self.path) if self._schema else None
+        self._unchecked = None
+        if self._schema is not None and self._schema.unlike_helm:
+            logger.warning("%s of %s is checked by Helm on every render (slower): %s",
+                           SCHEMA_FILE, self.path, self._schema.unlike_helm)  # fmt: skip
+        elif self._schema is not None:
+            self._unchecked = _load_unchecked(self._chart, self.path)
         self._lock = threading.Lock()
         self.memo_size = memo_size
         #: (namespace, name) -> (the inputs as canonical JSON, that render), oldest first.
@@ -486,7 +449,7 @@ def _schema_problems(pointer: str, message: str) -> list[Problem]:
 def _values_schema() -> dict[str, Any]:
     import json
 
-    return json.loads((chart_dir() / "values.schema.json").read_text())
+    return json.loads((chart_dir() / SCHEMA_FILE).read_text())
 
 
 def _pattern_message(parts: Sequence[str | int]) -> str | None:

@@ -1,4 +1,4 @@
-"""The values schema checked in process (controller/render.py, ``ValuesSchema``).
+"""The values schema checked in process (controller/values_schema.py, ``ValuesSchema``).
 
 A render whose values the in-process schema passes skips Helm's own schema check (the chart is
 rendered without its ``values.schema.json``), so the in-process check must never pass what
@@ -23,7 +23,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from megdet.controller.problems import InvalidRunError
-from megdet.controller.render import SCHEMA_FILE, ChartRenderer, ValuesSchema, go_pattern, plain
+from megdet.controller.render import ChartRenderer, plain
+from megdet.controller.values_schema import (
+    SCHEMA_FILE,
+    ValuesSchema,
+    go_pattern,
+    unlike_helm,
+    unlisted_keywords,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "chart"))
@@ -214,9 +221,13 @@ def test_a_chart_that_cannot_be_rebuilt_is_checked_by_helm(tmp_path) -> None:
         renderer.render("r", "ns", {"gpus": "eight"})
 
 
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+
 def test_values_schema_answers_no_when_it_cannot_judge() -> None:
     # A pattern Python's re cannot compile (RE2's \pL): no pass, Helm decides.
-    schema = ValuesSchema({"properties": {"a": {"type": "string", "pattern": r"^\pL+$"}}})
+    pattern = {"type": "string", "pattern": r"^\pL+$"}
+    schema = ValuesSchema({"$schema": DRAFT7, "properties": {"a": pattern}})
     assert not schema.passes({"a": "abc"})
     # Nesting deeper than the interpreter's recursion limit: no pass (not a crash).
     nested: dict[str, Any] = {}
@@ -224,9 +235,154 @@ def test_values_schema_answers_no_when_it_cannot_judge() -> None:
         nested = {"a": nested}
     deep = ValuesSchema(
         {
+            "$schema": DRAFT7,
             "$ref": "#/definitions/n",
             "definitions": {"n": {"additionalProperties": {"$ref": "#/definitions/n"}}},
         }
     )
     assert not deep.passes(nested)
     assert deep.passes({"a": {"a": {}}})
+
+
+def chart_with_schema(tmp_path: Path, change) -> ChartRenderer:
+    """The run chart copied to ``tmp_path`` with its values schema changed by ``change``."""
+    import shutil
+
+    copy_dir = tmp_path / "megdet"
+    shutil.copytree(CHART_DIR, copy_dir)
+    schema = json.loads((copy_dir / SCHEMA_FILE).read_text())
+    change(schema)
+    (copy_dir / SCHEMA_FILE).write_text(json.dumps(schema))
+    return ChartRenderer(copy_dir, memo_size=0)
+
+
+def test_a_format_in_the_schema_sends_every_render_to_helms_check(tmp_path, caplog) -> None:
+    """Helm asserts ``format`` under draft 7; jsonschema's Draft7Validator without a format
+    checker does not. A schema with one (here nested in an anyOf) must not take the lean copy,
+    or a value Helm refuses would be rendered."""
+
+    def runname_ipv4(schema: dict[str, Any]) -> None:
+        schema["properties"]["runName"]["anyOf"] = [{"maxLength": 0}, {"format": "ipv4"}]
+
+    with caplog.at_level("WARNING", logger="megdet.controller.render"):
+        renderer = chart_with_schema(tmp_path, runname_ipv4)
+    assert "checked by Helm on every render" in caplog.text
+    assert "/properties/runName/anyOf/1/format" in caplog.text
+    refused = merged_values(renderer, {"runName": "abc"})
+    assert not helm_passes(renderer, refused)  # Helm checks the format
+    with pytest.raises(InvalidRunError) as err:
+        renderer.render("r", "ns", {"runName": "abc"})
+    assert "runName" in str(err.value.problems)
+    assert renderer.render("r", "ns", {"runName": "10.0.0.1"}).job["metadata"]["name"] == "r"
+    assert renderer.prechecked == 0 and renderer._unchecked is None
+
+
+def test_a_schema_helm_reads_as_another_draft_goes_to_helms_check(tmp_path) -> None:
+    """Without a draft-07 ``$schema`` Helm's validator reads the schema as draft 2020-12, where
+    the keywords beside a ``$ref`` apply; draft 7 (and the in-process check) ignores them."""
+
+    def ref_with_sibling(schema: dict[str, Any]) -> None:
+        schema["definitions"] = {"runName": schema["properties"]["runName"]}
+        schema["properties"]["runName"] = {"$ref": "#/definitions/runName", "maxLength": 4}
+
+    def without_draft(schema: dict[str, Any]) -> None:
+        ref_with_sibling(schema)
+        del schema["$schema"]
+
+    renderer = chart_with_schema(tmp_path / "2020", without_draft)
+    assert not helm_passes(renderer, merged_values(renderer, {"runName": "abcdefgh"}))
+    with pytest.raises(InvalidRunError):
+        renderer.render("r", "ns", {"runName": "abcdefgh"})
+    assert renderer.prechecked == 0 and renderer._unchecked is None
+    # Under draft 7 both ignore the sibling, and the lean copy is taken.
+    renderer = chart_with_schema(tmp_path / "7", ref_with_sibling)
+    assert helm_passes(renderer, merged_values(renderer, {"runName": "abcdefgh"}))
+    renderer.render("r", "ns", {"runName": "abcdefgh"})
+    assert renderer.prechecked == 1
+
+
+@pytest.mark.parametrize(
+    ("where", "keyword", "value"),
+    [(("steps",), "uniqueItems", True), (("runName",), "not", {"const": "abc"}),
+     (("steps", "items"), "multipleOf", 1000), (("runName",), "if", {"maxLength": 2})],
+    ids=lambda v: str(v)[:20],
+)  # fmt: skip
+def test_a_keyword_off_the_list_sends_every_render_to_helms_check(tmp_path, where, keyword,
+                                                                   value) -> None:  # fmt: skip
+    def add(schema: dict[str, Any]) -> None:
+        node = schema["properties"][where[0]]
+        for part in where[1:]:
+            node = node[part]
+        node[keyword] = value
+
+    renderer = chart_with_schema(tmp_path, add)
+    assert renderer.render("r", "ns", plain({"gpus": 8})).job["metadata"]["name"] == "r"
+    with pytest.raises(InvalidRunError):
+        renderer.render("r", "ns", {"gpus": "eight"})
+    assert renderer.prechecked == 0 and renderer._unchecked is None
+
+
+def test_the_charts_schema_uses_only_keywords_checked_as_helm_checks_them() -> None:
+    """The lean render (Helm's check skipped) is only taken for a schema with nothing but
+    keywords the in-process check enforces as Helm does: a keyword added to the chart's schema
+    off that list (``format``, ``oneOf``, ...) fails here rather than silently sending every
+    render to Helm's slower check (or, before the list, letting a value Helm refuses through)."""
+    assert unlisted_keywords(SCHEMA) == []
+    assert unlike_helm(SCHEMA) is None
+    assert ValuesSchema(SCHEMA).unlike_helm is None
+
+
+def test_the_walk_finds_a_keyword_off_the_list_at_any_depth() -> None:
+    string = {"type": "string"}
+    schema = {
+        "$schema": DRAFT7,
+        "definitions": {"d": {"format": "ipv4"}},
+        "properties": {
+            "format": {"type": "string"},  # a property named format is no keyword
+            "a": {"items": [string, {"format": "date"}], "additionalItems": string},
+            "b": {"items": {"properties": {"c/d": {"format": "uri"}}}},
+            "c": {"anyOf": [string, {"not": string}], "allOf": [{"if": string, "then": {}}]},
+            "e": {"additionalProperties": {"patternProperties": {"^x": {"$ref": "other.json"}}}},
+            "f": {"$ref": "#/definitions/d", "$schema": DRAFT7},
+        },
+        "dependencies": {"a": ["b"], "b": {"multipleOf": 2}},
+    }
+    assert unlisted_keywords(schema) == [
+        "/definitions/d/format",
+        "/properties/a/items/1/format",
+        "/properties/a/additionalItems",
+        "/properties/b/items/properties/c~1d/format",
+        "/properties/c/anyOf/1/not",
+        "/properties/c/allOf/0/if",
+        "/properties/c/allOf/0/then",
+        "/properties/e/additionalProperties/patternProperties/^x/$ref",
+        "/properties/f/$schema",
+        "/dependencies",
+        "/dependencies/b/multipleOf",
+    ]
+    assert "/definitions/d/format" in (unlike_helm(schema) or "")
+    refused = ValuesSchema(schema)
+    assert refused.unlike_helm and not refused.passes({})
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": "object"}, {"$schema": "http://json-schema.org/draft/2020-12/schema"},
+     {"$schema": ["x"]}, {"$schema": DRAFT7, "type": "strin"},
+     {"$schema": DRAFT7, "properties": {"a": {"minimum": "5"}}}],
+    ids=str,
+)  # fmt: skip
+def test_a_schema_helm_reads_otherwise_is_never_passed(schema) -> None:
+    """No draft-7 ``$schema`` (Helm reads it as 2020-12), or not a valid draft-7 schema (Helm
+    refuses every render): the in-process check answers no to everything."""
+    checked = ValuesSchema(schema)
+    assert checked.unlike_helm and not checked.passes({"a": 6})
+
+
+def test_draft7_as_helms_validator_names_it() -> None:
+    for uri in (
+        "http://json-schema.org/draft-07/schema",
+        "https://json-schema.org/draft-07/schema#",
+    ):
+        assert ValuesSchema({"$schema": uri}).passes({})
+    assert not ValuesSchema({"$schema": "http://json-schema.org/draft-07/schema#x"}).passes({})
