@@ -433,9 +433,10 @@ def plan_continuation(
             )
         else:
             used = Resize.RESCALE
+            made = f"{spec.gpus} GPUs x {spec.images_per_gpu} images per GPU = {per_step}"
+            why = "is more than" if per_step > run_batch else "does not divide"
             reason = (
-                f"{spec.gpus} GPUs x {spec.images_per_gpu} images per GPU = {per_step} does not "
-                f"divide the run's global batch {run_batch}: rescaled by the "
+                f"{made} {why} the run's global batch {run_batch}: rescaled by the "
                 f"{spec.scaling.value} rule"
             )
     elif run_batch is not None:
