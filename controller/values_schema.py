@@ -10,7 +10,11 @@ is only safe where the two validators agree, so a schema is checked in process o
   (santhosh-tekuri/jsonschema ``roots.go``, ``draftLatest``), where, for one, the keywords
   beside a ``$ref`` apply, which draft 7 ignores;
 - it is a valid draft-7 schema (Helm refuses every render of a chart whose schema is not);
-- every keyword in it, at any depth, is in :data:`ENFORCED` or :data:`ANNOTATIONS`.
+- every keyword in it, at any depth, is in :data:`ENFORCED` or :data:`ANNOTATIONS`;
+- every ``pattern`` (and ``patternProperties`` name) is in the regular-expression syntax that
+  Go's RE2 and Python's ``re`` read alike once :func:`go_pattern` has rewritten it (RE2 reads
+  ``a{,3}`` as text and ``[[:alpha:]]`` as a class, and refuses lookarounds, which would make
+  Helm refuse every render).
 
 Otherwise :meth:`ValuesSchema.passes` answers "no" to everything, and every value goes to
 Helm's check. Left out on purpose, each for a reason:
@@ -18,9 +22,8 @@ Helm's check. Left out on purpose, each for a reason:
 - ``format``: Helm's compiler asserts it for drafts before 2019-09 (santhosh-tekuri/jsonschema
   ``objcompiler.go``, ``assertFormat``); ``Draft7Validator`` without a format checker does not,
   so a value Helm refuses would pass.
-- ``not``, ``oneOf``, ``if``/``then``/``else``: where a pattern reads differently in Python
-  (``go_pattern``), the in-process answer is "no" where Helm's may be "yes"; these turn such a
-  "no" into a "yes".
+- ``not``, ``oneOf``, ``if``/``then``/``else``: wherever the in-process check answers "no"
+  and Helm's "yes" (the safe side: Helm then decides), these would turn the "no" into a "yes".
 - ``multipleOf``: floating point in Python, exact rationals in Go.
 - everything else (``$id``, ``dependencies``, ``uniqueItems``, ``contains``, ...): not compared
   with Helm's check; add a keyword here with a test in tests/controller/test_render_schema.py
@@ -40,8 +43,10 @@ __all__ = [
     "DRAFT7",
     "ENFORCED",
     "SCHEMA_FILE",
+    "NotRE2",
     "ValuesSchema",
     "go_pattern",
+    "re2_difference",
     "unlike_helm",
     "unlisted_keywords",
 ]
@@ -144,6 +149,14 @@ def unlisted_keywords(schema: Any, at: str = "") -> list[str]:
         here = _pointer(at, key)
         if not _listed(key, value, at):
             found.append(here)
+        elif key == "pattern" and isinstance(value, str) and re2_difference(value):
+            found.append(f"{here} ({re2_difference(value)})")
+        elif key == "patternProperties" and isinstance(value, Mapping):
+            found += [
+                f"{_pointer(here, name)} ({re2_difference(name)})"
+                for name in value
+                if re2_difference(name)
+            ]
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):
             for name, sub in value.items():
                 found += unlisted_keywords(sub, _pointer(here, name))
@@ -160,29 +173,124 @@ def unlike_helm(schema: Mapping[str, Any]) -> str | None:
     cannot."""
     if not _is_draft7(schema.get("$schema")):
         return f"its $schema is not draft 7 (one of {sorted(DRAFT7)}): Helm reads it as another"
+    unlisted = unlisted_keywords(schema)
+    if unlisted:
+        names = ", ".join(unlisted)
+        return f"it uses keywords the in-process check does not enforce as Helm does: {names}"
     try:
         jsonschema.Draft7Validator.check_schema(schema)
     except jsonschema.exceptions.SchemaError as err:
         return f"it is not a valid draft-7 schema: {err.message}"
-    unlisted = unlisted_keywords(schema)
-    if unlisted:
-        return "it uses keywords the in-process check does not enforce as Helm does: " + ", ".join(
-            unlisted
-        )
     return None
 
 
-# An unescaped `$` outside a bracket expression (RE2's end of text, without the (?m) flag).
-_DOLLAR = re.compile(r"(\\.|\[(?:\\.|[^\]\\])*\]|\$)")
+# RE2's \s (Go's regexp/syntax, perl_groups.go): Python's ASCII \s also takes \v.
+_RE2_SPACE = "\\t\\n\\f\\r "
+# Escapes both read alike (with ``(?a)``), outside and inside a bracket expression; \s and \S
+# are rewritten, ASCII punctuation is itself in both.
+_ESCAPES = frozenset("dDwWbBAntrfv")
+_CLASS_ESCAPES = frozenset("dDwWntrfv")
+# RE2's repetitions: {n}, {n,}, {n,m}, each count at most 1000.
+_REPEAT = re.compile(r"\{([0-9]+)(,([0-9]*))?\}")
+
+
+class NotRE2(ValueError):
+    """A pattern that Go's RE2 and Python's ``re`` would read differently (or RE2 not at all)."""
+
+
+def _escape(pattern: str, i: int, in_class: bool) -> str:
+    """The escape at ``pattern[i]`` (a backslash) for Python."""
+    e = pattern[i + 1 : i + 2]
+    if not e:
+        raise NotRE2("a trailing \\")
+    if e.isascii() and e.isprintable() and not e.isalnum():
+        return pattern[i : i + 2]  # punctuation (or a space): itself in both
+    if e == "s":
+        return _RE2_SPACE if in_class else f"[{_RE2_SPACE}]"
+    if e == "S" and not in_class:
+        return f"[^{_RE2_SPACE}]"
+    if e in (_CLASS_ESCAPES if in_class else _ESCAPES):
+        return pattern[i : i + 2]
+    where = "in a bracket expression" if in_class else "outside a bracket expression"
+    raise NotRE2(f"\\{e} {where}")
+
+
+def _bracket(pattern: str, i: int) -> tuple[str, int]:
+    """The bracket expression at ``pattern[i]`` for Python, and the index after it."""
+    j, out = i + 1, ["["]
+    if pattern.startswith("^", j):
+        out.append("^")
+        j += 1
+    if pattern.startswith("]", j):
+        out.append("\\]")  # a leading ] is itself in both
+        j += 1
+    while j < len(pattern) and pattern[j] != "]":
+        if pattern[j] == "\\":
+            out.append(_escape(pattern, j, in_class=True))
+            j += 2
+        elif pattern[j] == "[":
+            raise NotRE2("[ in a bracket expression (RE2 reads [:alpha:] as a class)")
+        else:
+            out.append(pattern[j])
+            j += 1
+    if j >= len(pattern):
+        raise NotRE2("an unclosed [")
+    return "".join(out) + "]", j + 1
 
 
 def go_pattern(pattern: str) -> str:
-    """A JSON Schema ``pattern`` (Go's RE2, as Helm matches it) for Python's ``re``: ``$`` is
-    the end of the text in RE2 but also matches before a final newline in Python, so each
-    ``$`` outside a bracket expression becomes ``\\Z``; ``(?a)`` makes ``\\d``, ``\\w`` and
-    ``\\s`` ASCII classes, as RE2's are (Python's ``\\s`` also takes ``\\v``: where a pattern
-    negates it, as the chart's do, Python matches less)."""
-    return "(?a)" + _DOLLAR.sub(lambda m: r"\Z" if m.group(0) == "$" else m.group(0), pattern)
+    """A JSON Schema ``pattern`` (Go's RE2, as Helm matches it) rewritten for Python's ``re`` to
+    match what RE2 matches: ``$`` outside a bracket expression becomes ``\\Z`` (RE2's ``$`` is
+    the end of the text; Python's also matches before a final newline), ``\\s`` becomes RE2's
+    ``[\\t\\n\\f\\r ]`` (Python's also takes ``\\v``), and ``(?a)`` makes ``\\d``, ``\\w``
+    and ``\\b`` ASCII, as RE2's are. Raises :class:`NotRE2` for what is not in the syntax both
+    read alike: flags and lookarounds (``(?`` other than ``(?:``), backreferences and escapes
+    other than ``\\d \\w \\s \\b \\A \\n \\t \\r \\f \\v`` (and their capitals) or
+    punctuation, ``[`` inside a bracket expression, a ``{`` that is no repetition of at most
+    1000 (RE2 reads ``a{,3}`` literally), and a repetition of a repetition (possessive)."""
+    out, i, repeatable = ["(?a)"], 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(_escape(pattern, i, in_class=False))
+            repeatable = pattern[i + 1] not in "bBA"
+            i += 2
+        elif c == "[":
+            text, i = _bracket(pattern, i)
+            out.append(text)
+            repeatable = True
+        elif c == "(":
+            if pattern.startswith("(?", i) and not pattern.startswith("(?:", i):
+                raise NotRE2("a group flag or lookaround: (? other than (?:")
+            step = 3 if pattern.startswith("(?:", i) else 1
+            out.append(pattern[i : i + step])
+            i += step
+            repeatable = False
+        elif c in "*+?{":
+            repeat = _REPEAT.match(pattern, i) if c == "{" else None
+            if c == "{" and (repeat is None or int(repeat[1]) > 1000 or int(repeat[3] or 0) > 1000):
+                raise NotRE2("a { that is no repetition {n}, {n,} or {n,m} of at most 1000")
+            if not repeatable:
+                raise NotRE2(f"a repetition of nothing or of a repetition at {i}")
+            i = repeat.end() if repeat else i + 1
+            lazy = pattern.startswith("?", i)
+            out.append((repeat[0] if repeat else c) + ("?" if lazy else ""))
+            i += lazy
+            repeatable = False
+        else:
+            out.append("\\Z" if c == "$" else c)
+            repeatable = c not in "$^|"
+            i += 1
+    return "".join(out)
+
+
+def re2_difference(pattern: str) -> str | None:
+    """What in ``pattern`` RE2 and Python's re read differently; None when nothing."""
+    try:
+        go_pattern(pattern)
+    except NotRE2 as err:
+        return str(err)
+    return None
 
 
 def _go_patterns(node: Any) -> Any:
