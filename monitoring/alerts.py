@@ -172,6 +172,26 @@ ALERTS: tuple[Alert, ...] = (
         ),
     ),
     Alert(
+        name="MegDetFabricDegraded",
+        key="fabricDegraded",
+        group="megdet-training",
+        # The trainer reads the network from NCCL's own init log (trainer/fabric.py); the
+        # series exists from the run's start on, so the alert needs no `for`.
+        expr=(
+            "count by (namespace, run) "
+            '(megdet_train_fabric_info{requested="IB", transport="Socket"}) > 0'
+        ),
+        for_="0m",
+        summary=f"Run {_RUN}: NCCL uses TCP sockets although InfiniBand was requested",
+        description=(
+            f"{{{{ $value }}}} rank(s) of run {_RUN} asked NCCL for InfiniBand "
+            "(nccl.ib.enabled: NCCL_IB_DISABLE=0, or NCCL_IB_HCA) and NCCL's init log says "
+            "'Using network Socket': collectives between nodes run over TCP. Rank 0's "
+            "'Fabric:' log line says which ranks and what NCCL reported; `megdet doctor` in "
+            "one of the run's pods says what InfiniBand lacks."
+        ),
+    ),
+    Alert(
         name="MegDetRunFailed",
         # max, not sum, over controller replicas: each one that acted reports every run.
         key="runFailed",

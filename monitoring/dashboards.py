@@ -386,6 +386,20 @@ def _health_panels(ids: _Ids) -> list[_Panel]:
             "1 when Prometheus reached the pod's metrics port at the last scrape.",
             [(f"max by (pod) (up{{{RUN}}})", "{{pod}}")],
         ),
+        _timeseries(
+            ids,
+            "Ranks by NCCL network",
+            "The network each rank's NCCL uses, from NCCL's own init log (IB, Socket, a "
+            "plugin's; gloo: a CPU run, not NCCL), against what the pod asked for. Socket "
+            "where IB was requested is MegDetFabricDegraded.",
+            [
+                (
+                    f"count by (transport, requested) (megdet_train_fabric_info{{{RUN}}})",
+                    "{{transport}} (requested {{requested}})",
+                )
+            ],
+            width=24,
+        ),
     ]
 
 

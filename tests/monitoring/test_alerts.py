@@ -33,7 +33,7 @@ def test_every_alert_of_the_source_is_rendered_once_in_its_group(default_rule_gr
     assert [g["name"] for g in default_rule_groups] == list(GROUPS)
     rendered = {(g["name"], r["alert"]) for g in default_rule_groups for r in g["rules"]}
     assert rendered == {(a.group, a.name) for a in ALERTS}
-    assert len(ALERTS) == 9
+    assert len(ALERTS) == 10
 
 
 def test_promtool_check_rules_accepts_the_rendered_rules(default_rule_groups, tmp_path):
