@@ -352,9 +352,9 @@ class PrometheusExporter(hooks.HookBase):
 
 
 def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
-    """The run history, the SyncBN health check, (MEGDET.METRICS.PORT > 0) the exporter and
+    """The run history, the SyncBN health check, (MEGDET.METRICS.PORT > 0) the exporter,
     (``KUBEFLOW_TRAINER_SERVER_URL`` set, rank 0) the progress reporter
-    (trainer/progress_reporter.py).
+    (trainer/progress_reporter.py) and (rank 0) the run's report (trainer/report_hook.py).
 
     Collective (the health check's groups, the exporter's port agreement): call on every rank,
     after ``build_trainer``. Raises ConfigError on every rank when a metrics port is taken.
@@ -391,4 +391,9 @@ def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
     progress = build_progress_hook(plan, bundle.checkpointer)
     if progress is not None:
         result.append(progress)
+    if comm.is_main_process():
+        # Last: it reads what the others' after_train wrote (the last evaluation, the events).
+        from megdet.trainer.report_hook import WriteReport
+
+        result.append(WriteReport(cfg.OUTPUT_DIR))
     return result

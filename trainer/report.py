@@ -167,28 +167,21 @@ def _images_at(segment: dict[str, Any], done: int) -> int:
     return segment["images_start"] + max(0, done - segment["first_iter"]) * segment["global_batch"]
 
 
-def _points(
+def _place(
     events: list[dict[str, Any]], segments: list[dict[str, Any]], max_iter: int
-) -> list[dict[str, Any]]:
-    """One point per iteration the run kept: its images seen and the event's values. A point
-    at fewer images than the last one is a replay after a resume: the points it replaces
-    (work lost with the attempt that wrote them) are dropped."""
-    points: list[dict[str, Any]] = []
+) -> list[tuple[int, int, int, dict[str, Any]]]:
+    """(images seen, iterations done, segment, event) for each event, in file order."""
+    placed = []
     current, previous = 0, None
     for event in events:
         iteration = event["iteration"]
         back = previous is not None and iteration < previous
         current = _segment_index(segments, current, iteration, back)
         previous = iteration
+        # The last evaluation is logged at max_iter itself, not at the last iteration.
         done = min(iteration + 1, max_iter) if current == len(segments) - 1 else iteration + 1
-        images = _images_at(segments[current], done)
-        while points and points[-1]["images"] > images:
-            points.pop()
-        if points and points[-1]["images"] == images:
-            points[-1].update(event, iteration=iteration)
-            continue
-        points.append({**event, "images": images, "segment": current, "done": done})
-    return points
+        placed.append((_images_at(segments[current], done), done, current, event))
+    return placed
 
 
 def _number(value: Any) -> float | None:
@@ -198,11 +191,19 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _curve(points: list[dict[str, Any]], key: str) -> list[list[float]]:
-    """[images, iteration, value] per point that has a finite value for ``key``."""
-    return [
-        [p["images"], p["iteration"], v] for p in points if (v := _number(p.get(key))) is not None
-    ]
+def _curve(placed: list[tuple[int, int, int, dict[str, Any]]], key: str) -> list[list[Any]]:
+    """[images, iteration, value] per event with a finite ``key``. A point at fewer images than
+    the last one is a replay after a resume: it replaces the points from there on (work lost
+    with the attempt that wrote them)."""
+    curve: list[list[Any]] = []
+    for images, _, _, event in placed:
+        value = _number(event.get(key))
+        if value is None:
+            continue
+        while curve and curve[-1][0] >= images:
+            curve.pop()
+        curve.append([images, event["iteration"], value])
+    return curve
 
 
 # --- the report --------------------------------------------------------------------------
@@ -258,24 +259,24 @@ def build_report(folder: str | Path) -> dict[str, Any]:
             raise ReportError(f"{folder / METRICS_FILE}: expected an object with 'bbox'")
 
     max_iter = plan["max_iter"]
-    points = _points(events, segments, max_iter)
-    trained = [p for p in points if "total_loss" in p]
-    done = max([p["done"] for p in trained], default=plan.get("start_iter", 0))
-    if metrics and _whole(metrics.get("iteration")):
-        done = max(done, min(metrics["iteration"], max_iter))
-    # The segment of the last point trained (its global batch counts the images to ``done``).
-    images = _images_at(segments[trained[-1]["segment"] if trained else -1], done)
+    placed = _place(events, segments, max_iter)
+    trained = [p for p in placed if _number(p[3].get("total_loss")) is not None]
+    done = max([p[1] for p in trained], default=plan.get("start_iter", 0))
+    segment = segments[trained[-1][2]] if trained else segments[-1]
+    evaluated = (metrics or {}).get("iteration")
+    if _whole(evaluated):
+        done = max(done, min(evaluated, max_iter))
+    images = _images_at(segment, done)
     box = (metrics or {}).get("bbox", {})
     curves = {
-        "loss": _curve(points, "total_loss"),
-        "lr": _curve(points, "lr"),
-        "ap": _curve(points, "bbox/AP"),
-        "ap50": _curve(points, "bbox/AP50"),
+        "loss": _curve(placed, "total_loss"),
+        "lr": _curve(placed, "lr"),
+        "ap": _curve(placed, "bbox/AP"),
+        "ap50": _curve(placed, "bbox/AP50"),
     }
-    evaluated = (metrics or {}).get("iteration")
     if _whole(evaluated) and trained:
         # metrics.json holds the last evaluation; a point after the curve's last one adds it.
-        at = _images_at(segments[trained[-1]["segment"]], min(evaluated, max_iter))
+        at = _images_at(segment, min(evaluated, max_iter))
         for key, curve in (("AP", curves["ap"]), ("AP50", curves["ap50"])):
             value = _number(box.get(key))
             if value is not None and (not curve or curve[-1][0] < at):
