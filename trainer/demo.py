@@ -62,6 +62,7 @@ def train_demo(output: Path) -> int:
     from megdet.trainer.config import ConfigError, load_config, plan_config
     from megdet.trainer.engine import EVENTS_FILE
     from megdet.trainer.evaluation import METRICS_FILE
+    from megdet.trainer.report import REPORT_HTML, REPORT_JSON
     from megdet.trainer.shapes import make_shapes
     from megdet.trainer.train import WorkerTask, train_worker
     from megdet.trainer.workers import run_workers
@@ -103,7 +104,9 @@ def train_demo(output: Path) -> int:
     box = metrics["bbox"]
     print("\nFinal box AP on the 32 validation images (pycocotools, percent):")
     print("  " + "  ".join(f"{k} {v:.1f}" if v is not None else f"{k} n/a" for k, v in box.items()))
-    print(f"\nOutputs in {output}: {METRICS_FILE}, {CURVES_FILE}, config.yaml, plan.json, ")
-    print(f"  {EVENTS_FILE}, log.txt, model_final.pth  ({time.perf_counter() - started:.0f} s)")
+    print(f"\nOutputs in {output}: {METRICS_FILE}, {CURVES_FILE}, {REPORT_HTML}, {REPORT_JSON},")
+    print(f"  config.yaml, plan.json, {EVENTS_FILE}, log.txt, model_final.pth  "
+          f"({time.perf_counter() - started:.0f} s)")  # fmt: skip
     print(f"Curves: {curves}")
+    print(f"Report: {output / REPORT_HTML} (a browser opens it), or `megdet report {output}`")
     return 0

@@ -16,9 +16,11 @@ from detectron2.data import build_detection_test_loader
 from detectron2.evaluation import COCOEvaluator, inference_on_dataset, print_csv_format
 from detectron2.utils import comm
 
+# metrics.json: named once, in the module that reads the output folder without torch.
+from megdet.trainer.report import METRICS_FILE
+
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.json"
 #: The box metrics reported (COCO's bbox AP family, in percent as detectron2 reports them).
 BOX_METRICS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
 
