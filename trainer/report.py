@@ -38,11 +38,13 @@ REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
 #: report.json's layout version; raised when a key changes meaning or goes away.
 REPORT_FORMAT = 1
-#: A segment's keys that the report computes with (the others are shown as they are).
+#: A segment's keys that the report computes with (whole numbers, required) ...
 SEGMENT_NUMBERS = ("global_batch", "first_iter", "images_start")
+#: ... and those it shows (None when absent; any other key is kept as it is). ``last_iter`` is
+#: inclusive; ``resize`` is how a continuation chose its batch (trainer/elastic.py).
 SEGMENT_KEYS = (
-    "world_size", "global_batch", "accumulation_steps", "lr", "first_iter", "last_iter",
-    "images_start", "images_end", "mode", "reason",
+    "world_size", "global_batch", "accumulation_steps", "lr", "resize", "first_iter",
+    "last_iter", "images_start", "images_end",
 )  # fmt: skip
 #: The fabric a run used is "not recorded" unless its log has the fabric line.
 NOT_RECORDED = "not recorded"
@@ -82,18 +84,10 @@ def _read_plan(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             raise ReportError(f"{path}: {key!r} missing or not a whole number")
     raw = plan.get("segments")
     if raw is None:
-        top = {
-            "world_size": plan["world_size"],
-            "global_batch": plan["global_batch"],
-            "accumulation_steps": plan.get("accumulation_steps"),
-            "lr": plan.get("lr"),
-            "first_iter": plan.get("start_iter", 0),
-            "last_iter": plan["max_iter"] - 1,
-            "images_start": plan.get("images_done", 0),
-            "images_end": plan.get("images_seen"),
-            "mode": plan.get("resize"),
-            "reason": plan.get("resize_reason"),
-        }
+        # A plan.json without segments (a trainer before them): the plan is the one segment.
+        top = {key: plan.get(key) for key in SEGMENT_KEYS}
+        top.update(first_iter=plan.get("start_iter", 0), last_iter=plan["max_iter"] - 1)
+        top.update(images_start=plan.get("images_done", 0), images_end=plan.get("images_seen"))
         raw = [top]
     if not isinstance(raw, list) or not raw:
         raise ReportError(f"{path}: 'segments' must be a non-empty list of objects")
@@ -104,7 +98,7 @@ def _read_plan(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         for key in SEGMENT_NUMBERS:
             if not _whole(seg.get(key)):
                 raise ReportError(f"{path}: segments[{n}].{key} missing or not a whole number")
-        segments.append({key: seg.get(key) for key in SEGMENT_KEYS})
+        segments.append({**dict.fromkeys(SEGMENT_KEYS), **seg})
     plan = {k: v for k, v in plan.items() if k != "segments"}
     return plan, segments
 

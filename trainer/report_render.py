@@ -92,11 +92,10 @@ def format_report(report: dict[str, Any]) -> str:
     ]
     for s in report["segments"]:
         lines.append(
-            f"    {s['first_iter']}-{_fmt(s['last_iter'], '', '?')}  x{s['world_size']}"
+            f"    {s['first_iter']}-{_fmt(s['last_iter'], '', '?')}  x{_fmt(s['world_size'])}"
             f"  batch {s['global_batch']}  accum {_fmt(s['accumulation_steps'])}"
             f"  lr {_fmt(s['lr'], 'g')}  images {s['images_start']:,}-{_fmt(s['images_end'], ',')}"
-            + (f"  {s['mode']}" if s.get("mode") else "")
-            + (f" ({s['reason']})" if s.get("reason") else "")
+            + (f"  {s['resize']}" if s.get("resize") else "")
         )
     plan = ", ".join(f"{k} {v}" for k, v in report["plan"].items())
     lines.append("  plan           " + textwrap.fill(plan, 84, subsequent_indent=" " * 17))
@@ -235,7 +234,9 @@ def render_page(report: dict[str, Any]) -> str:
         [report["images"]["planned"] or 0, report["images"]["seen"]]
         + [p[0] for curve in curves.values() for p in curve]
     )
-    boundaries = [(s["images_start"], f"{s['world_size']} GPUs") for s in segments[1:]]
+    boundaries = [
+        (s["images_start"], f"{_fmt(s['world_size'], '', '?')} GPUs") for s in segments[1:]
+    ]
     wall_rows = [
         (name, duration(wall[key]), what)
         for key, name, what in WALL_PARTS

@@ -15,6 +15,7 @@ import pytest
 
 from megdet.cli import main
 from megdet.trainer.report import build_report, report_json
+from megdet.trainer.report_render import format_report, render_page
 
 PLAN = {
     "world_size": 2, "nodes": 1, "gpus_per_node": 2, "procs_per_node": 2, "images_per_gpu": 4,
@@ -112,8 +113,7 @@ def test_a_finished_run_reports_ap_images_wall_time_attempts_and_fabric(tmp_path
     assert report["fabric"] == "Fabric: ranks 0-1 on gloo (not NCCL)"
     assert report["segments"] == [
         {"world_size": 2, "global_batch": 8, "accumulation_steps": 1, "lr": 0.01,
-         "first_iter": 0, "last_iter": 39, "images_start": 0, "images_end": 320,
-         "mode": None, "reason": None}
+         "resize": None, "first_iter": 0, "last_iter": 39, "images_start": 0, "images_end": 320}
     ]  # fmt: skip
     assert report["plan"] == PLAN
     # Curves at the images seen: iteration 19 ends after 20 x 8 images.
@@ -194,17 +194,18 @@ def test_a_replay_after_a_kill_drops_the_points_the_killed_attempt_lost(tmp_path
     assert report["attempts"][0]["ended"].startswith("no end recorded")
 
 
+# plan.json as trainer/elastic.py writes it after a resize: the plan summary of the segment
+# in progress, and every segment (the earlier ones up to the checkpoint they resumed from).
 SEGMENTED = dict(
     PLAN,
     world_size=4, global_batch=16, max_iter=75, start_iter=25, images_done=400,
-    images_seen=1200, lr=0.02,
+    images_seen=1200, lr=0.02, resize="rescale", resize_reason="rescaled, as asked",
     segments=[
         {"world_size": 2, "global_batch": 8, "accumulation_steps": 1, "lr": 0.01,
-         "first_iter": 0, "last_iter": 49, "images_start": 0, "images_end": 400,
-         "mode": None},
+         "resize": None, "first_iter": 0, "last_iter": 49, "images_start": 0, "images_end": 400},
         {"world_size": 4, "global_batch": 16, "accumulation_steps": 1, "lr": 0.02,
-         "first_iter": 25, "last_iter": 74, "images_start": 400, "images_end": 1200,
-         "mode": "rescale", "reason": "rescaled by the linear rule, as asked"},
+         "resize": "rescale", "first_iter": 25, "last_iter": 74, "images_start": 400,
+         "images_end": 1200},
     ],
 )  # fmt: skip
 
@@ -232,7 +233,7 @@ def test_segments_place_each_point_at_its_images_through_its_own_global_batch(tm
     assert main(["report", str(folder), "--write"]) == 0
     out = capsys.readouterr().out
     assert "0-49  x2  batch 8" in out
-    assert "25-74  x4  batch 16  accum 1  lr 0.02  images 400-1,200  rescale (rescaled" in out
+    assert "25-74  x4  batch 16  accum 1  lr 0.02  images 400-1,200  rescale" in out
     page = (folder / "report.html").read_text()
     assert "4 GPUs</text>" in page  # the second segment's boundary
 
@@ -241,7 +242,7 @@ def test_a_continuation_plan_without_segments_is_one_segment_from_its_own_keys(t
     plan = dict(PLAN, start_iter=20, images_done=160, resize="keep-batch", resize_reason="kept")
     report = build_report(write_run(tmp_path / "run", plan, log=""))
     seg = report["segments"][0]
-    assert (seg["first_iter"], seg["images_start"], seg["mode"]) == (20, 160, "keep-batch")
+    assert (seg["first_iter"], seg["images_start"], seg["resize"]) == (20, 160, "keep-batch")
     assert report["curves"]["loss"][0] == [160, 19, 1.5]  # iteration 19 ends the 20th
     # No log: wall time is the events' per-iteration times (20 and 20 iterations x 0.5 s).
     assert report["wall_time"]["steps_s"] == pytest.approx(20.0)
@@ -361,3 +362,25 @@ def test_the_hook_turns_a_bad_folder_into_a_warning(tmp_path, captured_warnings,
         hook.after_train()
     assert "No run report written" in caplog.text and "plan.json: not valid JSON" in caplog.text
     assert not (folder / "report.json").exists()
+
+
+def test_a_same_world_resume_is_a_segment_too_and_an_older_checkpoint_has_no_world(tmp_path):
+    # trainer/elastic.py adds a segment at every resume; a checkpoint from before the run state
+    # gives a first segment without a world size. Killed after its checkpoint at 19, the first
+    # attempt logged iteration 29 too: the second attempt's 29 replaces it.
+    segments = [
+        {"world_size": None, "global_batch": 8, "first_iter": 0, "last_iter": 19,
+         "images_start": 0, "images_end": 160},
+        {"world_size": 2, "global_batch": 8, "accumulation_steps": 1, "lr": 0.01,
+         "resize": "keep-batch", "first_iter": 20, "last_iter": 39, "images_start": 160,
+         "images_end": 320},
+    ]  # fmt: skip
+    plan = dict(PLAN, start_iter=20, images_done=160, segments=segments)
+    events = [_event(19, 2.0, 0.01), _event(29, 9.0, 0.01), _event(29, 1.0, 0.01),
+              _event(39, 0.5, 0.001)]  # fmt: skip
+    report = build_report(write_run(tmp_path / "run", plan, events))
+    assert report["curves"]["loss"] == [[160, 19, 2.0], [240, 29, 1.0], [320, 39, 0.5]]
+    assert report["segments"][0]["world_size"] is None
+    page = render_page(report)
+    assert "? GPUs</text>" not in page and "2 GPUs</text>" in page
+    assert "0-19  x-  batch 8  accum -" in format_report(report)
