@@ -59,12 +59,11 @@ def _controller_reconcile(quick: bool) -> None:
     from bench.controller_cluster import available
 
     why_not = None if quick else available()
-    apis = ("kmock",) if quick or why_not else controller_reconcile.APIS
+    api = "kmock" if quick or why_not else "both"
     if why_not:
         print(f"controller_reconcile: kmock only ({why_not})")
-    controller_reconcile.print_report(
-        controller_reconcile.compare(apis, runs=8 if quick else 200, workers=2)
-    )
+    options = controller_reconcile.Options(api=api, runs=8 if quick else 200, workers=2)
+    controller_reconcile.print_report(controller_reconcile.compare(options))
 
 
 def _exporter_overhead(quick: bool) -> None:

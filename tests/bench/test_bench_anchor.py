@@ -1,4 +1,4 @@
-"""bench/controller_reconcile.py's anchor (issue 24, item 2): the training operator's requests
+"""The controller benchmark's anchor (bench/reconcile/report.py): the training operator's requests
 from client-go's counters, and the controller's CPU and requests per run beside its per job.
 The real measurement needs a control plane and is run by hand (docs/benchmarks.md)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from bench.controller_cluster import client_requests
-from bench.controller_reconcile import _anchor
+from bench.reconcile.report import anchor
 
 METRICS = """\
 # HELP rest_client_requests_total Number of HTTP requests, by status code, method, and host.
@@ -29,13 +29,13 @@ def test_anchor_is_the_controller_per_run_over_the_operator_per_job() -> None:
     result = {"runs": 8, "controller_cpu_per_run_ms": 40.0, "api_requests_per_run": {"total": 6}}
     after = {"GET 200": 50.0, "POST 201": 30.0}
     before = {"GET 200": 10.0, "POST 201": 0.0}
-    anchor = _anchor(result, {"PyTorchJob": 6, "TrainJob": 2}, after, before, 0.06, 3.0, {})
-    assert anchor["pytorchjobs"] == 6
-    assert anchor["operator_cpu_per_job_ms"] == pytest.approx(10.0)
-    assert anchor["cpu_ratio_controller_over_operator"] == pytest.approx(4.0)
-    assert anchor["operator_requests_per_job"] == pytest.approx(70 / 6)
-    assert anchor["requests_ratio"] == pytest.approx(6 / (70 / 6))
-    assert anchor["operator_requests_by_method_code"] == {"GET 200": 40.0, "POST 201": 30.0}
+    beside = anchor(result, {"PyTorchJob": 6, "TrainJob": 2}, after, before, 0.06, 3.0, {})
+    assert beside["pytorchjobs"] == 6
+    assert beside["operator_cpu_per_job_ms"] == pytest.approx(10.0)
+    assert beside["cpu_ratio_controller_over_operator"] == pytest.approx(4.0)
+    assert beside["operator_requests_per_job"] == pytest.approx(70 / 6)
+    assert beside["requests_ratio"] == pytest.approx(6 / (70 / 6))
+    assert beside["operator_requests_by_method_code"] == {"GET 200": 40.0, "POST 201": 30.0}
 
 
 class _Kube:

@@ -140,11 +140,47 @@ def test_python_m_bench_runs_the_chart_benchmark_quickly(capsys) -> None:
     assert "20 renders per case" in out
 
 
+def _kmock(**options):
+    """The controller benchmark's options against kmock (the default is both APIs)."""
+    from bench.reconcile.options import Options
+
+    return Options(api="kmock", **options)
+
+
+def test_every_option_of_the_controller_benchmark_is_a_flag_with_its_default() -> None:
+    """The command line is generated from the Options dataclass: a flag per field (its name
+    with dashes), the field's default when the flag is left out, switches for bools (a
+    --no- form for those on by default) and text parsed into the field's value."""
+    import dataclasses
+    from pathlib import Path
+
+    from bench.reconcile.options import Options
+
+    assert Options.from_args([], "d") == Options()
+    by_dest = {action.dest: action.option_strings for action in Options.parser("d")._actions}
+    for f in dataclasses.fields(Options):
+        assert by_dest[f.name][0] == "--" + f.name.replace("_", "-"), f.name
+    argv = ["--no-heap-trim", "--paced", "--delete", "--rss-after-delete", "0,15"]
+    options = Options.from_args([*argv, "--timeout", "30", "--keep-logs", "/tmp/x"], "d")
+    assert (options.heap_trim, options.paced, options.rss_after_delete) == (False, True, (0, 15))
+    assert options.timeout == 30.0 and options.keep_logs == Path("/tmp/x")
+    assert options.apis == ("kmock", "cluster") and Options(api="kmock").apis == ("kmock",)
+
+
+def test_python_m_bench_runs_the_controller_benchmark_on_kmock_quickly(capsys) -> None:
+    from bench.__main__ import main
+
+    main(["--quick", "--only", "controller_reconcile"])
+    out = capsys.readouterr().out
+    assert "8 MegDetRuns applied at once (burst); APIs: kmock" in out
+    assert "kmock: job cache on;" in out
+
+
 @pytest.mark.parametrize("paced", [False, True], ids=["burst", "paced"])
 def test_controller_reconcile_bench_reconciles_every_run_once(paced: bool) -> None:
     from bench import controller_reconcile
 
-    result = controller_reconcile.run(runs=4, workers=2, paced=paced)
+    result = controller_reconcile.run(_kmock(runs=4, workers=2, paced=paced))
     assert result["runs"] == 4 and result["paced"] is paced
     assert isinstance(result["status_writes_refused"], int)
     assert result["jobs_created"] == 4  # one job per run, whatever the target
@@ -153,51 +189,47 @@ def test_controller_reconcile_bench_reconciles_every_run_once(paced: bool) -> No
     assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
 
 
-def test_the_worker_limit_and_idle_timeout_reach_the_controllers_kopf(monkeypatch) -> None:
+def test_the_worker_limit_and_idle_timeout_reach_the_controllers_kopf() -> None:
     """--worker-limit and --idle-timeout (kopf's queueing settings, an experiment of
     docs/capacity.md) are what the controller process's kopf runs with."""
     from bench import controller_reconcile
 
-    monkeypatch.setitem(controller_reconcile.TUNING, "worker_limit", 50)
-    monkeypatch.setitem(controller_reconcile.TUNING, "idle_timeout", 0.5)
-    result = controller_reconcile.run(runs=4, workers=2)
+    result = controller_reconcile.run(_kmock(runs=4, workers=2, worker_limit=50, idle_timeout=0.5))
     assert result["queueing"] == [50, 0.5]
+    assert result["tuning"]["worker_limit"] == 50 and result["tuning"]["idle_timeout"] == 0.5
     assert result["jobs_created"] == 4 and result["apply_to_status"]["n"] == 4
-    monkeypatch.setitem(controller_reconcile.TUNING, "worker_limit", 0)
-    monkeypatch.setitem(controller_reconcile.TUNING, "idle_timeout", 0.0)
-    plain = controller_reconcile.run(runs=2, workers=2)
+    plain = controller_reconcile.run(_kmock(runs=2, workers=2, worker_limit=0, idle_timeout=0.0))
     assert plain["queueing"] == [None, 1.0]  # kopf's no-limit; the benchmark's fast 1 s
 
 
-def test_the_lean_render_is_on_by_default_and_off_with_no_lean_render(monkeypatch) -> None:
+def test_the_lean_render_is_on_by_default_and_off_with_no_lean_render() -> None:
     """--no-lean-render (the before side of docs/benchmarks.md's comparison) sends every
     render of the controller process through Helm's schema check; by default each new run's
     values are checked in process and the chart's lean copy renders them."""
     from bench import controller_reconcile
 
-    lean = controller_reconcile.run(runs=4, workers=2)
+    lean = controller_reconcile.run(_kmock(runs=4, workers=2))
     # The pure part's renders come before the count starts: the burst's 4 are counted.
     assert lean["renders"]["prechecked"] == lean["renders"]["renders"] == 4
-    monkeypatch.setitem(controller_reconcile.TUNING, "lean_render", False)
-    checked = controller_reconcile.run(runs=4, workers=2)
+    checked = controller_reconcile.run(_kmock(runs=4, workers=2, lean_render=False))
     assert checked["renders"]["renders"] == 4 and checked["renders"]["prechecked"] == 0
     assert checked["jobs_created"] == 4
 
 
-def test_restart_times_a_new_controller_resuming_every_run(monkeypatch) -> None:
+def test_restart_times_a_new_controller_resuming_every_run() -> None:
     """--restart: a second controller process starts where the runs exist and the benchmark
     waits until it has resumed each one, with a worker limit below the number of runs (the
     start-up kopf's own limit deadlocks on, docs/capacity.md)."""
     from bench import controller_reconcile
 
-    monkeypatch.setitem(controller_reconcile.TUNING, "worker_limit", 2)
-    result = controller_reconcile.run(runs=5, workers=2, restart=True, timeout=60)
+    options = _kmock(runs=5, workers=2, restart=True, timeout=60, worker_limit=2)
+    result = controller_reconcile.run(options)
     again = result["restart"]
     assert again["reconciles"] >= 5
     assert 0 < again["ready_s"] < again["resumed_s"] and again["resumed_after_ready_s"] > 0
     assert 0 < again["rss_ready_mib"] <= again["rss_peak_mib"]
     with pytest.raises(ValueError, match="choose one"):
-        controller_reconcile.run(runs=1, delete=True, restart=True)
+        controller_reconcile.run(_kmock(runs=1, delete=True, restart=True))
 
 
 @pytest.mark.parametrize(
@@ -215,44 +247,47 @@ def test_restart_times_a_new_controller_resuming_every_run(monkeypatch) -> None:
         (["--preload", "tcmalloc"], "--preload: invalid choice: 'tcmalloc' (choose from"),
     ],
 )
-def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(argv, named, capsys) -> None:
+def test_bad_tuning_flags_are_refused_by_name_before_anything_runs(
+    argv, named, capsys, monkeypatch
+) -> None:
     """The controller benchmark's tuning flags: a bad value is a usage error that names the
     flag and its allowed values (exit 2, no traceback), and nothing is started."""
     from bench import controller_reconcile
 
-    before = dict(controller_reconcile.TUNING)
+    started = []
+    monkeypatch.setattr(controller_reconcile, "compare", started.append)
     with pytest.raises(SystemExit) as exit_:
         controller_reconcile.main(["--runs", "2", *argv])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert named in err and "Traceback" not in err
-    assert before == controller_reconcile.TUNING  # refused before any setting was taken
+    assert started == []  # refused before anything ran
 
 
-def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(
-    capsys, monkeypatch
-) -> None:
+def test_controller_reconcile_bench_deletes_every_run_and_reads_memory_after(capsys) -> None:
     """--delete --tracemalloc: every run deleted (and what it owns, as the garbage collector
     would), the memory read once they are gone, and again at the --rss-after-delete points,
     and tracemalloc's growth by file reported."""
     from bench import controller_reconcile
+    from bench.reconcile.driver import DELETE_QUIET_TIMEOUT_S
+    from bench.reconcile.memory import MAPPING_KINDS
 
-    monkeypatch.setitem(controller_reconcile.TUNING, "rss_after_delete", (0.0, 1.5))
+    options = _kmock(runs=4, workers=2, delete=True, tracemalloc=True, rss_after_delete=(0.0, 1.5))
     started = time.perf_counter()
-    result = controller_reconcile.run(runs=4, workers=2, delete=True, trace=True)
+    result = controller_reconcile.run(options)
     assert time.perf_counter() - started > 1.5  # it waited for the later point
     later = result["rss_after_delete_mib"]
     assert list(later) == ["0", "1.5"] and all(mib > 0 for mib in later.values())
     assert result["delete_s"] is not None and result["delete_s"] > 0
     # The memory is read once the controller process is quiet: nothing in it (the benchmark's
     # own relay thread included) may keep a core busy after the runs are gone.
-    assert result["delete_quiet_s"] < controller_reconcile.DELETE_QUIET_TIMEOUT_S
+    assert result["delete_quiet_s"] < DELETE_QUIET_TIMEOUT_S
     assert result["jobs_created"] == 4
     assert 0 < result["rss_ready_mib"] <= result["rss_peak_mib"]
     assert result["rss_reconciled_mib"] > 0 and result["rss_end_mib"] > 0
     kinds = result["rss_by_mapping_mib"]
     assert set(kinds) == {"ready", "end"}
-    assert list(kinds["end"]) == list(controller_reconcile.MAPPING_KINDS)
+    assert list(kinds["end"]) == list(MAPPING_KINDS)
     # smaps' Rss lines add up to the process's RSS, read a moment apart
     assert abs(sum(kinds["end"].values()) - result["rss_end_mib"]) < 0.1 * result["rss_end_mib"]
     assert kinds["end"]["files (libraries, mapped data)"] > 0
@@ -273,8 +308,9 @@ def test_controller_reconcile_compare_spreads_namespaces_and_reports_ratios(caps
     import copy
 
     from bench import controller_reconcile
+    from bench.reconcile import report
 
-    compared = controller_reconcile.compare(("kmock",), runs=4, workers=2, namespaces=2)
+    compared = controller_reconcile.compare(_kmock(runs=4, workers=2, namespaces=2))
     kmock = compared["results"]["kmock"]
     assert kmock["api"] == "kmock" and kmock["namespaces"] == 2
     assert kmock["jobs_created"] == 4 and kmock["apply_to_status"]["n"] == 4
@@ -300,7 +336,7 @@ def test_controller_reconcile_compare_spreads_namespaces_and_reports_ratios(caps
         api_requests_per_run={"total": 6.5, "patch": 3.0, "create": 2.25, "get": 1.25},
     )
     results = {"kmock": kmock, "cluster": cluster}
-    ratios = controller_reconcile.ratios(results)
+    ratios = report.ratios(results)
     assert ratios["total"] == pytest.approx(2.0)
     assert ratios["controller RSS peak"] == pytest.approx(1.0)
     capsys.readouterr()
@@ -308,7 +344,7 @@ def test_controller_reconcile_compare_spreads_namespaces_and_reports_ratios(caps
         {
             "results": results,
             "ratios_cluster_over_kmock": ratios,
-            "goals": {api: controller_reconcile.goals(r) for api, r in results.items()},
+            "goals": {api: report.goals(r) for api, r in results.items()},
         }
     )
     out = capsys.readouterr().out
@@ -357,8 +393,9 @@ def test_controller_cluster_counts_the_controllers_requests_from_the_audit_log(t
 
 def test_a_preload_that_is_not_installed_is_refused_with_its_package(monkeypatch, capsys) -> None:
     from bench import controller_reconcile
+    from bench.reconcile import options
 
-    monkeypatch.setattr(controller_reconcile, "_preload_present", lambda soname: False)
+    monkeypatch.setattr(options, "_preload_present", lambda soname: False)
     with pytest.raises(SystemExit) as exit_:
         controller_reconcile.main(["--runs", "2", "--preload", "jemalloc"])
     assert exit_.value.code == 2
@@ -370,7 +407,7 @@ def test_a_preload_that_is_not_installed_is_refused_with_its_package(monkeypatch
 def test_the_preloads_are_found_by_the_name_the_loader_is_given() -> None:
     """ldconfig's name for the library is the one LD_PRELOAD gets (libjemalloc2 is installed
     by `make test`: scripts/install_node_packages.sh)."""
-    from bench import controller_reconcile
+    from bench.reconcile.options import PRELOADS, _preload_present
 
-    assert controller_reconcile._preload_present(controller_reconcile.PRELOADS["jemalloc"])
-    assert not controller_reconcile._preload_present("libnosuchallocator.so.7")
+    assert _preload_present(PRELOADS["jemalloc"])
+    assert not _preload_present("libnosuchallocator.so.7")
