@@ -23,14 +23,14 @@ local rank 0; the SyncBN health check is off here and timed on its own). Then, s
 
 from __future__ import annotations
 
-import socket
+import contextlib
 import statistics
 import subprocess
-import time
 import urllib.request
+from collections.abc import Iterator
 from typing import Any
 
-from bench import harness
+from bench import harness, overhead
 
 CONDITIONS = ("without", "with")
 GOAL = 1.01
@@ -39,31 +39,17 @@ PERIOD = 100
 SCRAPE_INTERVAL = 15
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("0.0.0.0", 0))
-        return sock.getsockname()[1]
-
-
-def _scraper(port: int) -> subprocess.Popen:
-    """A process that scrapes /metrics every second, as Prometheus would (more often)."""
+@contextlib.contextmanager
+def _scraping(port: int) -> Iterator[None]:
+    """A process that scrapes /metrics every second meanwhile, as Prometheus would (more
+    often)."""
     loop = f"while true; do curl -s -o /dev/null http://127.0.0.1:{port}/metrics; sleep 1; done"
-    return subprocess.Popen(["sh", "-c", loop], start_new_session=True)
-
-
-def _stop(process: subprocess.Popen | None) -> None:
-    if process is not None:
+    process = subprocess.Popen(["sh", "-c", loop], start_new_session=True)
+    try:
+        yield
+    finally:
         process.terminate()
         process.wait()
-
-
-def _time_calls(fn, calls: int) -> list[float]:
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def _check_cost(model, calls: int) -> dict[str, Any]:
@@ -72,7 +58,7 @@ def _check_cost(model, calls: int) -> dict[str, Any]:
 
     layers = backbone_bn_layers(model)
     bn_divergence(layers)  # warm-up
-    times = _time_calls(lambda: bn_divergence(layers), calls)
+    times = overhead.time_calls(lambda: bn_divergence(layers), calls)
     return {
         "layers": len(layers),
         "channels": sum(m.num_features for m in layers),
@@ -88,96 +74,65 @@ def _r50_check_cost(data: dict[str, str], out: str, calls: int) -> dict[str, Any
     return _check_cost(model, calls)
 
 
-def _cpu_block(driven: harness.Driven, iterations: int) -> tuple[list[float], float]:
-    """``harness.step_block`` plus this process's CPU seconds per step over the block.
-
-    CPU time (all threads of the rank: training and, on local rank 0, the HTTP server) is what
-    the exporter adds; unlike wall time it barely moves when other jobs take the cores.
-    """
-    start = time.process_time()
-    times = harness.step_block(driven, iterations)
-    return times, (time.process_time() - start) / iterations
-
-
-def _time_rounds(trainer, hook_lists, port, rounds, block, warmup) -> dict[str, Any]:
-    from detectron2.utils import comm
-
-    driven = harness.prepare(trainer, 100000)  # before_train of every hook (with exporter)
-    for name in CONDITIONS:
-        trainer._hooks = hook_lists[name]
-        harness.step_block(driven, warmup)
-    blocks: dict[str, list[float]] = {name: [] for name in CONDITIONS}
-    cpu: dict[str, list[float]] = {name: [] for name in CONDITIONS}
-    steps: dict[str, list[float]] = {name: [] for name in CONDITIONS}
-    for r in range(rounds):
-        for name in CONDITIONS if r % 2 == 0 else CONDITIONS[::-1]:
-            trainer._hooks = hook_lists[name]
-            scraper = _scraper(port) if name == "with" and comm.get_local_rank() == 0 else None
-            try:
-                times, cpu_per_step = _cpu_block(driven, block)
-            finally:
-                _stop(scraper)
-            blocks[name].append(sum(times) / len(times))
-            cpu[name].append(cpu_per_step)
-            steps[name].extend(times)
-    trainer._hooks = hook_lists["with"]
-    return {"driven": driven, "blocks": blocks, "cpu": cpu, "steps": steps}
-
-
 def exporter_worker(
-    data: dict[str, str], out: str, port: int, rounds: int, block: int, warmup: int,
-    calls: int, r50: bool, overrides: tuple,
-) -> dict[str, Any]:  # fmt: skip
+    data: dict[str, str], out: str, schedule: overhead.Schedule, port: int, r50: bool
+) -> dict[str, Any]:
     """One rank: build the trainer with the monitoring hooks, then measure."""
-    import torch
     from detectron2.utils import comm
 
     from megdet.trainer.bn_health import SyncBNHealthCheck
     from megdet.trainer.metrics import PrometheusExporter, build_monitoring_hooks
 
     metrics_overrides = ("MEGDET.METRICS.PORT", str(port), "MEGDET.SYNCBN_CHECK_PERIOD", "0")
-    cfg, bundle, plan = harness.build_tiny_trainer(data, out, (*overrides, *metrics_overrides))
+    overrides = (*schedule.overrides, *metrics_overrides)
+    cfg, bundle, plan = harness.build_tiny_trainer(data, out, overrides)
     trainer = bundle.trainer
     builtin = list(trainer._hooks)
     monitoring = build_monitoring_hooks(cfg, plan, bundle)
     assert not any(isinstance(h, SyncBNHealthCheck) for h in monitoring)  # timed on its own
     exporter = next(h for h in monitoring if isinstance(h, PrometheusExporter))
     trainer.register_hooks(monitoring)
-    lists = {"without": builtin, "with": builtin + monitoring}
-    timed = _time_rounds(trainer, lists, port, rounds, block, warmup)
+    hook_lists = {"without": builtin, "with": builtin + monitoring}
+    driven = harness.prepare(trainer, 100000)  # before_train of every hook (with exporter)
+
+    def block_of(name: str, steps: int) -> list[float]:
+        trainer._hooks = hook_lists[name]
+        return harness.step_block(driven, steps)
+
+    def during(name: str) -> contextlib.AbstractContextManager:
+        scraped = name == "with" and comm.get_local_rank() == 0
+        return _scraping(port) if scraped else contextlib.nullcontext()
+
+    timed = overhead.interleave(CONDITIONS, block_of, schedule, during)
+    trainer._hooks = hook_lists["with"]
 
     # The hook alone, on the storage the steps filled; and one scrape, served by local rank 0.
-    with timed["driven"].storage:
-        hook_s = _time_calls(exporter.after_step, calls * 10)
+    calls = schedule.calls
+    with driven.storage:
+        hook_s = overhead.time_calls(exporter.after_step, calls * 10)
     scrape_s = None
     if comm.get_local_rank() == 0:
         url = f"http://127.0.0.1:{port}/metrics"
-        scrape_s = _time_calls(lambda: urllib.request.urlopen(url).read(), calls)
+        scrape_s = overhead.time_calls(lambda: urllib.request.urlopen(url).read(), calls)
     tiny_check = _check_cost(bundle.model, calls)
     r50_check = _r50_check_cost(data, out, calls) if r50 else None
-    harness.finish(timed["driven"])
+    harness.finish(driven)
 
-    blocks, steps = timed["blocks"], timed["steps"]
-    cpu_without = timed["cpu"]["without"]
+    blocks, steps, cpu = timed.blocks, timed.steps, timed.cpu
+    cpu_without = cpu["without"]
     step_median = statistics.median(steps["without"])
     return {
-        "world_size": comm.get_world_size(),
-        "threads_per_process": torch.get_num_threads(),
-        "images_per_process": cfg.MEGDET.IMAGES_PER_GPU,
-        "rounds": rounds,
-        "block": block,
-        "warmup": warmup,
+        **overhead.described(cfg, schedule),
         "step_s": {name: harness.spread(blocks[name]) for name in CONDITIONS},
         "ratio_with_to_without": harness.spread(
             [a / b for a, b in zip(blocks["with"], blocks["without"], strict=True)]
         ),
         "ratio_of_step_medians": statistics.median(steps["with"]) / step_median,
-        "cpu_s": {name: harness.spread(timed["cpu"][name]) for name in CONDITIONS},
+        "cpu_s": {name: harness.spread(cpu[name]) for name in CONDITIONS},
         "cpu_ratio_with_to_without": harness.spread(
-            [a / b for a, b in zip(timed["cpu"]["with"], timed["cpu"]["without"], strict=True)]
+            [a / b for a, b in zip(cpu["with"], cpu_without, strict=True)]
         ),
-        "cpu_ratio_of_medians": statistics.median(timed["cpu"]["with"])
-        / statistics.median(timed["cpu"]["without"]),
+        "cpu_ratio_of_medians": statistics.median(cpu["with"]) / statistics.median(cpu_without),
         "hook_after_step_s": harness.spread(hook_s),
         # Against the CPU time of a step, which the machine's load inflates least.
         "hook_share_of_step": statistics.median(hook_s) / statistics.median(cpu_without),
@@ -194,19 +149,9 @@ def run(
     quick: bool = False, rounds: int = 10, block: int = 4, warmup: int = 2, calls: int = 50
 ) -> dict[str, Any]:
     """Run the benchmark in 2 gloo processes; returns rank 0's results."""
-    overrides: tuple[str, ...] = ()
-    r50 = not quick
-    if quick:
-        rounds, block, warmup, calls = 1, 1, 0, 3
-        overrides = ("MEGDET.IMAGES_PER_GPU", "1")
-    with harness.scratch_dir("exporter") as tmp:
-        data = harness.make_dataset(f"{tmp}/shapes", train=32)
-        result = harness.run_world(
-            2, exporter_worker, data, f"{tmp}/out", _free_port(), rounds, block, warmup,
-            calls, r50, overrides,
-        )  # fmt: skip
-    result["load_average"] = harness.machine_load()
-    return result
+    schedule = overhead.Schedule.of(quick, rounds, block, warmup, calls, quick_calls=3)
+    port = overhead.free_port("0.0.0.0")
+    return overhead.run_ranks("exporter", exporter_worker, schedule, port, not quick)
 
 
 def _ms(seconds: float) -> str:
@@ -214,12 +159,7 @@ def _ms(seconds: float) -> str:
 
 
 def print_report(result: dict[str, Any]) -> None:
-    print(
-        f"Exporter overhead: {result['world_size']} gloo processes x "
-        f"{result['threads_per_process']} thread(s), {result['images_per_process']} images per "
-        f"process; {result['rounds']} rounds x {result['block']} steps per condition after "
-        f"{result['warmup']} warm-up steps; load average {result['load_average']}"
-    )
+    overhead.print_header("Exporter overhead", result, "condition")
     for name in CONDITIONS:
         s = result["step_s"][name]
         print(
@@ -262,8 +202,7 @@ def print_report(result: dict[str, Any]) -> None:
         f"  tiny check at period {PERIOD}: {result['check_share_of_step_at_period']:.5%} of a "
         "tiny step"
     )
-    if result["warmup"] == 0:
-        print("  (smoke run: unwarmed single steps, not a measurement)")
+    if overhead.smoke_run(result):
         return
     # The A/B ratios resolve the goal only when their spread is below it; the direct cost
     # always does.
@@ -278,10 +217,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = harness.round_parser(__doc__, rounds=10, block_help="steps per condition per round")
-    args = parser.parse_args(argv)
-    result = run(quick=args.quick, rounds=args.rounds, block=args.block)
-    harness.emit(result, args.json, print_report)
+    overhead.main(__doc__, run, print_report, "condition", argv)
 
 
 if __name__ == "__main__":

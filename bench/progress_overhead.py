@@ -24,17 +24,16 @@ Goal: ``progress`` / ``simple`` <= 1.02.
 
 from __future__ import annotations
 
-import json
-import socket
+import contextlib
 import ssl
 import statistics
 import threading
-import time
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from bench import harness
+from bench import harness, overhead
 
 LOOPS = ("simple", "megdet", "progress", "progress-every-step", "unreachable")
 #: interval (s) and target of each reporter loop
@@ -61,8 +60,9 @@ class _Accept(BaseHTTPRequestHandler):
         pass
 
 
-def _status_server(folder: Path) -> tuple[ThreadingHTTPServer, str]:
-    """An HTTPS server accepting every post; returns it and its CA file."""
+@contextlib.contextmanager
+def _status_server(folder: Path) -> Iterator[tuple[ThreadingHTTPServer, str]]:
+    """An HTTPS server accepting every post meanwhile; yields it and its CA file."""
     from megdet.cluster.pki import CertificateAuthority
 
     ca = CertificateAuthority(folder / "ca")
@@ -74,36 +74,28 @@ def _status_server(folder: Path) -> tuple[ThreadingHTTPServer, str]:
     server.socket = context.wrap_socket(server.socket, server_side=True)
     server.posts = 0  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, str(ca.cert_path)
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _time_calls(fn, calls: int) -> list[float]:
-    times = []
-    for _ in range(calls):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return times
+    try:
+        yield server, str(ca.cert_path)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def progress_worker(
-    data: dict[str, str], out: str, urls: dict[str, str], ca: str, token: str,
-    rounds: int, block: int, warmup: int, calls: int, overrides: tuple,
-) -> dict[str, Any]:  # fmt: skip
+    data: dict[str, str],
+    out: str,
+    schedule: overhead.Schedule,
+    urls: dict[str, str],
+    ca: str,
+    token: str,
+) -> dict[str, Any]:
     """One rank: build the trainer, then interleave the loops on its model."""
-    import torch
     from detectron2.engine import SimpleTrainer
     from detectron2.utils import comm
 
     from megdet.trainer.progress_reporter import ProgressPoster, ProgressReporter
 
-    cfg, bundle, plan = harness.build_tiny_trainer(data, out, overrides)
+    cfg, bundle, plan = harness.build_tiny_trainer(data, out, schedule.overrides)
     ours = bundle.trainer
     builtin = list(ours._hooks)
     reporters: dict[str, ProgressReporter] = {}
@@ -126,16 +118,8 @@ def progress_worker(
         ours._hooks = hook_lists[name]
         return harness.step_block(driven, steps)
 
-    for name in LOOPS:
-        block_of(name, warmup)
-    blocks: dict[str, list[float]] = {name: [] for name in LOOPS}
-    steps: dict[str, list[float]] = {name: [] for name in LOOPS}
-    for r in range(rounds):
-        order = LOOPS[r % len(LOOPS) :] + LOOPS[: r % len(LOOPS)]
-        for name in order:
-            times = block_of(name, block)
-            blocks[name].append(sum(times) / len(times))
-            steps[name].extend(times)
+    timed = overhead.interleave(LOOPS, block_of, schedule)
+    blocks, steps, calls = timed.blocks, timed.steps, schedule.calls
 
     direct: dict[str, Any] = {}
     posts: dict[str, dict[str, int]] = {}
@@ -143,14 +127,14 @@ def progress_worker(
         rep = reporters["progress"]
         with driven.storage:
             rep._next_due = float("inf")
-            idle = _time_calls(rep.after_step, calls * 20)
+            idle = overhead.time_calls(rep.after_step, calls * 20)
             rep._next_due = 0.0
             rep._interval = 0.0
-            due = _time_calls(rep.after_step, calls * 20)
+            due = overhead.time_calls(rep.after_step, calls * 20)
         poster = reporters["progress-every-step"].poster
         poster.wait_idle(30)
         snapshot = rep.snapshot()
-        one_post = _time_calls(lambda: poster._post(snapshot), calls)
+        one_post = overhead.time_calls(lambda: poster._post(snapshot), calls)
         direct = {
             "after_step_not_due_s": harness.spread(idle),
             "after_step_due_s": harness.spread(due),
@@ -164,15 +148,8 @@ def progress_worker(
     harness.finish(driven)
     harness.finish(simple)
     return {
-        "world_size": comm.get_world_size(),
-        "threads_per_process": torch.get_num_threads(),
-        "images_per_process": cfg.MEGDET.IMAGES_PER_GPU,
-        "rounds": rounds,
-        "block": block,
-        "warmup": warmup,
-        **harness.side_by_side(
-            {n: blocks[n] for n in LOOPS}, {n: steps[n] for n in LOOPS}, "simple"
-        ),
+        **overhead.described(cfg, schedule),
+        **harness.side_by_side(blocks, steps, "simple"),
         "direct": direct,
         "posts": posts,
         "step_median_s": statistics.median(steps["simple"]),
@@ -183,30 +160,17 @@ def run(
     quick: bool = False, rounds: int = 10, block: int = 4, warmup: int = 2, calls: int = 20
 ) -> dict[str, Any]:
     """Run the benchmark in 2 gloo processes; returns rank 0's results."""
-    overrides: tuple[str, ...] = ()
-    if quick:
-        rounds, block, warmup, calls = 1, 1, 0, 2
-        overrides = ("MEGDET.IMAGES_PER_GPU", "1")
-    with harness.scratch_dir("progress") as tmp:
-        server, ca = _status_server(Path(tmp))
+    schedule = overhead.Schedule.of(quick, rounds, block, warmup, calls, quick_calls=2)
+    with harness.scratch_dir("progress") as tmp, _status_server(Path(tmp)) as (server, ca):
         token = Path(tmp) / "token"
         token.write_text("bench-token")
         port = server.server_address[1]
         urls = {
             "server": f"https://127.0.0.1:{port}{PATH}",
-            "closed": f"https://127.0.0.1:{_closed_port()}{PATH}",
+            "closed": f"https://127.0.0.1:{overhead.free_port('127.0.0.1')}{PATH}",
         }
-        try:
-            data = harness.make_dataset(f"{tmp}/shapes", train=32)
-            result = harness.run_world(
-                2, progress_worker, data, f"{tmp}/out", urls, ca, str(token), rounds, block,
-                warmup, calls, overrides,
-            )  # fmt: skip
-            result["server_posts"] = server.posts  # type: ignore[attr-defined]
-        finally:
-            server.shutdown()
-            server.server_close()
-    result["load_average"] = harness.machine_load()
+        result = overhead.run_ranks("progress", progress_worker, schedule, urls, ca, str(token))
+        result["server_posts"] = server.posts  # type: ignore[attr-defined]
     return result
 
 
@@ -215,12 +179,7 @@ def _ms(seconds: float) -> str:
 
 
 def print_report(result: dict[str, Any]) -> None:
-    print(
-        f"Progress reporter overhead: {result['world_size']} gloo processes x "
-        f"{result['threads_per_process']} thread(s), {result['images_per_process']} images per "
-        f"process; {result['rounds']} rounds x {result['block']} steps per loop after "
-        f"{result['warmup']} warm-up steps; load average {result['load_average']}"
-    )
+    overhead.print_header("Progress reporter overhead", result, "loop")
     for name in LOOPS:
         s, r = result["step_s"][name], result["ratio_to_simple"][name]
         posts = result["posts"].get(name)
@@ -244,8 +203,7 @@ def print_report(result: dict[str, Any]) -> None:
             f"{_ms(d['after_step_due_s']['median'])} when one is queued; one post (poster "
             f"thread: token, CA, TLS handshake, POST): {_ms(d['one_post_s']['median'])}"
         )
-    if result["warmup"] == 0:
-        print("  (smoke run: unwarmed single steps, not a measurement)")
+    if overhead.smoke_run(result):
         return
     ratio = result["ratio_to_simple"]["progress"]["median"]
     verdict = "meets" if ratio <= GOAL else "misses"
@@ -253,13 +211,7 @@ def print_report(result: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = harness.round_parser(__doc__, rounds=10, block_help="steps per loop per round")
-    args = parser.parse_args(argv)
-    result = run(quick=args.quick, rounds=args.rounds, block=args.block)
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print_report(result)
+    overhead.main(__doc__, run, print_report, "loop", argv)
 
 
 if __name__ == "__main__":
