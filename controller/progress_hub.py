@@ -7,6 +7,10 @@ the status subresource, only that key) at most once per run every ``interval`` s
 only when it changed: 1,000 reporting runs cost 1000/interval writes a second
 (docs/operations.md, "Progress reporting").
 
+The run's fabric, when a report carries it, sets the run's ``FabricDegraded`` condition
+(``write_fabric``: :func:`megdet.controller.fabric_condition.condition_writer`) when it
+changes, not on every report.
+
 Events: a Normal ``Evaluated`` event for each new evaluation (AP, AP50, iteration) and a Normal
 ``Checkpointed`` event every K-th checkpoint (:class:`Milestones`), through a per-run token
 bucket (at most :data:`EVENT_BURST` at once, :data:`EVENTS_PER_HOUR` an hour). The TrainJob
@@ -33,6 +37,7 @@ from typing import Any
 
 from megdet.controller import metrics
 from megdet.controller.api import GROUP, KIND, PLURAL, RUN_API_VERSION, VERSION
+from megdet.fabric_report import FabricReport
 
 __all__ = [
     "EVENTS_PER_HOUR",
@@ -186,6 +191,11 @@ class _Run:
     last_write: float | None = None
     events: list[tuple[str, str]] = field(default_factory=list)
     reported: float = 0.0
+    #: The run's fabric as last reported, as last written to its condition, and when the
+    #: write was last tried (controller/fabric_condition.py).
+    fabric: FabricReport | None = None
+    fabric_written: FabricReport | None = None
+    fabric_tried: float | None = None
 
 
 class UnknownRun(Exception):
@@ -207,6 +217,8 @@ GetRunFn = Callable[[str, str], Mapping[str, Any] | None]
 PatchStatusFn = Callable[[str, str, Mapping[str, Any]], Any]
 #: (namespace, name, uid, reason, message) -> None.
 PostEventFn = Callable[[str, str, str, str, str], Any]
+#: (namespace, name, the run's fabric) -> whether the run's condition holds it now.
+WriteFabricFn = Callable[[str, str, FabricReport], bool]
 
 
 class ProgressHub:
@@ -223,6 +235,7 @@ class ProgressHub:
         clock: Callable[[], float] = time.monotonic,
         max_runs: int = 10_000,
         idle_forget: float = 3600.0,
+        write_fabric: WriteFabricFn | None = None,
     ) -> None:
         if max_runs < 1:
             raise ValueError(f"max_runs must be >= 1, got {max_runs}")
@@ -240,14 +253,22 @@ class ProgressHub:
         self.clock = clock
         self.max_runs = max_runs
         self.idle_forget = idle_forget
+        self.write_fabric = write_fabric
         self.runs: dict[tuple[str, str], _Run] = {}
         self.lock = threading.Lock()
         self.writes = 0
         # Bumped by every forget: a report that read its run before a forget reads it again.
         self._forgets = 0
 
-    def report(self, namespace: str, name: str, progress: Mapping[str, Any]) -> None:
-        """Remember ``progress`` (a ``status.progress`` dict) as the run's latest. Raises
+    def report(
+        self,
+        namespace: str,
+        name: str,
+        progress: Mapping[str, Any],
+        fabric: FabricReport | None = None,
+    ) -> None:
+        """Remember ``progress`` (a ``status.progress`` dict) and ``fabric`` (when the report
+        has one) as the run's latest. Raises
         :class:`UnknownRun` for a run that does not exist, is being deleted or is not ``target:
         pytorchjob``, :class:`InvalidProgress` for a value out of its range, :class:`HubFull`
         when ``max_runs`` other runs are held."""
@@ -273,6 +294,7 @@ class ProgressHub:
                 run = self.runs.setdefault(key, run)
                 merged = {**(run.latest or run.written), **progress}
                 run.latest = merged
+                run.fabric = fabric or run.fabric
                 run.reported = self.clock()
                 self._note_events(run, merged)
                 return
@@ -357,6 +379,7 @@ class ProgressHub:
                 if run is not None:
                     run.written = {k: v for k, v in patch.items() if v is not None}
                     run.last_write = self.clock()
+        self._write_fabrics()
         with self.lock:
             pending = [
                 (ns, name, run.uid, events)
@@ -372,6 +395,7 @@ class ProgressHub:
                 for key, run in self.runs.items()
                 if now - run.reported > self.idle_forget
                 and (run.latest is None or run.latest == run.written)
+                and run.fabric == run.fabric_written
             ]
             for key in idle:
                 del self.runs[key]
@@ -382,6 +406,33 @@ class ProgressHub:
                 except Exception as err:
                     logger.warning("progress: event %s for %s/%s: %s", reason, namespace, name, err)
         return done
+
+    def _write_fabrics(self) -> None:
+        """Set ``FabricDegraded`` on each run whose reported fabric changed (a failed write is
+        tried again after a full interval)."""
+        if self.write_fabric is None:
+            return
+        now = self.clock()
+        with self.lock:
+            due = [
+                (key, run.fabric)
+                for key, run in self.runs.items()
+                if run.fabric is not None
+                and run.fabric != run.fabric_written
+                and (run.fabric_tried is None or now - run.fabric_tried >= self.interval)
+            ]
+        for (namespace, name), fabric in due:
+            try:
+                done = self.write_fabric(namespace, name, fabric)
+            except Exception as err:
+                logger.warning("progress: fabric condition of %s/%s: %s", namespace, name, err)
+                done = False
+            with self.lock:
+                run = self.runs.get((namespace, name))
+                if run is not None:
+                    run.fabric_tried = now
+                    if done:
+                        run.fabric_written = fabric
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything held for the run (it was deleted): a run re-created under the same

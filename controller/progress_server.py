@@ -53,6 +53,7 @@ from typing import Any
 from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.api import GROUP, PLURAL, VERSION
+from megdet.controller.fabric_condition import condition_writer
 from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixin, Limits
 from megdet.controller.kubeapi import Cluster
 from megdet.controller.progress_binding import PodBinding, RunDirectory, kubernetes_readers
@@ -72,6 +73,7 @@ from megdet.controller.progress_hub import (
 )
 from megdet.controller.progress_leader import ACTIVE_LABEL, Always, PodLabel
 from megdet.controller.tokenauth import RunAuthenticator, Verdict, token_review
+from megdet.fabric_report import from_metrics
 
 __all__ = [
     "MAX_BODY",
@@ -258,8 +260,9 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
             return 422, _status_body(422, "Invalid", "Invalid payload: " + "; ".join(outside))
         if problems:
             logger.info("progress: %s/%s: parts left out: %s", namespace, name, problems[:5])
+        fabric = from_metrics(body["trainerStatus"].get("metrics"))
         try:
-            self.hub.report(namespace, name, progress)
+            self.hub.report(namespace, name, progress, fabric)
         except UnknownRun as err:
             metrics.PROGRESS_REPORTS.labels("not_found").inc()
             return 404, _status_body(404, "NotFound", str(err))
@@ -460,12 +463,20 @@ def start(
             raise NotActive(f"not the active replica: {namespace}/{name} not written")
         return cluster.patch_run_status(namespace, name, status)
 
+    from megdet.controller.status_writer import now_text
+
+    def patch_conditions(namespace: str, name: str, status: Any, version: str | None) -> Any:
+        if not active():
+            raise NotActive(f"not the active replica: {namespace}/{name} not written")
+        return cluster.patch_run_status(namespace, name, status, version)
+
     hub = ProgressHub(
         cluster.get_run,
         patch_status,
         kubernetes_event_poster(api_client, timeout, instance),
         interval=interval,
         checkpoint_every=checkpoint_every,
+        write_fabric=condition_writer(cluster.get_run, patch_conditions, now_text),
     )
     # The served runs (uid, job) from the runs' watch: a report costs no read of its run.
     runs = RunDirectory()

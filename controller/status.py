@@ -27,6 +27,7 @@ from megdet.controller.job_state import (
     trainjob_progress,
 )
 from megdet.controller.pod_problems import CONDITION as PODS_STARTED
+from megdet.fabric_report import CONDITION as FABRIC_DEGRADED
 
 if TYPE_CHECKING:
     from megdet.controller.planning import Planned
@@ -96,8 +97,9 @@ POLICY_DENIED = "PolicyDenied"
 #: e.g. ``ErrImageNeverPull``, when a pod of the run's job cannot start: see :class:`PodStart`).
 POD_STARTED = "Started"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
-#: (the controller created, or found, its job), one per mirrored phase, and JobPresent (only
-#: once the job has gone).
+#: (the controller created, or found, its job), one per mirrored phase, JobPresent (only
+#: once the job has gone), and FabricDegraded (from the trainer's reports:
+#: controller/fabric_condition.py).
 CONDITION_TYPES = (
     "Valid",
     "Created",
@@ -106,6 +108,7 @@ CONDITION_TYPES = (
     CHILDREN_READY,
     FOREIGN_JOB,
     PODS_STARTED,
+    FABRIC_DEGRADED,
 )
 
 
@@ -364,6 +367,7 @@ def _changes(
     now: str,
     gen: Any,
 ) -> dict[str, Any]:
+    from megdet.controller.fabric_condition import trainjob_fabric, with_fabric
     from megdet.controller.planning import is_runs_job  # planning reads this module
 
     conditions = _conditions(old)
@@ -430,6 +434,7 @@ def _changes(
             )
             if progress is not None:  # what the trainer reported to Trainer's status server
                 out["progress"] = progress
+                out["conditions"] = with_fabric(out["conditions"], trainjob_fabric(job), now, gen)
             return out
         case JobGone(kind, name):
             return _job_gone(old, job, kind, name, now, gen)

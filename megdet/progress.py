@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from megdet.fabric_report import FabricReport, to_metrics
+
 __all__ = [
     "ENV_CA_CERT",
     "ENV_TOKEN",
@@ -174,6 +176,8 @@ class Progress:
     checkpoint_iteration: int | None = None
     checkpoint_time: str | None = None
     updated_time: str = ""
+    #: The run's fabric (megdet/fabric_report.py), sent as its own metrics.
+    fabric: FabricReport | None = None
 
     def __post_init__(self) -> None:
         _check_count("iteration", self.iteration, required=True)
@@ -222,6 +226,7 @@ def to_request(p: Progress) -> dict[str, Any]:
 
     Percent is rounded down and clamped to 0..100, the ETA clamped to 0..int32; a metric whose
     value is unknown, not finite or longer than 64 characters is left out (never sent invalid).
+    The fabric's metrics (megdet/fabric_report.py) come after the progress metrics.
     """
     values: dict[str, str | None] = {
         "iteration": str(p.iteration),
@@ -252,6 +257,8 @@ def to_request(p: Progress) -> dict[str, Any]:
         for name in METRIC_NAMES
         if values[name] is not None and 0 < len(values[name]) <= MAX_METRIC_LENGTH
     ]
+    if p.fabric is not None:
+        status["metrics"] += to_metrics(p.fabric)
     status["lastUpdatedTime"] = format_time(parse_time(p.updated_time))
     return {"trainerStatus": status}
 

@@ -186,9 +186,9 @@ ALERTS: tuple[Alert, ...] = (
         description=(
             f"{{{{ $value }}}} rank(s) of run {_RUN} asked NCCL for InfiniBand "
             "(nccl.ib.enabled: NCCL_IB_DISABLE=0, or NCCL_IB_HCA) and NCCL's init log says "
-            "'Using network Socket': collectives between nodes run over TCP. Rank 0's "
-            "'Fabric:' log line says which ranks and what NCCL reported; `megdet doctor` in "
-            "one of the run's pods says what InfiniBand lacks."
+            "'Using network Socket': collectives between nodes run over TCP. The run's "
+            "FabricDegraded condition and rank 0's 'Fabric:' log line say how many ranks and "
+            "what NCCL reported; `megdet doctor` in one of its pods says what InfiniBand lacks."
         ),
     ),
     Alert(

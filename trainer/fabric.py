@@ -21,8 +21,9 @@ level (pytorch/pytorch#111424). What NCCL writes, read in NVIDIA/nccl at tag v2.
 ``megdet launch`` has NCCL write those lines to ``/tmp/megdet-nccl/nccl.<host>.<pid>``
 (:func:`megdet.image.nccl_log.with_fabric_log`); each rank reads its own file once its
 communicators exist (:func:`read_fabric`), the ranks share what they found
-(:func:`gather_fabrics`), and the exporter publishes ``megdet_train_fabric_info``. A CPU run
-uses gloo, not NCCL, and says so.
+(:func:`gather_fabrics`), the exporter publishes ``megdet_train_fabric_info`` and rank 0's
+progress report carries the run's summary (:func:`run_report`; the controller's
+``FabricDegraded`` condition). A CPU run uses gloo, not NCCL, and says so.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from megdet.fabric_report import FabricReport
 from megdet.image.nccl_log import debug_file_path, log_hostname, parse_line
 from megdet.image.rdma import ib_requested
 
@@ -50,6 +52,7 @@ __all__ = [
     "read_fabric",
     "report_fabric",
     "requested_fabric",
+    "run_report",
     "summarize",
 ]
 
@@ -260,6 +263,19 @@ def _ranks(ranks: Sequence[int]) -> str:
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"ranks {ranks[0]}-{ranks[-1]}"
     return "ranks " + ",".join(map(str, ranks))
+
+
+def run_report(fabrics: Sequence[Fabric]) -> FabricReport:
+    """The run's fabric for the progress report (megdet/fabric_report.py)."""
+    degraded = [f for f in fabrics if f.degraded]
+    requested = {f.requested for f in fabrics}
+    return FabricReport(
+        transports=",".join(dict.fromkeys(f.transport for f in fabrics)),
+        requested=IB if IB in requested else (requested.pop() if len(requested) == 1 else ANY),
+        ranks=len(fabrics),
+        degraded_ranks=len(degraded),
+        note=degraded[0].notes[0] if degraded and degraded[0].notes else "",
+    )
 
 
 def process_group_backend() -> str | None:

@@ -382,13 +382,13 @@ def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
         metrics = TrainerMetrics(scopes=scopes)
         result.append(PrometheusExporter(metrics, facts, server))
     # The network each rank's NCCL uses, from NCCL's init log: logged, exported, reported.
-    from megdet.trainer.fabric import report_fabric
+    from megdet.trainer.fabric import report_fabric, run_report
 
-    report_fabric(metrics)
+    fabrics = report_fabric(metrics)
     # Progress reports to Trainer's status server (rank 0, KUBEFLOW_TRAINER_SERVER_URL set).
     from megdet.trainer.progress_reporter import build_progress_hook
 
-    progress = build_progress_hook(plan, bundle.checkpointer)
+    progress = build_progress_hook(plan, bundle.checkpointer, fabric=run_report(fabrics))
     if progress is not None:
         result.append(progress)
     if comm.is_main_process():

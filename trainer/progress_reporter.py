@@ -7,7 +7,9 @@ into a :class:`megdet.progress.Progress`: the iteration and the plan's ``max_ite
 batch; images/s and the ETA from a moving window of wall-clock step times; the last
 evaluation's AP/AP50 from the event storage (``bbox/AP``, ``bbox/AP50``: what ``EvalHook``
 puts there and the Prometheus exporter reads); the last complete checkpoint from the
-checkpointer's ``on_saved`` callbacks (or, on resume, the checkpoint it resumed from).
+checkpointer's ``on_saved`` callbacks (or, on resume, the checkpoint it resumed from); the
+run's fabric (``megdet.trainer.fabric.run_report``), which the controller turns into the run's
+``FabricDegraded`` condition.
 
 Posting never touches the training thread: the hook puts the newest report into a one-slot
 mailbox and a daemon thread (:class:`ProgressPoster`) POSTs it (TLS verified against the CA
@@ -37,6 +39,7 @@ from urllib.parse import urlsplit
 from detectron2.engine import hooks
 from detectron2.utils import comm
 
+from megdet.fabric_report import FabricReport
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, format_time, to_request
 from megdet.trainer.config import ConfigError
 
@@ -245,8 +248,10 @@ class ProgressReporter(hooks.HookBase):
         flush_timeout: float = FLUSH_TIMEOUT,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        fabric: FabricReport | None = None,
     ) -> None:
         self.poster = poster
+        self._fabric = fabric
         self._max_iter = plan.max_iter
         self._global_batch = plan.global_batch
         self._checkpointer = checkpointer
@@ -295,6 +300,7 @@ class ProgressReporter(hooks.HookBase):
             checkpoint_iteration=self._checkpoint_iteration,
             checkpoint_time=self._checkpoint_time,
             updated_time=format_time(self._wall()),
+            fabric=self._fabric,
         )
 
     def _read_eval(self) -> bool:
@@ -376,7 +382,10 @@ def _finite(value: float) -> float | None:
 
 
 def build_progress_hook(
-    plan: Any, checkpointer: Any = None, env: Mapping[str, str] = os.environ
+    plan: Any,
+    checkpointer: Any = None,
+    env: Mapping[str, str] = os.environ,
+    fabric: FabricReport | None = None,
 ) -> ProgressReporter | None:
     """The progress reporter on rank 0 when ``KUBEFLOW_TRAINER_SERVER_URL`` is set, else None.
 
@@ -394,4 +403,4 @@ def build_progress_hook(
         logger.warning("%s: %s; progress reporting is off", ENV_URL, err)
         return None
     logger.info("Reporting progress to %s every %g s", url, interval)
-    return ProgressReporter(poster, plan, checkpointer, interval)
+    return ProgressReporter(poster, plan, checkpointer, interval, fabric=fabric)

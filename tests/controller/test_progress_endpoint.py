@@ -201,6 +201,18 @@ def test_unknown_run_404_trainjob_run_404_bad_payload_422(endpoint) -> None:
     assert (NS, "r1") not in hub.runs
 
 
+def test_a_reports_fabric_reaches_the_hub(endpoint) -> None:
+    from megdet.fabric_report import FabricReport, to_metrics
+
+    post, review, _api, hub, _clock, _auth = endpoint
+    fabric = FabricReport("Socket", "IB", 2, 2, "NET/IB : No device found.")
+    body = report(3)
+    body["trainerStatus"]["metrics"] += to_metrics(fabric)
+    assert post("r2", body, review.mint("tok-fabric", "r2"))[0] == 200
+    assert hub.runs[(NS, "r2")].fabric == fabric
+    assert "fabric" not in hub.runs[(NS, "r2")].latest  # not a status.progress field
+
+
 def test_status_writes_are_rate_limited_and_only_when_changed() -> None:
     """1,000 runs reporting every 5 s for 10 simulated minutes, interval 30 s: at most one
     write per run per interval, i.e. 1000/30 writes a second (docs/operations.md)."""

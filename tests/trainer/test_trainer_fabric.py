@@ -7,6 +7,7 @@ import logging
 
 import pytest
 
+from megdet.fabric_report import FabricReport, from_metrics
 from megdet.image.nccl_log import debug_file_path, log_hostname
 from megdet.trainer.fabric import (
     ANY,
@@ -20,6 +21,7 @@ from megdet.trainer.fabric import (
     read_fabric,
     report_fabric,
     requested_fabric,
+    run_report,
     summarize,
 )
 from tests import nccl_format as nf
@@ -162,3 +164,25 @@ def test_report_fabric_exports_the_info_gauge_and_logs_the_run(caplog):
     text = generate_latest(registry).decode()
     assert 'megdet_train_fabric_info{rank="0",requested=' in text
     assert "Fabric: rank 0 on none" in caplog.text
+
+
+def test_the_runs_report_counts_the_degraded_ranks_and_keeps_nccls_reason():
+    fabrics = [Fabric(IB, IB, rank=0), fabric_from_lines(nf.socket_fallback_log(), IB, rank=1)]
+    report = run_report(fabrics)
+    assert report == FabricReport("IB,Socket", IB, 2, 1, "NET/IB : No device found.")
+    assert run_report([read_fabric("gloo", 2, r, env={}) for r in (0, 1)]) == FabricReport(
+        "gloo", ANY, 2
+    )
+
+
+def test_the_progress_reporter_sends_the_runs_fabric():
+    from types import SimpleNamespace
+
+    from megdet.progress import to_request
+    from megdet.trainer.progress_reporter import ProgressReporter
+
+    plan = SimpleNamespace(max_iter=10, global_batch=4, images_at=lambda i: 4 * i)
+    report = FabricReport("Socket", IB, 2, 2, "NET/IB : No device found.")
+    reporter = ProgressReporter(poster=None, plan=plan, fabric=report)
+    metrics = to_request(reporter.snapshot())["trainerStatus"]["metrics"]
+    assert from_metrics(metrics) == report

@@ -131,6 +131,9 @@ def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path):
         "0": 2.0 * ITERATIONS,
         "1": 2.0 * ITERATIONS,
     }
+    # The fabric: gloo on both ranks, said as such (not NCCL).
+    fabric = {s.labels["rank"]: s.labels["transport"] for s in found["megdet_train_fabric_info"]}
+    assert fabric == {"0": "gloo", "1": "gloo"}
     # Global series: exactly one each (rank 0's), without rank or pid labels.
     for name, (_, labels) in CONTRACT.items():
         if "rank" in labels or name not in found:

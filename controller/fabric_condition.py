@@ -1,0 +1,96 @@
+"""The MegDetRun's ``FabricDegraded`` condition, from the fabric in the trainer's reports.
+
+Rank 0 reports the run's fabric with its progress (:mod:`megdet.fabric_report`: which network
+each rank's NCCL logged at init). The condition is True (reason ``SocketFallback``) when ranks
+of a run that asked for InfiniBand use TCP sockets, False when the fabric is as requested
+(``FabricAsRequested``) or not NCCL at all (``NotNCCL``: gloo, one process), and absent until
+a report says.
+
+Two writers, one per target, as for ``status.progress``:
+
+* ``target: trainjob``: the job mirror (:func:`megdet.controller.status.desired_status`,
+  decision ``Observed``) reads the report from ``TrainJob.status.trainerStatus.metrics``
+  (:func:`trainjob_fabric`) and sets the condition with the mirrored phase
+  (:func:`with_fabric`).
+* ``target: pytorchjob``: the progress endpoint's hub calls :func:`condition_writer` when a
+  run's fabric changes. A merge patch replaces ``conditions`` whole, so the write reads the run
+  and patches over that version (409 Conflict: read again), never over a stale list.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from megdet.fabric_report import CONDITION, FabricReport, condition, from_metrics
+
+__all__ = ["condition_writer", "trainjob_fabric", "with_fabric"]
+
+logger = logging.getLogger(__name__)
+
+#: Reads of the run and conditional writes a fabric change may take before it waits.
+ATTEMPTS = 3
+
+
+def trainjob_fabric(job: Mapping[str, Any]) -> FabricReport | None:
+    """The fabric in a TrainJob's ``status.trainerStatus.metrics``; None without one."""
+    status = job.get("status")
+    trainer = status.get("trainerStatus") if isinstance(status, Mapping) else None
+    return from_metrics(trainer.get("metrics")) if isinstance(trainer, Mapping) else None
+
+
+def with_fabric(
+    conditions: Sequence[Mapping[str, Any]],
+    report: FabricReport | None,
+    now: str,
+    generation: Any,
+) -> list[dict[str, Any]]:
+    """``conditions`` with ``FabricDegraded`` as ``report`` says (unchanged without one)."""
+    from megdet.controller.status import set_condition  # status reads this module
+
+    verdict = None if report is None else condition(report)
+    if verdict is None:
+        return [dict(c) for c in conditions]
+    status, reason, message = verdict
+    return set_condition(conditions, CONDITION, status, reason, message, now, generation)
+
+
+#: (namespace, name) -> the run, or None.
+GetRun = Callable[[str, str], Mapping[str, Any] | None]
+#: (namespace, name, status patch, resourceVersion) -> the API server's answer.
+PatchStatus = Callable[[str, str, Mapping[str, Any], str | None], Any]
+
+
+def condition_writer(
+    get_run: GetRun, patch_status: PatchStatus, now: Callable[[], str]
+) -> Callable[[str, str, FabricReport], bool]:
+    """``write(namespace, name, report)``: set the run's condition; True when it holds it now
+    (written, or already so), False when the run is gone or kept changing. Raises what the
+    API server raises otherwise (the hub logs it and tries again later)."""
+
+    def write(namespace: str, name: str, report: FabricReport) -> bool:
+        for _attempt in range(ATTEMPTS):
+            run = get_run(namespace, name)
+            if run is None:
+                return False
+            meta = run.get("metadata") or {}
+            status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
+            old = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+            new = with_fabric(old, report, now(), meta.get("generation"))
+            if new == [dict(c) for c in old]:
+                return True
+            try:
+                patch_status(namespace, name, {"conditions": new}, meta.get("resourceVersion"))
+                return True
+            except Exception as err:
+                code = getattr(err, "status", None)
+                if code == 404:
+                    return False
+                if code != 409:
+                    raise
+        logger.info("progress: %s/%s changed %d times while its fabric was written", namespace,
+                    name, ATTEMPTS)  # fmt: skip
+        return False
+
+    return write
