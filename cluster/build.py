@@ -232,6 +232,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
+#: Go's checksum database (the go command's default).
+DEFAULT_SUMDB = "sum.golang.org"
+#: The builds' GONOSUMDB: a pattern no module path matches. A GONOSUMDB or GOPRIVATE of the
+#: user's (in the environment, or `go env -w`'s file, which an empty variable does not
+#: override: cmd/go/internal/cfg Getenv) would exempt matching modules from the database.
+NO_SUMDB_EXEMPTIONS = "none.invalid"
+
+
 def go_env(build: bool = False) -> dict[str, str]:
     """Go's environment for this project's Go commands; ``build``: for a component's build,
     with a module cache of its own (``go_module_cache``)."""
@@ -245,9 +253,21 @@ def go_env(build: bool = False) -> dict[str, str]:
         # Go writes module sources read-only, which a non-root user's rmtree cannot remove.
         env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -modcacherw").strip()
     env.setdefault("CGO_ENABLED", "0")  # upstream ships these binaries static
-    # The checksum database is not among the registries these machines reach; go.sum in the
-    # wrapper still records what was fetched. A user's own GOSUMDB setting wins.
-    env.setdefault("GOSUMDB", "off")
+    # Every module is checked against Go's checksum database: these binaries run as root.
+    # sum.golang.org itself may not resolve from a build machine, but the go command asks the
+    # module proxy first (GOPROXY's /sumdb/sum.golang.org/supported, which proxy.golang.org
+    # serves; cmd/go/internal/modfetch/sumdb.go), so the database is reached through the proxy
+    # the modules come from. A database of the user's own (a mirror: GOSUMDB=name+key url)
+    # is kept; "off", and the settings that exempt modules from it, are not.
+    sumdb = env.get("GOSUMDB", "").strip()
+    if sumdb == "off":
+        raise BuildError(
+            "GOSUMDB=off: the cluster's binaries run as root and are built only with Go's "
+            "checksum database on; unset GOSUMDB (the default, sum.golang.org, is reached "
+            "through the module proxy) or name a database (GOSUMDB=sum.golang.org)"
+        )
+    env["GOSUMDB"] = sumdb or DEFAULT_SUMDB
+    env["GONOSUMDB"] = NO_SUMDB_EXEMPTIONS
     env["GOFLAGS"] = (env.get("GOFLAGS", "") + " -mod=mod -trimpath").strip()
     env.setdefault("GOTOOLCHAIN", "local")
     return env

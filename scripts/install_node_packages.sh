@@ -28,3 +28,15 @@ export DEBIAN_FRONTEND=noninteractive
 # Another apt run on the machine holds dpkg's lock: wait for it rather than fail.
 apt-get -o DPkg::Lock::Timeout=600 update -qq
 apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}"
+# Debian's containerd package enables and starts containerd.service: a second containerd,
+# running as root with its socket in /run/containerd, that the real node never uses (it runs
+# its own under .cluster/node/). Installed here, it is disabled again, and stopped where
+# systemd runs (/run/systemd/system: sd_booted()'s test).
+if [[ " ${missing[*]} " == *" containerd "* ]] && command -v systemctl >/dev/null; then
+    echo "install_node_packages: disabling Debian's containerd.service (the real node runs its own containerd)"
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now containerd.service
+    else
+        systemctl disable containerd.service >/dev/null 2>&1 || true  # no systemd: only the links
+    fi
+fi

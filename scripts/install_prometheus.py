@@ -104,9 +104,10 @@ def main() -> int:
         return 0
     try:
         _require_tools()
-        with tempfile.TemporaryDirectory() as tmp:
-            # apt's sandbox user must be able to write the download folder.
-            os.chmod(tmp, 0o777)
+        # A folder only this user can open (mkdtemp's 0700): nobody else can put a .deb in it
+        # for dpkg-deb to unpack. As root, apt then downloads without its _apt sandbox and
+        # says so in a notice; nothing else changes.
+        with tempfile.TemporaryDirectory(prefix="megdet-prometheus-") as tmp:
             deb = download(Path(tmp))
             shutil.rmtree(target, ignore_errors=True)
             subprocess.run(["dpkg-deb", "-x", deb, target], check=True)
