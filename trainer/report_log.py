@@ -93,7 +93,7 @@ def _attempt(records: list[Record]) -> dict[str, Any]:
         "timed_iters": None,
         "hooks_s": None,
         "after_loop_s": None,
-        "evaluation_s": 0.0,
+        "evaluation_s": None,
     }
     loop_start = loop_end = None
     for when, _, _, message, more in records:
@@ -115,7 +115,7 @@ def _attempt(records: list[Record]) -> dict[str, Any]:
             loop_end = when
             out["loop_s"] = total
         elif match := _INFERENCE.search(message):
-            out["evaluation_s"] += _seconds(match.group(1)) or 0.0
+            out["evaluation_s"] = (out["evaluation_s"] or 0.0) + (_seconds(match.group(1)) or 0.0)
         elif _FABRIC.match(message):
             out["fabric"] = message
         for ending, pattern in _ENDINGS:

@@ -114,6 +114,7 @@ def test_sigterm_saves_a_checkpoint_and_a_restart_resumes_to_the_last_iteration(
         if first.poll() is None:
             first.kill()
     assert first.returncode == 143, stderr[-3000:]
+    assert not (out / "report.json").exists()  # a stopped run leaves no report
     saved = sorted(p.name for p in out.glob("model_*.pth"))
     assert "model_final.pth" not in saved
     stopped_at = max(int(p[6:13]) for p in saved)
@@ -134,6 +135,19 @@ def test_sigterm_saves_a_checkpoint_and_a_restart_resumes_to_the_last_iteration(
     iterations = [e["iteration"] for e in _events(out) if "total_loss" in e]
     assert iterations[-1] == 29
     assert os.path.exists(out / "config.yaml")
+    # The finished run's report (trainer/report_hook.py): both attempts, how each ended.
+    report = json.loads((out / "report.json").read_text())
+    assert report["finished"] and report["iterations"] == {"done": 30, "planned": 30}
+    assert report["images"]["seen"] == 30 * 8 and report["ap"] is None  # no validation data
+    assert [(a["start_iter"], a["ended"]) for a in report["attempts"]] == [
+        (0, "SIGTERM"),
+        (stopped_at + 1, "finished"),
+    ]
+    assert report["resumes"] == 1 and report["fabric"].startswith("Fabric: ranks 0-1 on gloo")
+    assert report["wall_time"]["steps_s"] > 0 and report["images_per_second"]["steps"] > 0
+    assert report["wall_time"]["evaluation_s"] is None  # nothing evaluated
+    assert [p[1] for p in report["curves"]["loss"]][-1] == 29
+    assert '<polyline data-name="total loss"' in (out / "report.html").read_text()
 
 
 def test_under_torchrun_each_process_is_one_rank_and_plans_for_the_world_it_finds(shapes, tmp_path):
