@@ -37,6 +37,8 @@ from megdet.trainer.config import ALLOWED_WEIGHTS, ConfigError, is_url, unsafe_w
 logger = logging.getLogger(__name__)
 
 _ITER_NAME = re.compile(r"^model_(\d+)\.pth$")
+#: The checkpoint key of the run's state (megdet.trainer.elastic): ints, strings and lists.
+RUN_STATE_KEY = "megdet_run"
 _UNSAFE_GLOBAL = re.compile(r"GLOBAL (\S+) was not an allowed global")
 #: How torch's weights-only unpickler (torch/_weights_only_unpickler.py) refuses an object, as
 #: opposed to bytes it cannot parse (a corrupt file: skipped like a truncated one).
@@ -112,6 +114,10 @@ class AtomicCheckpointer(DetectionCheckpointer):
         # whether the file may be loaded with detectron2's own (unsafe) loaders.
         self._weights_key = ""
         self._trusted = False
+        #: The run's state for the checkpoint of an iteration (megdet.trainer.elastic.RunState).
+        self.run_state: Callable[[int], dict[str, Any]] | None = None
+        # A checkpoint already read (path, data): load() takes it instead of reading it again.
+        self._preloaded: tuple[str, dict[str, Any]] | None = None
 
     def save(self, name: str, **kwargs: Any) -> None:
         if not self.save_dir or not self.save_to_disk:
@@ -120,6 +126,8 @@ class AtomicCheckpointer(DetectionCheckpointer):
         for key, obj in self.checkpointables.items():
             data[key] = obj.state_dict()
         data.update(kwargs)
+        if self.run_state is not None and "iteration" in kwargs:
+            data[RUN_STATE_KEY] = self.run_state(int(kwargs["iteration"]))
         path = Path(self.save_dir) / f"{name}.pth"
         self.logger.info("Saving checkpoint to %s", path)
         _atomic_write(path, lambda f: torch.save(data, f))
@@ -132,7 +140,10 @@ class AtomicCheckpointer(DetectionCheckpointer):
         _atomic_write(path, lambda f: f.write(last_filename_basename.encode()))
 
     def resume_candidates(self) -> list[Path]:
-        """Checkpoints in the output folder, newest first (by the iteration they hold)."""
+        """Checkpoints in the output folder, newest first: the one ``last_checkpoint`` names
+        (detectron2's own choice: the last saved), then the others by the iteration they hold
+        (a run that changed size counts its iterations in another batch, so a number alone
+        does not say which is newer)."""
         folder = Path(self.save_dir)
         if not folder.is_dir():
             return []
@@ -143,13 +154,27 @@ class AtomicCheckpointer(DetectionCheckpointer):
                 found.append((int(match.group(1)), path))
             elif path.name == "model_final.pth":
                 found.append((1 << 62, path))
-        return [p for _, p in sorted(found, reverse=True)]
+        ordered = [p for _, p in sorted(found, reverse=True)]
+        try:
+            last = folder / (folder / "last_checkpoint").read_text().strip()
+        except (OSError, UnicodeDecodeError):
+            return ordered
+        return sorted(ordered, key=lambda p: p != last)  # stable: the rest keep their order
 
-    def resume_latest(self) -> dict[str, Any] | None:
-        """Load the newest readable checkpoint with all checkpointables; None if there is none.
+    def load_read(self, path: Path, data: dict[str, Any]) -> dict[str, Any]:
+        """``load(path)`` of a checkpoint already read into ``data`` (not read again)."""
+        self._preloaded = (str(path), data)
+        try:
+            return self.load(str(path))
+        finally:
+            self._preloaded = None
 
-        Raises UnsafeCheckpointError when the newest readable checkpoint holds non-tensor
-        objects: someone put a file there that this trainer did not write.
+    def read_latest(self) -> tuple[Path, dict[str, Any]] | None:
+        """The newest readable checkpoint and its contents (tensors only); None if there is none.
+
+        A truncated or corrupt file is skipped with a warning. Raises UnsafeCheckpointError when
+        the newest readable checkpoint holds non-tensor objects: someone put a file there that
+        this trainer did not write.
         """
         advice = (
             "; the trainer's own checkpoints hold only tensors, numbers and strings: move the "
@@ -158,17 +183,23 @@ class AtomicCheckpointer(DetectionCheckpointer):
         for path in self.resume_candidates():
             try:
                 # Read it whole first: a truncated file fails here, before the model is touched.
-                load_tensors(path, advice)
+                return path, load_tensors(path, advice)
             except UnsafeCheckpointError:
                 raise
             except Exception as err:  # any zip/EOF error means "not a usable checkpoint"
                 logger.warning(
                     "Skipping unreadable checkpoint %s (%s: %s)", path, type(err).__name__, err
                 )
-                continue
-            logger.info("Resuming from %s", path)
-            return self.load(str(path))
         return None
+
+    def resume_latest(self) -> dict[str, Any] | None:
+        """Load the newest readable checkpoint with all checkpointables; None if there is none
+        (:meth:`read_latest` says which, and what it refuses)."""
+        found = self.read_latest()
+        if found is None:
+            return None
+        logger.info("Resuming from %s", found[0])
+        return self.load_read(*found)
 
     def load_weights(self, path: str, *, key: str = "MODEL.WEIGHTS", trusted: bool = False):
         """Load pretrained/evaluated weights into the model only (no optimizer, no iteration).
@@ -201,6 +232,8 @@ class AtomicCheckpointer(DetectionCheckpointer):
             raise
 
     def _load_file(self, filename: str) -> dict[str, Any]:
+        if self._preloaded is not None and self._preloaded[0] == filename:
+            return self._preloaded[1]
         # DetectionCheckpointer._load_file unpickles .pkl files and torch.loads .pyth files
         # itself; everything else reaches _torch_load.
         if not self._trusted:

@@ -15,7 +15,15 @@ from typing import Any
 import yaml
 from detectron2.config import CfgNode, get_cfg
 
-from megdet.plan import Plan, RunSpec, Scaling, Schedule, SpecError, plan_run
+from megdet.plan import (
+    Plan,
+    Resize,
+    RunSpec,
+    Scaling,
+    Schedule,
+    SpecError,
+    plan_continuation,
+)
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -23,6 +31,7 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 SYNC_BN_SCOPES = ("backbone", "all", "none")
 SCALINGS = tuple(s.value for s in Scaling)
 SCHEDULES = tuple(s.value for s in Schedule)
+RESIZES = tuple(r.value for r in Resize)
 
 #: RunSpec fields and the config keys that feed them (for error messages).
 _SPEC_FIELD_KEYS = {
@@ -39,6 +48,7 @@ _SPEC_FIELD_KEYS = {
     "warmup_iters": "SOLVER.WARMUP_ITERS",
     "warmup_factor": "SOLVER.WARMUP_FACTOR",
     "gamma": "SOLVER.GAMMA",
+    "resize": "MEGDET.RESIZE",
 }
 
 
@@ -65,6 +75,12 @@ def add_megdet_config(cfg: CfgNode) -> None:
     # Which BatchNorm layers are synchronized across workers: "backbone" (the ResNet bottom-up
     # only; FPN and heads keep their own norm), "all" or "none".
     _C.MEGDET.SYNC_BN = "backbone"
+    # When the run resumes on another number of workers (docs/elastic.md): "keep-batch" keeps
+    # the run's global batch (and so its learning rate) by changing ACCUMULATION_STEPS where
+    # the new world can make it, and rescales otherwise; "rescale" always plans the new world's
+    # batch (ACCUMULATION_STEPS as set) with the SCALING rule. Either way the schedule stays
+    # in images seen.
+    _C.MEGDET.RESIZE = "keep-batch"
     # Processes per BN group (MegDet's "BN size" in workers); 0 = the whole world. Must divide
     # the world size.
     _C.MEGDET.BN_GROUP_SIZE = 0
@@ -192,6 +208,7 @@ def validate_config(cfg: CfgNode) -> None:
     _choice("MEGDET.SYNC_BN", m.SYNC_BN, SYNC_BN_SCOPES)
     _choice("MEGDET.SCALING", m.SCALING, SCALINGS)
     _choice("MEGDET.SCHEDULE", m.SCHEDULE, SCHEDULES)
+    _choice("MEGDET.RESIZE", m.RESIZE, RESIZES)
     for key, minimum in (
         ("IMAGES_PER_GPU", 1),
         ("ACCUMULATION_STEPS", 1),
@@ -371,19 +388,41 @@ def spec_from_config(cfg: CfgNode, world_size: int, local_world_size: int) -> Ru
     return parse_spec(data)
 
 
-def plan_config(cfg: CfgNode, world_size: int, local_world_size: int) -> Plan:
+def plan_config(
+    cfg: CfgNode,
+    world_size: int,
+    local_world_size: int,
+    images_done: int = 0,
+    run_batch: int | None = None,
+) -> Plan:
     """Plan the run at this world size and write the plan into ``cfg.SOLVER`` / ``cfg.TEST``.
 
     The SOLVER values in ``cfg`` are the reference recipe; afterwards they are the planned ones.
+    A run that resumes after ``images_done`` images, trained at global batch ``run_batch``,
+    gets the continuation (:func:`megdet.plan.plan_continuation`, by ``MEGDET.RESIZE``), whose
+    accumulation is written to ``MEGDET.ACCUMULATION_STEPS``.
     Raises ConfigError (naming the config key) when the recipe cannot be planned.
     """
+    bn_group = cfg.MEGDET.BN_GROUP_SIZE
+    if bn_group not in (0, world_size) and world_size % bn_group:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(
+            f"MEGDET.BN_GROUP_SIZE: {bn_group} does not divide the world size {world_size} this "
+            f"run has; allowed values: 0 (the whole world) or {', '.join(map(str, divisors))}"
+        )
     try:
-        plan = plan_run(spec_from_config(cfg, world_size, local_world_size))
+        plan = plan_continuation(
+            spec_from_config(cfg, world_size, local_world_size),
+            images_done,
+            run_batch=run_batch,
+            resize=cfg.MEGDET.RESIZE,
+        )
     except SpecError as err:
         key = _SPEC_FIELD_KEYS.get(err.field, err.field)
         raise ConfigError(f"{key}: {err.message}") from None
     was_frozen = cfg.is_frozen()
     cfg.defrost()
+    cfg.MEGDET.ACCUMULATION_STEPS = plan.spec.accumulation_steps
     cfg.SOLVER.IMS_PER_BATCH = plan.global_batch
     cfg.SOLVER.BASE_LR = plan.lr
     cfg.SOLVER.MAX_ITER = plan.max_iter

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from detectron2.config import CfgNode
 from detectron2.data import build_detection_train_loader
+from detectron2.data.build import _train_loader_from_config
+from detectron2.data.samplers import TrainingSampler
 from detectron2.engine import SimpleTrainer, hooks
 from detectron2.modeling import build_model
 from detectron2.solver import build_optimizer
@@ -31,6 +33,12 @@ from torch.nn.parallel import DistributedDataParallel
 from megdet.plan import Plan
 from megdet.trainer.checkpoint import AtomicCheckpointer
 from megdet.trainer.config import TRUSTED_WEIGHTS
+from megdet.trainer.elastic import (
+    ResumableTrainingSampler,
+    ResumePoint,
+    RunState,
+    find_resume_point,
+)
 from megdet.trainer.solver import PlanParamScheduler
 from megdet.trainer.sync_bn import build_bn_process_group, convert_sync_batchnorm
 
@@ -234,7 +242,29 @@ class TrainerBundle:
     checkpointer: AtomicCheckpointer
     model: torch.nn.Module
     sync_bn_layers: list[str]
+    run_state: RunState
     start_iter: int = 0
+
+
+def build_train_loader(cfg: CfgNode, point: ResumePoint | None):
+    """detectron2's train loader of one micro-batch per rank, and the sampler's seed.
+
+    detectron2's TrainingSampler is replaced by one that starts where the run stopped, in the
+    same seeded stream (:class:`ResumableTrainingSampler`); other samplers start over.
+    """
+    kwargs = _train_loader_from_config(cfg)
+    kwargs["total_batch_size"] = cfg.MEGDET.IMAGES_PER_GPU * comm.get_world_size()
+    sampler = kwargs["sampler"]
+    seed = None
+    if type(sampler) is TrainingSampler:
+        seed = sampler._seed  # detectron2's choice for a new run (shared by every rank)
+        if point is not None and point.sampler_seed is not None:
+            seed = int(point.sampler_seed)
+        skip = point.images_done if point is not None else 0
+        kwargs["sampler"] = ResumableTrainingSampler(len(kwargs["dataset"]), seed, skip)
+    elif point is not None:
+        logger.info("%s starts its stream over on resume", type(sampler).__name__)
+    return build_detection_train_loader(**kwargs), seed
 
 
 def build_trainer(
@@ -243,23 +273,29 @@ def build_trainer(
     evaluate=None,
     extra_hooks: list[hooks.HookBase] | None = None,
     resume: bool = True,
+    point: ResumePoint | None = None,
 ) -> TrainerBundle:
     """A trainer for a planned config: model (+SyncBN, DDP), optimizer, loader, hooks, resume.
 
     ``evaluate(model) -> dict`` runs at ``TEST.EVAL_PERIOD`` and after the last iteration;
-    ``extra_hooks`` run after the built-in ones (e.g. an exporter).
+    ``extra_hooks`` run after the built-in ones (e.g. an exporter). With ``resume``, the
+    newest checkpoint (``point``, or the one found in the output folder) is loaded; a plan made
+    for it (``plan_config`` with its images) says where to start, and the optimizer keeps the
+    plan's learning rate, not the checkpoint's.
     """
     os.makedirs(cfg.OUTPUT_DIR, exist_ok=True)
     bn_group = build_bn_process_group(cfg.MEGDET.BN_GROUP_SIZE)
     model, converted = build_megdet_model(cfg, bn_group)
     optimizer = build_optimizer(cfg, model)
     model = wrap_ddp(model)
-    loader = build_detection_train_loader(
-        cfg, total_batch_size=cfg.MEGDET.IMAGES_PER_GPU * comm.get_world_size()
-    )
+    if point is None and resume:
+        point = find_resume_point(cfg.OUTPUT_DIR)
+    loader, seed = build_train_loader(cfg, point if resume else None)
     scaler = torch.amp.GradScaler("cuda") if cfg.MEGDET.AMP else None
     trainer = MegDetTrainer(model, loader, optimizer, cfg.MEGDET.ACCUMULATION_STEPS, scaler)
     checkpointer = AtomicCheckpointer(model, cfg.OUTPUT_DIR, trainer=weakref.proxy(trainer))
+    run_state = RunState(plan, point if resume else None, seed)
+    checkpointer.run_state = run_state.at
 
     hook_list: list[hooks.HookBase] = [
         hooks.IterationTimer(),
@@ -276,11 +312,16 @@ def build_trainer(
     trainer.register_hooks(hook_list)
 
     start_iter = 0
-    if resume:
-        state = checkpointer.resume_latest()
-        if state is not None:
-            start_iter = int(state.get("iteration", -1)) + 1
+    if resume and point is not None:
+        planned = [group["lr"] for group in optimizer.param_groups]
+        logger.info("Resuming from %s", point.path)
+        checkpointer.load_read(point.path, point.checkpoint)
+        # The checkpoint's param groups carry the learning rate of the world that saved it;
+        # the scheduler multiplies initial_lr: both are this plan's.
+        for group, lr in zip(optimizer.param_groups, planned, strict=True):
+            group["lr"] = group["initial_lr"] = lr
+        start_iter = plan.start_iter if plan.images_done else point.iteration + 1
     if start_iter == 0 and cfg.MODEL.WEIGHTS:
         weights = cfg.MODEL.WEIGHTS
         checkpointer.load_weights(weights, trusted=weights_trusted(cfg, weights))
-    return TrainerBundle(trainer, checkpointer, model, converted, start_iter)
+    return TrainerBundle(trainer, checkpointer, model, converted, run_state, start_iter)

@@ -40,6 +40,7 @@ from detectron2.engine import hooks
 from detectron2.utils import comm
 
 from megdet.fabric_report import FabricReport
+from megdet.plan import Plan
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, format_time, to_request
 from megdet.trainer.config import ConfigError
 
@@ -242,7 +243,7 @@ class ProgressReporter(hooks.HookBase):
     def __init__(
         self,
         poster: ProgressPoster,
-        plan: Any,  # megdet.plan.Plan
+        plan: Plan,
         checkpointer: Any = None,  # AtomicCheckpointer
         interval: float = DEFAULT_INTERVAL,
         flush_timeout: float = FLUSH_TIMEOUT,
@@ -254,6 +255,9 @@ class ProgressReporter(hooks.HookBase):
         self._fabric = fabric
         self._max_iter = plan.max_iter
         self._global_batch = plan.global_batch
+        # A run that resumed on another world counts its iterations in this world's batch from
+        # where the images it had seen place it (megdet.plan.plan_continuation).
+        self._images_at = plan.images_at
         self._checkpointer = checkpointer
         self._interval = interval
         self._flush_timeout = flush_timeout
@@ -290,8 +294,8 @@ class ProgressReporter(hooks.HookBase):
         return Progress(
             iteration=done,
             max_iter=self._max_iter,
-            images_seen=done * self._global_batch,
-            planned_images=self._max_iter * self._global_batch,
+            images_seen=self._images_at(done),
+            planned_images=self._images_at(self._max_iter),
             images_per_second=None if rate is None else rate * self._global_batch,
             eta_seconds=eta,
             ap=self._ap,

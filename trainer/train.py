@@ -24,6 +24,13 @@ from detectron2.utils.logger import setup_logger
 from megdet.plan import Plan
 from megdet.trainer.config import ConfigError, plan_config
 from megdet.trainer.data import DatasetError, register_coco_dataset
+from megdet.trainer.elastic import (
+    PLAN_FILE,
+    RunState,
+    change_line,
+    find_resume_point,
+    resolve_legacy,
+)
 from megdet.trainer.engine import (
     EXIT_INTERRUPTED,
     NonFiniteLossError,
@@ -72,10 +79,10 @@ def register_datasets(cfg: CfgNode) -> None:
         cfg.DATASETS.TEST = (VAL_DATASET,)
 
 
-def _save_run_files(cfg: CfgNode, plan: Plan) -> None:
+def _save_run_files(cfg: CfgNode, run_state: RunState) -> None:
     out = Path(cfg.OUTPUT_DIR)
     (out / "config.yaml").write_text(cfg.dump())
-    (out / "plan.json").write_text(json.dumps(plan.summary(), indent=2) + "\n")
+    (out / PLAN_FILE).write_text(json.dumps(run_state.plan_file(), indent=2) + "\n")
 
 
 def _print_plan(cfg: CfgNode, plan: Plan) -> None:
@@ -111,7 +118,24 @@ def _train(task: WorkerTask) -> int:
     if comm.is_main_process():
         logger.info("%s", claimed)
     world, local = comm.get_world_size(), comm.get_local_size()
-    plan = plan_config(cfg, world, local)
+    # Where the run is (its newest checkpoint, read once), then the plan for the rest of it on
+    # this world: the schedule stays in images seen whatever world saved the checkpoint.
+    point = find_resume_point(cfg.OUTPUT_DIR) if task.resume else None
+    if point is None:
+        plan = plan_config(cfg, world, local)
+    else:
+        resolve_legacy(point, plan_config(cfg.clone(), world, local))
+        plan = plan_config(cfg, world, local, point.images_done, point.run_batch)
+        if comm.is_main_process():
+            logger.info("%s", change_line(point, plan))
+            if point.derived:
+                logger.warning(
+                    "%s holds no run state (an older trainer's): its images are its iterations "
+                    "at the global batch %d (%s)",
+                    point.path,
+                    point.run_batch,
+                    point.derived,
+                )
     register_datasets(cfg)
     if cfg.SEED >= 0:
         # Like detectron2's default_setup: Python, NumPy and torch. The train sampler draws its
@@ -121,7 +145,6 @@ def _train(task: WorkerTask) -> int:
         torch.manual_seed(comm.get_rank())
     if comm.is_main_process():
         _print_plan(cfg, plan)
-        _save_run_files(cfg, plan)
     cfg.freeze()
 
     bundle = None
@@ -139,7 +162,11 @@ def _train(task: WorkerTask) -> int:
             )
         return results
 
-    bundle = build_trainer(cfg, plan, evaluate if cfg.DATASETS.TEST else None, resume=task.resume)
+    bundle = build_trainer(
+        cfg, plan, evaluate if cfg.DATASETS.TEST else None, resume=task.resume, point=point
+    )
+    if comm.is_main_process():
+        _save_run_files(cfg, bundle.run_state)
     # After build_trainer: the hooks need its checkpointer and model, and run after its hooks.
     bundle.trainer.register_hooks(build_monitoring_hooks(cfg, plan, bundle))
     if comm.is_main_process():

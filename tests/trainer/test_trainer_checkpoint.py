@@ -61,13 +61,21 @@ def test_resume_skips_a_truncated_newest_checkpoint_for_the_previous_one(
     assert any("model_0000019.pth" in r.getMessage() for r in caplog.records)
 
 
-def test_resume_prefers_the_newest_readable_checkpoint_and_none_without_any(tmp_path):
+def test_resume_prefers_the_last_saved_checkpoint_then_the_highest_number_and_none_without_any(
+    tmp_path,
+):
     _, _, empty = _checkpointer(tmp_path / "empty")
     assert empty.resume_latest() is None
     _, holder, ckpt = _checkpointer(tmp_path)
     for it in (4, 14, 9):
         holder.iteration = it
         ckpt.save(f"model_{it:07d}", iteration=it)
+    # The last saved, as last_checkpoint names it: after a resize to a larger batch, a run's
+    # newest checkpoint can have a lower number than an earlier world's.
+    _, fresh_holder, fresh = _checkpointer(tmp_path)
+    assert fresh.resume_latest()["iteration"] == 9
+    assert fresh_holder.iteration == 9
+    (tmp_path / "last_checkpoint").unlink()
     _, fresh_holder, fresh = _checkpointer(tmp_path)
     assert fresh.resume_latest()["iteration"] == 14
     assert fresh_holder.iteration == 14

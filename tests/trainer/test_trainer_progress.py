@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import pytest
 from torch import nn
 
+from megdet.plan import plan_run
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, to_status
 from tests.tiny_train import train_command
 
@@ -164,7 +165,10 @@ def _settled(reporter):
     return Settled()
 
 
-PLAN = SimpleNamespace(max_iter=10, global_batch=8)
+PLAN = plan_run(
+    {"gpus": 1, "images_per_gpu": 8, "reference_batch": 8, "max_iter": 10, "steps": ()}
+    | {"warmup_iters": 0}
+)
 
 
 def _reporter(url, pki, token, plan=PLAN, checkpointer=None, **kwargs):

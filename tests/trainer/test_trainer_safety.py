@@ -82,6 +82,7 @@ def test_resume_refuses_a_checkpoint_whose_unpickling_would_run_code(
          "extra": _RunsCode(marker)},
         evil, _use_new_zipfile_serialization=zipfile,
     )  # fmt: skip
+    (out / "last_checkpoint").write_text(evil.name)  # named as the last saved
 
     fresh_model, fresh_holder, fresh = _checkpointer(out)
     before = fresh_model.weight.detach().clone()
