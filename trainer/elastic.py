@@ -27,10 +27,10 @@ from detectron2.data.samplers import TrainingSampler
 
 from megdet.plan import Plan
 from megdet.trainer.checkpoint import RUN_STATE_KEY, AtomicCheckpointer
+from megdet.trainer.report import PLAN_FILE
 
 logger = logging.getLogger(__name__)
 
-PLAN_FILE = "plan.json"
 
 
 @dataclass

@@ -39,6 +39,7 @@ from megdet.trainer.elastic import (
     RunState,
     find_resume_point,
 )
+from megdet.trainer.report import EVENTS_FILE
 from megdet.trainer.solver import PlanParamScheduler
 from megdet.trainer.sync_bn import build_bn_process_group, convert_sync_batchnorm
 
@@ -46,8 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: Exit code after a SIGTERM: the checkpoint is saved, but the run is not finished (128 + 15).
 EXIT_INTERRUPTED = 128 + signal.SIGTERM
-#: detectron2's JSON-lines event log (one object per logged iteration: losses, lr, time, AP).
-EVENTS_FILE = "events.jsonl"
 
 
 class TrainingInterrupted(BaseException):
