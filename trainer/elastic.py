@@ -120,12 +120,15 @@ class RunState:
                     "images_end": point.images_done,
                 }
             )
-        self.segments.append(segment_of(plan))
+        if point is None or plan.max_iter > plan.start_iter:
+            # A finished run started again only re-evaluates: no segment for it.
+            self.segments.append(segment_of(plan))
 
     def at(self, iteration: int) -> dict[str, Any]:
         """The state to save with the checkpoint of ``iteration`` (its last completed one)."""
         segments = [dict(s) for s in self.segments]
-        segments[-1].update(last_iter=iteration, images_end=self.plan.images_at(iteration + 1))
+        if segments[-1]["images_start"] == self.plan.images_done:  # this world's segment
+            segments[-1].update(last_iter=iteration, images_end=self.plan.images_at(iteration + 1))
         return {
             "images_seen": self.plan.images_at(iteration + 1),
             "run_batch": self.run_batch,
