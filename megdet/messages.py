@@ -86,6 +86,12 @@ MESSAGES: dict[str, Message] = {
         tail=_WHOLE_NODES,
         field="gpus",
     ),
+    "elasticBounds": Message(
+        "{gpus} is outside {elastic.minGpus}..{elastic.maxGpus}",
+        cel="gpus must be within elastic.minGpus..elastic.maxGpus, the bounds the run declared",
+        tail=": an elastic run sets both bounds, 1 <= elastic.minGpus <= gpus <= "
+        "elastic.maxGpus, and may be resized within them; with both 0 the run has a fixed size",
+    ),
     "stepsIncreasing": Message("{steps} must be strictly increasing", field="steps"),
     "stepsBelowMaxIter": Message("{steps} must all be below {maxIter}", field="steps"),
     "warmupBelowMaxIter": Message("{warmupIters} must be below {maxIter}", field="warmupIters"),

@@ -36,6 +36,7 @@ OWNED_OVERRIDES: dict[str, str] = {
     "MEGDET.SCHEDULE": "schedule",
     "MEGDET.SYNC_BN": "syncBN",
     "MEGDET.BN_GROUP_SIZE": "bnGroupSize",
+    "MEGDET.RESIZE": "elastic.resize",
     "SOLVER.BASE_LR": "baseLr",
     "SOLVER.MAX_ITER": "maxIter",
     "SOLVER.STEPS": "steps",

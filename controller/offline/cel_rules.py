@@ -27,6 +27,7 @@ from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
 
 __all__ = [
+    "ELASTIC_FIELDS",
     "GENERATED",
     "IMMUTABLE_FIELDS",
     "OVERRIDE_VALUE_NOTE",
@@ -68,7 +69,15 @@ IMMUTABLE_FIELDS: dict[str, str] = {
     "output": _OUTPUT,
     "runName": _OUTPUT,
     "target": "the controller owns one job of one kind; create a new MegDetRun for the other",
+    "elastic": "the bounds a live run may be resized within are part of the run's definition; "
+    "create a new MegDetRun for others",
 }
+#: Immutable fields that an elastic run may change on a live run (within the bounds that
+#: ``elastic`` declares; the spec's bounds rule, ``elasticBounds``, refuses other values): the
+#: transition rule of each sits on the spec (it reads ``elastic``), with the field's message.
+ELASTIC_FIELDS = ("gpus",)
+#: CEL, on the old spec: the run declared elastic bounds at creation (``elastic`` is immutable).
+ELASTIC_RUN = "has(oldSelf.elastic) && oldSelf.elastic.maxGpus > 0"
 
 # Integer rescaling exactly as megdet.plan does it: round_half_up(n * reference / batch)
 # == (2 * n * reference + batch) / (2 * batch) in integer arithmetic (CEL's int is int64; the
@@ -253,12 +262,27 @@ def steps_rules(props: dict[str, Any]) -> None:
     )
 
 
-def transition_rules(props: dict[str, Any]) -> None:
+def transition_rules(spec: dict[str, Any]) -> None:
+    """``self == oldSelf`` on each field of :data:`IMMUTABLE_FIELDS`, with the reason; for the
+    fields of :data:`ELASTIC_FIELDS`, a rule on the spec that lets an elastic run change them
+    (same message, ``fieldPath`` the field)."""
+    props = spec["properties"]
     for name, reason in IMMUTABLE_FIELDS.items():
-        if name in props:
-            props[name].setdefault("x-kubernetes-validations", []).append(
-                {"rule": "self == oldSelf", "message": f"{name} is immutable: {reason}"}
+        if name not in props:
+            continue
+        message = f"{name} is immutable: {reason}"
+        if name in ELASTIC_FIELDS and "elastic" in props:
+            spec.setdefault("x-kubernetes-validations", []).append(
+                {
+                    "rule": f"self.{name} == oldSelf.{name} || ({ELASTIC_RUN})",
+                    "fieldPath": f".{name}",
+                    "message": message,
+                }
             )
+            continue
+        props[name].setdefault("x-kubernetes-validations", []).append(
+            {"rule": "self == oldSelf", "message": message}
+        )
 
 
 def root_rules(spec: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -87,7 +87,7 @@ def spec_schema(chart: Path | None = None) -> dict[str, Any]:
     resolve_rules(spec, spec)
     steps_rules(spec["properties"])
     pod_metadata_rules(spec["properties"], chart or chart_dir())
-    transition_rules(spec["properties"])
+    transition_rules(spec)
     return spec
 
 

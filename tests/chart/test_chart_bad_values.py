@@ -141,5 +141,10 @@ def test_a_wrongly_typed_enum_value_is_answered_with_the_allowed_values(
 
 def test_every_string_enum_of_the_chart_is_covered() -> None:
     # Guards the parametrization above: the schema has string enums at these places.
-    assert {".".join(p) for p, _ in STRING_ENUMS} >= {"target", "syncBN", "nccl.ib.memlock"}
-    assert len(STRING_ENUMS) == 14
+    assert {".".join(p) for p, _ in STRING_ENUMS} >= {
+        "target",
+        "syncBN",
+        "nccl.ib.memlock",
+        "elastic.resize",
+    }
+    assert len(STRING_ENUMS) == 15

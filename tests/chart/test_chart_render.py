@@ -209,6 +209,7 @@ def test_trainer_args_carry_the_spec_fields_and_paths(render):
             "SOLVER.WARMUP_ITERS": "1000",
             "MEGDET.SYNC_BN": "backbone",
             "MEGDET.BN_GROUP_SIZE": "0",
+            "MEGDET.RESIZE": "keep-batch",
             "MEGDET.METRICS.PORT": "9477",
             "DATALOADER.NUM_WORKERS": "6",
             # extraOverrides, sorted by key; booleans as Python literals for yacs.
@@ -224,6 +225,17 @@ def test_trainer_args_carry_the_spec_fields_and_paths(render):
         assert {"name": "config", "mountPath": "/config", "readOnly": True} in container[
             "volumeMounts"
         ]
+
+
+def test_the_resize_mode_reaches_the_trainer(render):
+    rendered = render({"gpus": 16, "elastic": {"minGpus": 8, "maxGpus": 32, "resize": "rescale"}})
+    for _, container in rendered.containers():
+        assert overrides_of(container["args"])["MEGDET.RESIZE"] == "rescale"
+
+
+def test_elastic_bounds_that_do_not_hold_gpus_fail_naming_gpus_and_the_bounds(render):
+    message = render.error({"gpus": 16, "elastic": {"minGpus": 24, "maxGpus": 32}})
+    assert "gpus=16 is outside elastic.minGpus=24..elastic.maxGpus=32" in message
 
 
 def test_output_folder_defaults_to_the_release_name_and_eval_can_be_off(render):

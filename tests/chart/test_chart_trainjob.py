@@ -236,6 +236,11 @@ def run_values(draw) -> dict[str, Any]:
         "podAnnotations": draw(st.dictionaries(st.sampled_from(["a.io/x"]), st.just("y"))),
         "extraEnv": draw(st.sampled_from([[], [{"name": "OMP_NUM_THREADS", "value": "4"}]])),
         "restartPolicy": draw(st.sampled_from(["OnFailure", "Never", "ExitCode"])),
+        "elastic": {
+            "minGpus": 0,
+            "maxGpus": 0,
+            "resize": draw(st.sampled_from(["keep-batch", "rescale"])),
+        },
     }
     if draw(st.booleans()):
         values["nccl"] = {"ib": {"enabled": True, "rdmaResourceName": RDMA}}

@@ -5,6 +5,7 @@ Each template takes a dict of the values its message shows, by the chart's value
   fail (include "megdet.msg.<id>" (dict "gpus" $gpus "gpusPerNode" $gpn))
 */}}
 {{- define "megdet.msg.gpusMultiple" -}}{{ printf "gpus=%v is not a multiple of gpusPerNode=%v (multi-node runs use whole nodes)" (index . "gpus") (index . "gpusPerNode") }}{{- end -}}
+{{- define "megdet.msg.elasticBounds" -}}{{ printf "gpus=%v is outside elastic.minGpus=%v..elastic.maxGpus=%v: an elastic run sets both bounds, 1 <= elastic.minGpus <= gpus <= elastic.maxGpus, and may be resized within them; with both 0 the run has a fixed size" (index . "gpus") (index . "elastic.minGpus") (index . "elastic.maxGpus") }}{{- end -}}
 {{- define "megdet.msg.stepsIncreasing" -}}{{ printf "steps=%v must be strictly increasing" (index . "steps") }}{{- end -}}
 {{- define "megdet.msg.stepsBelowMaxIter" -}}{{ printf "steps=%v must all be below maxIter=%v" (index . "steps") (index . "maxIter") }}{{- end -}}
 {{- define "megdet.msg.warmupBelowMaxIter" -}}{{ printf "warmupIters=%v must be below maxIter=%v" (index . "warmupIters") (index . "maxIter") }}{{- end -}}

@@ -59,6 +59,11 @@ generated into _messages.tpl), shared with megdet.plan and the CRD's CEL rules.
 {{- if and (gt $gpus $gpn) (ne (mod $gpus $gpn) 0) -}}
 {{- fail (include "megdet.msg.gpusMultiple" (dict "gpus" $gpus "gpusPerNode" $gpn)) -}}
 {{- end -}}
+{{- $minGpus := int64 $v.elastic.minGpus -}}
+{{- $maxGpus := int64 $v.elastic.maxGpus -}}
+{{- if and (or (ne $minGpus 0) (ne $maxGpus 0)) (or (lt $minGpus 1) (gt $minGpus $gpus) (gt $gpus $maxGpus)) -}}
+{{- fail (include "megdet.msg.elasticBounds" (dict "gpus" $gpus "elastic.minGpus" $minGpus "elastic.maxGpus" $maxGpus)) -}}
+{{- end -}}
 {{- $maxIter := int64 $v.maxIter -}}
 {{- $prev := 0 -}}
 {{- range $v.steps -}}

@@ -24,6 +24,7 @@ are passed: the trainer plans LR and schedule itself from the world size it find
   "SOLVER.WARMUP_ITERS" (toString (int64 $v.warmupIters))
   "MEGDET.SYNC_BN" $v.syncBN
   "MEGDET.BN_GROUP_SIZE" (toString (int64 $v.bnGroupSize))
+  "MEGDET.RESIZE" $v.elastic.resize
   "MEGDET.METRICS.PORT" (ternary (toString (int64 $v.metrics.port)) "0" $v.metrics.enabled)) -}}
 {{- /* `megdet train --num-workers` spawns processes; torchrun does that in a pod, so
        DataLoader workers go through detectron2's own key. */ -}}

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.offline import crd as crd_module
-from megdet.controller.offline.cel_rules import IMMUTABLE_FIELDS
+from megdet.controller.offline.cel_rules import ELASTIC_FIELDS, IMMUTABLE_FIELDS
 from megdet.controller.offline.crd import (
     CRD_FILE,
     MissingDescriptionsError,
@@ -249,10 +249,18 @@ def test_transition_rules_on_exactly_the_immutable_fields(root):
         for name, node in spec.items()
         if any(r["rule"] == "self == oldSelf" for r in node.get("x-kubernetes-validations", []))
     }
-    assert immutable == set(IMMUTABLE_FIELDS) & set(spec)
+    assert immutable == (set(IMMUTABLE_FIELDS) - set(ELASTIC_FIELDS)) & set(spec)
     # gang.queue is fixed once the job exists (kubeflow.org/v1); the rest of gang is not.
     assert with_transition == immutable | {"gang"}
     assert "runPolicy" not in with_transition  # suspend must stay changeable
+    # gpus: a rule on the spec (it reads elastic), naming gpus, with the field's message.
+    on_spec = {
+        r["fieldPath"]: r
+        for r in root["properties"]["spec"]["x-kubernetes-validations"]
+        if "oldSelf" in r["rule"]
+    }
+    for name in ELASTIC_FIELDS:
+        assert on_spec[f".{name}"]["message"] == f"{name} is immutable: {IMMUTABLE_FIELDS[name]}"
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from megdet.controller.offline.cel_rules import GENERATED, resolve_rules
+from megdet.controller.offline.cel_rules import ELASTIC_FIELDS, GENERATED, resolve_rules
 from megdet.controller.offline.crd import build_crd, spec_schema
 from megdet.messages import MESSAGES, cel_message
 
@@ -66,7 +66,8 @@ def test_generated_rules_take_the_place_of_their_entry():
     at = next(i for i, r in enumerate(written) if "generated" in r)
     generated = GENERATED[written[at]["generated"]](spec)
     assert rules[at : at + len(generated)] == [r["fieldPath"] for r in generated]
-    assert len(rules) == len(written) - 1 + len(generated)
+    # ...and after the written ones, the spec-level transition rules of the elastic fields.
+    assert len(rules) == len(written) - 1 + len(generated) + len(ELASTIC_FIELDS)
 
 
 @pytest.mark.parametrize(

@@ -334,6 +334,13 @@ chart_rule_specs = st.fixed_dictionaries(
             },
         ),
         "kueue": st.fixed_dictionaries({}, optional={"queueName": st.sampled_from(["", "q"])}),
+        "elastic": st.fixed_dictionaries(
+            {},
+            optional={
+                "minGpus": st.sampled_from([0, 1, 8, 16]),
+                "maxGpus": st.sampled_from([0, 8, 64]),
+            },
+        ),
         "runPolicy": st.fixed_dictionaries({}, optional={"suspend": st.booleans()}),
         "nccl": st.fixed_dictionaries(
             {},

@@ -221,3 +221,59 @@ def test_job_fields_fixed_once_the_job_exists(old, new, path):
 def test_deadline_stays_changeable_for_pytorchjobs():
     new = {**BASE, "runPolicy": {"activeDeadlineSeconds": 9}}
     assert validate_update(BASE, new) == []
+
+
+ELASTIC = {**BASE, "gpus": 16, "elastic": {"minGpus": 8, "maxGpus": 32}}
+
+
+@pytest.mark.parametrize("gpus", [8, 24, 32])
+def test_an_elastic_run_may_change_gpus_within_its_bounds(gpus):
+    assert validate_update(ELASTIC, {**ELASTIC, "gpus": gpus}) == []
+
+
+@pytest.mark.parametrize("gpus", [4, 40])
+def test_gpus_outside_the_bounds_are_refused_naming_gpus_and_the_bounds(gpus):
+    problems = validate_update(ELASTIC, {**ELASTIC, "gpus": gpus})
+    assert [p.path for p in problems] == ["spec.gpus"]
+    assert problems[0].message.startswith(
+        "gpus must be within elastic.minGpus..elastic.maxGpus, the bounds the run declared"
+    )
+
+
+def test_a_run_without_bounds_keeps_gpus_fixed_with_the_same_message():
+    problems = validate_update(BASE, {**BASE, "gpus": 32})
+    assert [p.path for p in problems] == ["spec.gpus"]
+    assert problems[0].message == f"gpus is immutable: {IMMUTABLE_FIELDS['gpus']}"
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"elastic": {"minGpus": 8, "maxGpus": 64}},
+        {"elastic": {"minGpus": 0, "maxGpus": 0}, "gpus": 16},
+        {"elastic": {"minGpus": 8, "maxGpus": 32, "resize": "rescale"}},
+    ],
+)
+def test_the_bounds_and_the_resize_mode_are_fixed_at_creation(change):
+    problems = validate_update(ELASTIC, {**ELASTIC, **change})
+    assert "spec.elastic" in [p.path for p in problems]
+    assert any(
+        p.message == f"elastic is immutable: {IMMUTABLE_FIELDS['elastic']}" for p in problems
+    )
+
+
+@pytest.mark.parametrize(
+    ("elastic", "gpus"),
+    [
+        ({"minGpus": 8, "maxGpus": 0}, 8),  # one bound alone
+        ({"minGpus": 0, "maxGpus": 32}, 16),
+        ({"minGpus": 16, "maxGpus": 8}, 16),
+        ({"minGpus": 24, "maxGpus": 32}, 16),  # gpus below its own bounds
+        ({"minGpus": 8, "maxGpus": 12}, 16),
+    ],
+)
+def test_bounds_that_do_not_hold_gpus_are_refused_at_creation(elastic, gpus):
+    spec = {**BASE, "gpus": gpus, "elastic": elastic}
+    problems = validate_run(spec)
+    assert [p.path for p in problems] == ["spec.gpus"]
+    assert "elastic.minGpus..elastic.maxGpus" in problems[0].message
