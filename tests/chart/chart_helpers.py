@@ -31,7 +31,8 @@ NAMESPACE = "vision"
 
 # The container securityContext the chart renders by default (the restricted Pod Security
 # Standard's container fields), and with nccl.ib.memlock=root: uid 0 with IPC_LOCK on top of the
-# runtime's default capabilities (drop ALL taken out), which only the privileged level allows.
+# runtime's default capabilities but NET_RAW (drop ALL taken out), which only the privileged level
+# allows.
 RESTRICTED_CONTAINER_SECURITY = {
     "runAsNonRoot": True,
     "allowPrivilegeEscalation": False,
@@ -42,7 +43,7 @@ ROOT_CONTAINER_SECURITY = {
     "runAsUser": 0,
     "runAsNonRoot": False,
     "allowPrivilegeEscalation": False,
-    "capabilities": {"add": ["IPC_LOCK"]},
+    "capabilities": {"add": ["IPC_LOCK"], "drop": ["NET_RAW"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 

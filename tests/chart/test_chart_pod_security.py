@@ -113,13 +113,13 @@ def test_root_memlock_differs_exactly_as_documented(render, target):
     (runtime,) = pods_of(render, {"nccl": {"ib": {**IB, "memlock": "runtime"}}}, target)[:1]
     (root,) = pods_of(render, {"nccl": {"ib": {**IB, "memlock": "root"}}}, target)[:1]
     sc = ("spec", "containers", 0, "securityContext")
-    # docs/helm.md: uid 0, runAsNonRoot false, IPC_LOCK added, ALL not dropped (root gets
-    # the runtime's default capabilities back); nothing else of the pod changes.
+    # docs/helm.md: uid 0, runAsNonRoot false, IPC_LOCK added, NET_RAW dropped instead of ALL
+    # (root gets the runtime's default capabilities back but NET_RAW); nothing else changes.
     assert diff_paths(runtime, root) == {
         (*sc, "runAsUser"),
         (*sc, "runAsNonRoot"),
         (*sc, "capabilities", "add"),
-        (*sc, "capabilities", "drop"),
+        (*sc, "capabilities", "drop", 0),
     }
     assert root["spec"]["containers"][0]["securityContext"] == ROOT_CONTAINER_SECURITY
     assert level(runtime) == "restricted"
@@ -311,6 +311,23 @@ def test_container_security_context_merges_over_the_secure_defaults(render):
     assert "seccompProfile" not in no_seccomp
     # null for the whole value: no securityContext on the container at all.
     assert container_security(render, {"containerSecurityContext": None}) is None
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_root_memlock_on_the_host_network_drops_net_raw(render, target):
+    # ci/hostnetwork-values.yaml: root with the runtime's default capabilities, on the node's
+    # network; NET_RAW there would let the trainer craft and sniff packets on the node's
+    # interfaces, and nothing of NCCL's needs it (RDMA RC queue pairs; sockets are TCP).
+    values = values_file(CHART_DIR / "ci" / "hostnetwork-values.yaml")
+    for pod in pods_of(render, values, target):
+        assert pod["spec"]["hostNetwork"] is True
+        caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]
+        assert "NET_RAW" in caps["drop"] and "NET_RAW" not in caps.get("add", [])
+    # A platform that adds NET_RAW on purpose keeps it.
+    added = {**values, "containerSecurityContext": {"capabilities": {"add": ["NET_RAW"]}}}
+    for pod in pods_of(render, added, target):
+        caps = pod["spec"]["containers"][0]["securityContext"]["capabilities"]
+        assert caps == {"add": ["NET_RAW", "IPC_LOCK"]}
 
 
 def test_root_memlock_keeps_the_platforms_other_capability_settings(render):

@@ -143,8 +143,11 @@ added capability never reaches the effective set of a non-root process
 (kubernetes/kubernetes#56374), so IPC_LOCK is added only with memlock=root, where the container
 runs as uid 0; that mode also gives root the runtime's default capabilities back (drop ALL is
 taken out of the list: uid 0 without CAP_DAC_OVERRIDE could not write the image user's home)
-and so needs a `privileged` namespace (docs/helm.md, "Pod security"). With memlock=runtime the
-container keeps the image's user and the node's runtime must grant the limit.
+but NET_RAW (unless containerSecurityContext adds it), which RDMA's reliable-connection queue
+pairs (what NCCL uses) do not need and which would let root craft and sniff packets (on the
+node's interfaces with network.hostNetwork); it needs a `privileged` namespace (docs/helm.md,
+"Pod security"). With memlock=runtime the container keeps the image's user and the node's
+runtime must grant the limit.
 */}}
 {{- define "megdet.containerSecurityContext" -}}
 {{- $v := .Values -}}
@@ -153,7 +156,8 @@ container keeps the image's user and the node's runtime must grant the limit.
 {{- if and $ib.enabled (eq $ib.memlock "root") -}}
 {{- $caps := deepCopy (default (dict) $sc.capabilities) -}}
 {{- $_ := set $caps "add" (append (without (default (list) $caps.add) "IPC_LOCK") "IPC_LOCK") -}}
-{{- $drop := without (default (list) $caps.drop) "ALL" -}}
+{{- $drop := without (default (list) $caps.drop) "ALL" "NET_RAW" -}}
+{{- if not (has "NET_RAW" $caps.add) -}}{{- $drop = append $drop "NET_RAW" -}}{{- end -}}
 {{- if $drop -}}{{- $_ := set $caps "drop" $drop -}}{{- else -}}{{- $_ := unset $caps "drop" -}}{{- end -}}
 {{- $_ := set $sc "capabilities" $caps -}}
 {{- $_ := set $sc "runAsUser" 0 -}}
