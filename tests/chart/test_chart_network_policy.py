@@ -10,7 +10,7 @@ from typing import Any
 
 import kubernetes_validate
 import pytest
-from chart_helpers import NAMESPACE, RELEASE
+from chart_helpers import CHART_DIR, NAMESPACE, RELEASE
 
 from megdet.controller.render import split_manifests
 
@@ -208,6 +208,104 @@ def test_restricted_egress_reaches_the_run_and_dns_only(render):
     assert egress_allowed(obj, {}, {"team": "storage"}, 9000)
 
 
+PROGRESS_NS = {"kubernetes.io/metadata.name": "megdet-system"}
+ACTIVE = {"megdet.io/progress-endpoint": "active", "app.kubernetes.io/component": "controller"}
+
+
+def progress_values(url: str) -> dict[str, Any]:
+    """The chart value the controller sets for each run (controller/planning.py with_progress)."""
+    return {"url": url, "caConfigMap": "megdet-progress-ca", "runUID": "0d2f-uid"}
+
+
+def operator_progress_endpoint() -> tuple[str, dict[str, str], int]:
+    """What the operator chart (defaults, release megdet-operator in megdet-system) gives the
+    controller as --progress-url, its pod's labels and its progress container port."""
+    import helm_python
+
+    from megdet.controller.progress_leader import ACTIVE_LABEL, ACTIVE_VALUE
+
+    with helm_python.Chart.load(str(CHART_DIR.parent / "megdet-operator")) as chart:
+        files = chart.render(
+            values={}, name="megdet-operator", namespace="megdet-system", is_install=True
+        )
+    (deployment,) = [o for o in split_manifests(files)[0] if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    (url,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--progress-url=")]
+    (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "progress"]
+    return url, {**pod["metadata"]["labels"], ACTIVE_LABEL: ACTIVE_VALUE}, port
+
+
+def test_the_operator_charts_progress_endpoint_is_reachable_under_restricted_egress(render):
+    url, active_pod, port = operator_progress_endpoint()
+    values = {
+        "progress": progress_values(url),
+        "networkPolicy": {"enabled": True, "restrictEgress": True},
+    }
+    (obj,) = policies(render, values)
+    assert egress_allowed(obj, active_pod, PROGRESS_NS, port)
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("https://megdet-operator-progress.megdet-system.svc:8443", 8443),
+        ("https://megdet-operator-progress.megdet-system.svc.cluster.local:9443", 9443),
+        ("https://megdet-operator-progress.megdet-system.svc", 443),
+    ],
+)
+def test_restricted_egress_reaches_the_controllers_progress_endpoint(render, url, port):
+    values = {
+        "progress": progress_values(url),
+        "networkPolicy": {"enabled": True, "restrictEgress": True},
+    }
+    (obj,) = policies(render, values)
+    # The active replica (the one the progress Service selects) on the URL's port only.
+    assert egress_allowed(obj, ACTIVE, PROGRESS_NS, port)
+    assert not egress_allowed(obj, ACTIVE, PROGRESS_NS, port + 1)
+    # Not a standby replica, nor the same label in another namespace.
+    standby = {k: v for k, v in ACTIVE.items() if k != "megdet.io/progress-endpoint"}
+    assert not egress_allowed(obj, standby, PROGRESS_NS, port)
+    assert not egress_allowed(obj, ACTIVE, {"kubernetes.io/metadata.name": "x"}, port)
+    # What was reachable stays so; the rest stays closed.
+    (pod, *_) = run_pods(render, values)
+    assert egress_allowed(obj, pod["metadata"]["labels"], RUN_NS, 29500)
+    assert not egress_allowed(obj, {}, {"kubernetes.io/metadata.name": "x"}, 443)
+    assert f"the controller's progress endpoint (TCP {port}) and DNS." in render(values).notes
+
+
+def test_progress_egress_to_a_host_outside_the_cluster_is_its_port_at_any_address(render):
+    values = {
+        "progress": progress_values("https://progress.example.com:10443"),
+        "networkPolicy": {"enabled": True, "restrictEgress": True},
+    }
+    (obj,) = policies(render, values)
+    assert obj["spec"]["egress"][-1] == {"ports": [{"protocol": "TCP", "port": 10443}]}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"networkPolicy": {"enabled": True, "restrictEgress": True}},
+        {"networkPolicy": {"enabled": True}},
+        {"target": "trainjob", "networkPolicy": {"enabled": True, "restrictEgress": True}},
+    ],
+    ids=["no-progress", "egress-open", "trainjob"],
+)
+def test_no_progress_rule_without_a_progress_endpoint_or_egress_rules(render, values):
+    # No progress.url (a plain helm install), egress open anyway, or a TrainJob (whose pods
+    # report to Trainer's status server, not to progress.url: docs/helm.md).
+    values = {**values, "progress": progress_values("https://p.megdet-system.svc:8443")}
+    if values.get("target") != "trainjob" and values["networkPolicy"].get("restrictEgress"):
+        values["progress"] = {"url": ""}
+    (obj,) = policies(render, values)
+    for rule in obj["spec"].get("egress", []):
+        assert all(p.get("port") != 8443 for p in rule.get("ports", []))
+    assert egress_allowed(obj, ACTIVE, PROGRESS_NS, 8443) == (
+        "Egress" not in obj["spec"]["policyTypes"]
+    )
+
+
 def test_notes_describe_the_policy(render):
     notes = render({"networkPolicy": {"enabled": True, "restrictEgress": True}}).notes
     assert f"NetworkPolicy {RELEASE}: ingress from the run's own pods (all TCP)" in notes
@@ -253,3 +351,25 @@ def test_notes_describe_the_policy(render):
 )
 def test_bad_network_policy_values_are_refused_naming_them(render, values, expected):
     assert expected in render.error(values)
+
+
+def test_a_megdetrun_with_restricted_egress_reaches_the_controller_it_reports_to():
+    # The controller's own render: its --progress-url added to the run (planning.with_progress).
+    from megdet.controller.planning import Planned, plan_children
+
+    run = {
+        "apiVersion": "megdet.io/v1alpha1",
+        "kind": "MegDetRun",
+        "metadata": {"name": "r50", "namespace": NAMESPACE, "uid": "0d2f-uid"},
+        "spec": {"networkPolicy": {"enabled": True, "restrictEgress": True}},
+    }
+    url = "https://megdet-operator-progress.megdet-system.svc:8443"
+    planned = plan_children(run, progress_url=url)
+    assert isinstance(planned, Planned), planned
+    (obj,) = [o for o in planned.objects if o["kind"] == "NetworkPolicy"]
+    assert egress_allowed(obj, ACTIVE, PROGRESS_NS, 8443)
+    (job,) = [o for o in planned.objects if o["kind"] == "PyTorchJob"]
+    env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
+    assert any(
+        e["value"].startswith(url) for e in env if e["name"] == "KUBEFLOW_TRAINER_SERVER_URL"
+    )

@@ -91,6 +91,35 @@ the controller's ConfigMap.
 {{- define "megdet.progressAudience" -}}
 {{- printf "megdet.io/v1alpha1/namespaces/%s/megdetruns/%s/status/%s" .Release.Namespace .Release.Name .Values.progress.runUID -}}
 {{- end -}}
+{{/*
+The egress rule the progress reports need under networkPolicy.restrictEgress (empty without
+progress): TCP to progress.url's port (443 if it names none). A URL of a cluster Service
+(https://<service>.<namespace>.svc[.<cluster domain>][:<port>], what the operator chart passes)
+also names the peer: the pod of that namespace carrying megdet.io/progress-endpoint=active,
+the label the active controller replica puts on its own pod and the progress Service selects
+(controller/progress_leader.py). Any other host: the port at any destination. A policy matches
+the Service's endpoints, not its cluster IP (kube-proxy translates first), so the container port
+must equal the URL's, as in the operator chart.
+*/}}
+{{- define "megdet.progressEgress" -}}
+{{- if include "megdet.progressEnabled" . -}}
+{{- $host := (urlParse .Values.progress.url).host -}}
+{{- $port := 443 -}}
+{{- if regexMatch ":[0-9]+$" $host -}}
+{{- $port = regexFind "[0-9]+$" $host | int64 -}}
+{{- $host = regexReplaceAll ":[0-9]+$" $host "" -}}
+{{- end -}}
+{{- $rule := dict "ports" (list (dict "protocol" "TCP" "port" $port)) -}}
+{{- $service := regexFind "^[a-z0-9]([-a-z0-9]*[a-z0-9])?\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?\\.svc(\\..*)?$" $host -}}
+{{- if $service -}}
+{{- $ns := index (splitList "." $service) 1 -}}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" $ns)) "podSelector" (dict "matchLabels" (dict "megdet.io/progress-endpoint" "active")) -}}
+{{- $_ := set $rule "to" (list $peer) -}}
+{{- end -}}
+{{- toYaml $rule -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "megdet.progressEnv" -}}
 {{- if include "megdet.progressEnabled" . -}}
 {{- if not .Values.progress.caConfigMap -}}
