@@ -15,15 +15,7 @@ from typing import Any
 import yaml
 from detectron2.config import CfgNode, get_cfg
 
-from megdet.plan import (
-    Plan,
-    Resize,
-    RunSpec,
-    Scaling,
-    Schedule,
-    SpecError,
-    plan_continuation,
-)
+from megdet.plan import Plan, Resize, RunSpec, Scaling, Schedule, SpecError, plan_continuation
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
