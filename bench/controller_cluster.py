@@ -79,7 +79,8 @@ class BenchCluster:
 
         self.nodes = nodes
         self.training_operator = training_operator
-        self.root = root or Path(tempfile.gettempdir()) / f"megdet-bench-cluster-{os.getpid()}"
+        # A new folder of this user's (mkdtemp), not a name others can guess and make first.
+        self.root = root or Path(tempfile.mkdtemp(prefix="megdet-bench-cluster-"))
         self.kube = Cluster(
             root=self.root,
             ports_mode="auto",

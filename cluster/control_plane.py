@@ -43,9 +43,15 @@ from typing import Any
 
 import yaml
 
-from megdet.cluster import build
+from megdet.cluster import build, procs
 from megdet.cluster.operators import Operators
-from megdet.cluster.pki import CertificateAuthority, kubeconfig, service_account_keys
+from megdet.cluster.pki import (
+    CertificateAuthority,
+    kubeconfig,
+    private_dir,
+    service_account_keys,
+    write_private,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STATE = ROOT / ".cluster"
@@ -106,6 +112,10 @@ KWOK_STAGES = (
 )
 
 
+#: The subject of the cluster's etcd CA (apart from the main CA: kubeadm's etcd/ca).
+ETCD_CA_NAME = "megdet-etcd-ca"
+
+
 class ClusterError(RuntimeError):
     """Something stopped the cluster from starting; the message names the fix."""
 
@@ -150,17 +160,20 @@ def api_address() -> str:
         return "127.0.0.1"
 
 
-def stop_process_group(pid: int, grace: float = 15) -> bool:
+def stop_process_group(
+    pid: int, grace: float = 15, owned: Callable[[], bool] = lambda: True
+) -> bool:
     """SIGTERM ``pid``'s process group, SIGKILL it after ``grace`` seconds; reap it if it is our
-    child. Returns whether it was running."""
-    if not _alive(pid):
+    child. ``owned`` is asked before each signal (whether ``pid`` is still the process meant:
+    procs.is_ours). Returns whether it was running and signalled."""
+    if not _alive(pid) or not owned():
         return False
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while _alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid):
+    if _alive(pid) and owned():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
@@ -310,11 +323,32 @@ class Cluster(Operators):
         self.kubectl(*args, input=text)
 
     # --- lifecycle ---------------------------------------------------------------------------
+    def owns(self, name: str, state: Mapping[str, Any]) -> bool:
+        """Whether the process state.json holds for component ``name`` is still the one this
+        cluster started (procs.is_ours: its start time, and its command line naming root)."""
+        record = state.get("procs", {}).get(name)
+        return procs.is_ours(state["pids"][name], str(self.root), record)
+
+    def running(self, name: str, state: Mapping[str, Any]) -> bool:
+        return name in state["pids"] and _alive(state["pids"][name]) and self.owns(name, state)
+
+    def stop_component(self, name: str, state: Mapping[str, Any], grace: float = 15) -> bool:
+        """Stop component ``name``'s process group if its process is still this cluster's;
+        a PID that now names another process is left alone (and said so)."""
+        pid = state["pids"][name]
+        if _alive(pid) and not self.owns(name, state):
+            self.echo(
+                f"not stopping {name}: {procs.describe(pid)} is not the process this cluster "
+                f"started (another start time, or a command line that does not name {self.root})"
+            )
+            return False
+        return stop_process_group(pid, grace, lambda: self.owns(name, state))
+
     def is_up(self) -> bool:
         state = self.state()
         return (
             bool(state)
-            and all(_alive(p) for p in state["pids"].values())
+            and all(self.running(n, state) for n in state["pids"])
             and self._ready("/readyz")
         )
 
@@ -322,7 +356,7 @@ class Cluster(Operators):
         """Start the cluster; a no-op when it is already up."""
         state = self.state()
         if state:
-            dead = [n for n, pid in state["pids"].items() if not _alive(pid)]
+            dead = [n for n in state["pids"] if not self.running(n, state)]
             if not dead and self._ready("/readyz"):
                 self.echo(f"cluster already up (kubeconfig: {self.kubeconfig})")
                 if self.real_node:
@@ -351,7 +385,9 @@ class Cluster(Operators):
                 "only; about 12 min measured on 2 cores)"
             )
             build.build_all(missing, echo=self.echo)
-        self.root.mkdir(parents=True, exist_ok=True)
+        # Only its owner (root, for the real node) may open what the cluster writes: keys,
+        # kubeconfigs, etcd's data, the audit log, containerd's socket.
+        private_dir(self.root)
         self.logs.mkdir(exist_ok=True)
         state = {
             "ports": ports,
@@ -402,7 +438,7 @@ class Cluster(Operators):
         # One at a time, in reverse start order: the API server stops in about a second while
         # etcd is still there, but waits out its whole grace period once etcd is gone first.
         for name in reversed(list(state["pids"])):
-            if stop_process_group(state["pids"][name]):
+            if self.stop_component(name, state):
                 stopped.append(name)
         if keep_logs and self.logs.exists():
             shutil.rmtree(keep_logs, ignore_errors=True)
@@ -480,8 +516,7 @@ class Cluster(Operators):
         for name, (cn, orgs) in clients.items():
             crt, key = ca.issue(name, cn, orgs, client=True)
             path = self.kubeconfig if name == "admin" else self.pki / f"{name}.kubeconfig"
-            path.write_text(kubeconfig(server, ca.cert_path, cn, crt, key))
-            path.chmod(0o600)
+            write_private(path, kubeconfig(server, ca.cert_path, cn, crt, key))
         # Serving certificates of the controller-manager and scheduler (their /healthz), and the
         # aggregation layer's front-proxy client (kubeadm's set; without it both log errors
         # about a missing requestheader CA all the time).
@@ -497,6 +532,23 @@ class Cluster(Operators):
             client=True,
         )
         service_account_keys(self.pki)
+        self._make_etcd_pki()
+
+    @property
+    def etcd_pki(self) -> Path:
+        return self.pki / "etcd"
+
+    def _make_etcd_pki(self) -> None:
+        """etcd's own CA (kubeadm's layout: a certificate of the cluster CA, the admin's or a
+        kubelet's, must not open etcd), its serving and peer certificates (server and client
+        use, as kubeadm issues them: etcd's gateway dials its own listener with them) and the
+        API server's client certificate, the one client etcd accepts."""
+        ca = CertificateAuthority(self.etcd_pki, cn=ETCD_CA_NAME)
+        for name in ("server", "peer"):
+            ca.issue(
+                name, f"etcd-{name}", dns=["localhost"], ips=["127.0.0.1"], server=True, client=True
+            )
+        ca.issue("apiserver-etcd-client", "kube-apiserver-etcd-client", client=True)
 
     def _spawn(
         self,
@@ -518,6 +570,7 @@ class Cluster(Operators):
         )
         log.close()
         state["pids"][name] = proc.pid
+        state.setdefault("procs", {})[name] = procs.identity(proc.pid)
         self._save(state)
         return proc
 
@@ -549,32 +602,52 @@ class Cluster(Operators):
             return "(no log)"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
+    def etcd_args(self, ports: Mapping[str, int]) -> list[str]:
+        """etcd's command line: TLS with client-certificate authentication on its client and
+        peer listeners, both on 127.0.0.1 (kubeadm's etcd flags): a local user without the
+        API server's etcd client key can neither read nor write the cluster's objects."""
+        pki = self.etcd_pki
+        client = f"https://127.0.0.1:{ports['etcd']}"
+        peer = f"https://127.0.0.1:{ports['etcd-peer']}"
+        return [
+            self.binary("etcd"),
+            "--name=megdet",
+            f"--data-dir={self.root / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--cert-file={pki / 'server.crt'}",
+            f"--key-file={pki / 'server.key'}",
+            f"--trusted-ca-file={pki / 'ca.crt'}",
+            "--client-cert-auth=true",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=megdet={peer}",
+            f"--peer-cert-file={pki / 'peer.crt'}",
+            f"--peer-key-file={pki / 'peer.key'}",
+            f"--peer-trusted-ca-file={pki / 'ca.crt'}",
+            "--peer-client-cert-auth=true",
+            "--listen-metrics-urls=",
+            # A throwaway cluster: no fsync (etcd's own test setting), a small backend quota.
+            "--unsafe-no-fsync",
+            "--quota-backend-bytes=2147483648",
+            "--log-level=warn",
+        ]
+
+    def _etcd_ssl(self) -> ssl.SSLContext:
+        """The API server's view of etcd: its CA, and the one client certificate it accepts."""
+        ctx = ssl.create_default_context(cafile=str(self.etcd_pki / "ca.crt"))
+        ctx.load_cert_chain(
+            self.etcd_pki / "apiserver-etcd-client.crt", self.etcd_pki / "apiserver-etcd-client.key"
+        )
+        return ctx
+
     def _start_etcd(self, state: dict[str, Any]) -> None:
         ports = state["ports"]
-        client = f"http://127.0.0.1:{ports['etcd']}"
-        peer = f"http://127.0.0.1:{ports['etcd-peer']}"
-        proc = self._spawn(
-            state,
-            "etcd",
-            [
-                self.binary("etcd"),
-                "--name=megdet",
-                f"--data-dir={self.root / 'etcd'}",
-                f"--listen-client-urls={client}",
-                f"--advertise-client-urls={client}",
-                f"--listen-peer-urls={peer}",
-                f"--initial-advertise-peer-urls={peer}",
-                f"--initial-cluster=megdet={peer}",
-                "--listen-metrics-urls=",
-                # A throwaway cluster: no fsync (etcd's own test setting), a small backend quota.
-                "--unsafe-no-fsync",
-                "--quota-backend-bytes=2147483648",
-                "--log-level=warn",
-            ],
-        )
+        proc = self._spawn(state, "etcd", self.etcd_args(ports))
 
         def healthy() -> bool:
-            with urllib.request.urlopen(f"{client}/health", timeout=2) as resp:
+            url = f"https://127.0.0.1:{ports['etcd']}/health"
+            with urllib.request.urlopen(url, timeout=2, context=self._etcd_ssl()) as resp:
                 return json.loads(resp.read()).get("health") == "true"
 
         self._wait("etcd", healthy, 60, proc)
@@ -602,7 +675,10 @@ class Cluster(Operators):
             "kube-apiserver",
             [
                 self.binary(self.apiserver),
-                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                f"--etcd-servers=https://127.0.0.1:{ports['etcd']}",
+                f"--etcd-cafile={self.etcd_pki / 'ca.crt'}",
+                f"--etcd-certfile={self.etcd_pki / 'apiserver-etcd-client.crt'}",
+                f"--etcd-keyfile={self.etcd_pki / 'apiserver-etcd-client.key'}",
                 # The node's address (api_address()): what the real node's pods reach through
                 # the `kubernetes` Service, whose endpoint is the advertised address.
                 f"--bind-address={state['address']}",
@@ -891,7 +967,7 @@ class Cluster(Operators):
         from megdet.cluster.node import NodeError, RealNode
 
         state = self.state()
-        if state and "node" in state and _alive(state["pids"].get("kubelet", -1)):
+        if state and "node" in state and self.running("kubelet", state):
             return True
         try:
             RealNode(self, echo=self.echo).start(timeout)
@@ -906,7 +982,7 @@ class Cluster(Operators):
         state = self.state()
         if not state or not self._ready("/readyz"):
             raise ClusterError(f"no running cluster in {self.root}: start it first")
-        todo = [n for n in names if not (n in state["pids"] and _alive(state["pids"][n]))]
+        todo = [n for n in names if not self.running(n, state)]
         missing = [n for n in todo if not build.is_built(n)]
         if missing:
             self.echo(f"building {', '.join(missing)} (first use on this machine only)")

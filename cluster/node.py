@@ -10,9 +10,10 @@ the node's containerd: nothing is pulled.
 
 Everything lives under ``<cluster>/node/``: containerd's root, state and socket, the kubelet's
 root dir, pod logs, the CNI configuration and IPAM state. What is machine-wide and cannot be
-put in a folder (iptables rules of kube-proxy, the CNI bridge, cgroups under ``kubepods``, the
-kernel settings the kubelet and the node need) is one node's per machine: a lock file in
-/run/megdet says whose, and ``teardown()`` undoes it.
+put in a folder (iptables rules of kube-proxy, the CNI bridge, the pods' cgroups under
+``megdet-node``, the kernel settings the kubelet and the node need) is one node's per machine:
+a lock file in /run/megdet says whose, and ``teardown()`` undoes it. It does not start beside
+another Kubernetes node (whose kubelet and kube-proxy use the same iptables chain names).
 
 The node is tainted ``megdet.io/real-node=true:NoSchedule`` so the kwok-targeted pods of the
 suite never land on it; pods that want it tolerate the taint and select it
@@ -42,8 +43,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from megdet.cluster import build, oci
-from megdet.cluster.pki import CertificateAuthority, kubeconfig
+from megdet.cluster import build, oci, procs
+from megdet.cluster.pki import CertificateAuthority, kubeconfig, write_private
 
 if TYPE_CHECKING:
     from megdet.cluster.control_plane import Cluster
@@ -93,6 +94,15 @@ SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
+#: The node's cgroup, the kubelet's cgroupRoot: its pods' cgroups are under
+#: <hierarchy>/megdet-node/kubepods, and teardown() kills and removes only what is under it
+#: (a kubelet of another Kubernetes has /kubepods, or its own cgroupRoot).
+CGROUP_PARENT = "megdet-node"
+#: The programs of a Kubernetes node that own host-wide state (a kubelet's port and cgroups,
+#: kube-proxy's iptables chains): one of another Kubernetes keeps the real node from starting.
+KUBE_NODE_PROGRAMS = ("kubelet", "kube-proxy")
+#: The kubelet port every Kubernetes uses (the real node's kubelet listens elsewhere).
+KUBELET_PORT = 10250
 #: cgroup v1 controllers the kubelet's cgroupfs manager and runc need.
 CGROUP_V1 = ("cpu", "cpuacct", "cpuset", "memory", "pids", "devices", "freezer")
 #: Debian package of each command the node runs (scripts/install_node_packages.sh installs them).
@@ -299,6 +309,18 @@ def host_problems() -> list[str]:
     return problems
 
 
+def other_kubernetes(root: Path) -> str:
+    """What shows that another Kubernetes node runs here ('' when nothing does): a kubelet or
+    kube-proxy process whose command line does not name this cluster's folder ``root``, or a
+    listener on the kubelet's port 10250 (a kubelet built into another program: k3s, ...)."""
+    from megdet.cluster.control_plane import port_taken
+
+    found = [procs.describe(pid) for pid in procs.foreign(KUBE_NODE_PROGRAMS, str(root))]
+    if port_taken(KUBELET_PORT, "0.0.0.0"):
+        found.append(f"a listener on the kubelet port {KUBELET_PORT}")
+    return "; ".join(found)
+
+
 def node_ip() -> str:
     """This machine's address on its default route (what the node advertises)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -345,6 +367,16 @@ class RealNode:
         problems = host_problems()
         if problems:
             raise NodeError("the real node cannot start on this machine: " + "; ".join(problems))
+        # Another cluster's real node first: the e2e fixture waits for that one to go.
+        self._check_machine()
+        other = other_kubernetes(cluster.root)
+        if other:
+            raise NodeError(
+                f"another Kubernetes node runs on this machine: {other}. Its kubelet and "
+                "kube-proxy share the host's iptables chains (KUBE-*, fixed names in every "
+                "Kubernetes), cgroups and kernel settings with this one: stop it first, or use "
+                "`python -m megdet.cluster up --no-real-node` (kwok nodes only)"
+            )
         ip = node_ip()
         ports = self._choose_ports(state)
         start = time.monotonic()
@@ -365,7 +397,7 @@ class RealNode:
             self._start_kubelet(state, ip, ports, timeout)
             self._advertise_resources()
             self._start_kube_proxy(state, ports)
-            self._start_coredns(ports, timeout)
+            self._start_coredns(ports, ip, timeout)
         except BaseException:
             self.echo(f"the real node failed to start; logs: {cluster.logs}")
             self.teardown()
@@ -401,19 +433,23 @@ class RealNode:
             )
         return ports
 
+    def _check_machine(self) -> None:
+        """MachineBusy when another cluster's real node holds this machine's lock."""
+        with contextlib.suppress(OSError, ValueError):
+            owner = json.loads(MACHINE_LOCK.read_text())
+            if owner["root"] != str(self.cluster.root) and _owner_alive(owner):
+                raise MachineBusy(
+                    f"another cluster's real node runs on this machine ({owner['root']}); "
+                    "one real node per machine (its kube-proxy owns the host's iptables "
+                    "rules): stop that cluster (`make cluster-down`, or its e2e session) first"
+                )
+
     def _claim_machine(self) -> None:
         """Take this machine's real-node lock, or say whose node holds it."""
         MACHINE_LOCK.parent.mkdir(parents=True, exist_ok=True)
         with open(MACHINE_LOCK.with_suffix(".lock"), "w") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
-            with contextlib.suppress(OSError, ValueError):
-                owner = json.loads(MACHINE_LOCK.read_text())
-                if owner["root"] != str(self.cluster.root) and _owner_alive(owner):
-                    raise MachineBusy(
-                        f"another cluster's real node runs on this machine ({owner['root']}); "
-                        "one real node per machine (its kube-proxy owns the host's iptables "
-                        "rules): stop that cluster (`make cluster-down`, or its e2e session) first"
-                    )
+            self._check_machine()
             MACHINE_LOCK.write_text(
                 json.dumps({"root": str(self.cluster.root), "pid": os.getpid()})
             )
@@ -449,8 +485,7 @@ class RealNode:
         for name, (cn, orgs) in clients.items():
             crt, key = ca.issue(f"node-{name}", cn, orgs, client=True)
             path = pki / f"node-{name}.kubeconfig"
-            path.write_text(kubeconfig(server, ca.cert_path, cn, crt, key))
-            path.chmod(0o600)
+            write_private(path, kubeconfig(server, ca.cert_path, cn, crt, key))
         ca.issue(
             "node-kubelet-serving",
             f"system:node:{NODE_NAME}",
@@ -563,6 +598,7 @@ class RealNode:
             # refuses a cgroup v1 host (validation/validation_linux.go); this machine is v1.
             "failCgroupV1": False,
             "cgroupDriver": "cgroupfs",
+            "cgroupRoot": f"/{CGROUP_PARENT}",
             "containerRuntimeEndpoint": f"unix://{self.socket}",
             "address": ip,
             "port": ports["kubelet"],
@@ -608,6 +644,7 @@ class RealNode:
         folder = self.root / "kubelet"
         folder.mkdir(parents=True, exist_ok=True)
         (self.root / "pod-logs").mkdir(exist_ok=True)
+        make_cgroup_parent()
         config = self.root / "kubelet-config.yaml"
         config.write_text(yaml.safe_dump(self.kubelet_config(ip, ports), sort_keys=False))
         proc = self.cluster._spawn(
@@ -708,8 +745,17 @@ class RealNode:
         self.cluster._wait("kube-proxy", healthy, 60, proc)
 
     # --- CoreDNS -------------------------------------------------------------------------------
-    def corefile(self, ports: Mapping[str, int]) -> str:
+    def corefile(self, ports: Mapping[str, int], ip: str) -> str:
+        """CoreDNS's configuration. It listens on the node's address only (``bind``: without it
+        CoreDNS serves on every interface, plugin/bind/README.md) and answers only the node's
+        pods, the node and loopback (``acl``, plugin/acl/README.md): not a resolver for the
+        machine's network. Health, readiness and metrics on 127.0.0.1."""
         return f""".:{ports["coredns"]} {{
+    bind {ip}
+    acl {{
+        allow net {POD_CIDR} {ip}/32 127.0.0.0/8
+        block
+    }}
     errors
     health 127.0.0.1:{ports["coredns-health"]}
     ready 127.0.0.1:{ports["coredns-ready"]}
@@ -727,7 +773,7 @@ class RealNode:
 }}
 """
 
-    def coredns_manifests(self, ports: Mapping[str, int]) -> list[dict[str, Any]]:
+    def coredns_manifests(self, ports: Mapping[str, int], ip: str) -> list[dict[str, Any]]:
         """CoreDNS as a Deployment on the real node, with the kubernetes plugin, behind the
         kube-dns Service at DNS_SERVICE_IP. It runs on the host network: the API server listens
         on 127.0.0.1 only, which a pod's own network namespace cannot reach; the Service's
@@ -781,7 +827,7 @@ class RealNode:
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
                 "metadata": {"name": "coredns", **meta},
-                "data": {"Corefile": self.corefile(ports)},
+                "data": {"Corefile": self.corefile(ports, ip)},
             },
             {
                 "apiVersion": "apps/v1",
@@ -870,8 +916,8 @@ class RealNode:
             },
         ]
 
-    def _start_coredns(self, ports: Mapping[str, int], timeout: float) -> None:
-        self.cluster.apply(self.coredns_manifests(ports))
+    def _start_coredns(self, ports: Mapping[str, int], ip: str, timeout: float) -> None:
+        self.cluster.apply(self.coredns_manifests(ports, ip))
 
         def available() -> bool:
             out = self.cluster.kubectl(
@@ -899,30 +945,41 @@ class RealNode:
                 self.echo(f"real node teardown: {what} failed: {err}")
 
         def stop(name: str) -> None:
-            if name in pids and _stop(pids[name]):
+            if name in pids and self.cluster.stop_component(name, state):
                 stopped.append(name)
 
         step("stopping kube-proxy", lambda: stop("kube-proxy"))
         step("stopping the kubelet", lambda: stop("kubelet"))
-        step("killing the pods' processes", lambda: _kill_cgroup_tree("kubepods"))
-        shims: list[int] = []
+        step("killing the pods' processes", lambda: _kill_cgroup_tree(CGROUP_PARENT))
+        shims: list[tuple[int, int | None]] = []
         step("finding containerd's shims", lambda: shims.extend(_shims(self.socket)))
         step("stopping containerd", lambda: stop("containerd"))
-        for pid in shims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        for pid, started in shims:
+            if procs.start_time(pid) == started:  # still that shim, not a reused PID
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
         step("unmounting", lambda: _unmount_under(self.root))
-        step("removing the kubepods cgroups", lambda: _remove_cgroup_tree("kubepods"))
+        step("removing the pods' cgroups", lambda: _remove_cgroup_tree(CGROUP_PARENT))
         step("removing log links", lambda: _remove_links_into(CONTAINER_LOG_LINKS, self.root))
         if "node" in state:
+            others = procs.foreign(KUBE_NODE_PROGRAMS, str(self.cluster.root))
             proxy = build.binary_path("kube-proxy")
-            if proxy.exists():
+            if others:
+                # The chains' names are upstream's constants, the same in every Kubernetes:
+                # removing them now would cut that one's Services off.
+                self.echo(
+                    "real node teardown: left the KUBE-* iptables chains in place: another "
+                    f"Kubernetes runs on this machine ({', '.join(map(procs.describe, others))})"
+                    "; once it is gone, `kube-proxy --cleanup` removes them"
+                )
+            elif proxy.exists():
                 cmd = [str(proxy), "--cleanup"]
                 step(
                     "kube-proxy --cleanup",
                     lambda: subprocess.run(cmd, capture_output=True, timeout=60),
                 )
-            step("removing the KUBE-* chains", _remove_kube_chains)
+            if not others:
+                step("removing the KUBE-* chains", _remove_kube_chains)
             link = ["ip", "link", "delete", BRIDGE]
             step(
                 "deleting the bridge", lambda: subprocess.run(link, capture_output=True, timeout=30)
@@ -939,20 +996,18 @@ class RealNode:
 
 
 def _owner_alive(owner: Mapping[str, Any]) -> bool:
-    """Whether the cluster that holds the machine lock still runs its node."""
+    """Whether the cluster that holds the machine lock still runs its node (its kubelet or
+    containerd, known by start time and command line: procs.is_ours)."""
     try:
         state = json.loads((Path(owner["root"]) / "state.json").read_text())
     except (OSError, ValueError):
         return False
-    from megdet.cluster.control_plane import _alive
-
-    return any(_alive(state["pids"][n]) for n in ("kubelet", "containerd") if n in state["pids"])
-
-
-def _stop(pid: int, grace: float = 15) -> bool:
-    from megdet.cluster.control_plane import stop_process_group
-
-    return stop_process_group(pid, grace)
+    records = state.get("procs", {})
+    return any(
+        procs.is_ours(state["pids"][n], owner["root"], records.get(n))
+        for n in ("kubelet", "containerd")
+        if n in state["pids"]
+    )
 
 
 def _cgroup_roots() -> list[Path]:
@@ -961,8 +1016,23 @@ def _cgroup_roots() -> list[Path]:
     return [*roots, base]
 
 
+def make_cgroup_parent() -> None:
+    """The node's own cgroup (CGROUP_PARENT) in every cgroup hierarchy mounted under
+    /sys/fs/cgroup: the kubelet checks that its cgroupRoot exists in each
+    (``cgroupV1impl.Validate``, pkg/kubelet/cm/cgroup_v1_manager_linux.go) and puts
+    ``kubepods`` under it."""
+    for root in _cgroup_roots():
+        if (root / "cgroup.procs").exists():
+            (root / CGROUP_PARENT).mkdir(exist_ok=True)
+            # A new v1 cpuset cgroup has no CPUs or memory nodes: none of its tasks could run.
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                mine = root / CGROUP_PARENT / name
+                if mine.exists() and not mine.read_text().strip():
+                    mine.write_text((root / name).read_text())
+
+
 def _kill_cgroup_tree(name: str) -> None:
-    """SIGKILL every process in the ``name`` cgroup subtree (the pods' containers)."""
+    """SIGKILL every process in the ``name`` cgroup subtree (the node's pods: CGROUP_PARENT)."""
     for root in _cgroup_roots():
         # os.walk skips what disappears under it (runc removes cgroups as containers die).
         for folder, _, files in os.walk(root / name):
@@ -1027,17 +1097,16 @@ def _remove_links_into(folder: Path, target: Path) -> None:
                     link.unlink()
 
 
-def _shims(sock: Path) -> list[int]:
-    """The containerd shims of this node's containerd (they outlive it)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
+def _shims(sock: Path) -> list[tuple[int, int | None]]:
+    """The containerd shims of this node's containerd (they outlive it): (PID, start time)."""
+    found = []
+    for proc in procs.PROC.iterdir():
         if not proc.name.isdigit():
             continue
-        with contextlib.suppress(OSError):
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if argv and argv[0].endswith(b"containerd-shim-runc-v2") and str(sock).encode() in argv:
-                pids.append(int(proc.name))
-    return pids
+        argv = procs.command_line(int(proc.name))
+        if argv and argv[0].endswith("containerd-shim-runc-v2") and str(sock) in argv:
+            found.append((int(proc.name), procs.start_time(int(proc.name))))
+    return found
 
 
 def _unmount_under(folder: Path) -> None:

@@ -27,7 +27,7 @@ import yaml
 from cryptography import x509
 
 from megdet.cluster import build
-from megdet.cluster.pki import CertificateAuthority, dns_names
+from megdet.cluster.pki import CertificateAuthority, dns_names, private_dir, write_private
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,9 +56,26 @@ WEBHOOK_SERVICE_NAMES = (
 PYTORCH_INIT_CONTAINER = (
     ROOT / "charts/megdet-operator/files/pytorch-init-container-restricted.yaml"
 )
-#: Hard-coded by the training operator's cert package (and by Trainer v2's and JobSet's):
-#: in a pod it is the Secret's volume mount.
-WEBHOOK_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
+#: Where the training operator's, JobSet's and Trainer's certificate rotators look for the
+#: serving certificate, and where their webhook servers read it (controller-runtime's default,
+#: os.TempDir()/k8s-webhook-server/serving-certs): a constant in each one's cert package with no
+#: flag (training-operator v1.9.4 pkg/cert/cert.go, jobset v0.12.0 pkg/util/cert/cert.go,
+#: trainer v2.3.0 pkg/util/cert/cert.go). In a pod it is the Secret's volume mount; here each
+#: runs in a mount namespace of its own (private_mounts) whose /tmp is a private tmpfs with the
+#: cluster's ``webhook-certs`` folder bound at this path: nothing is written to the host's
+#: /tmp. Kueue takes the folder from its configuration (webhook.certDir).
+UPSTREAM_CERT_DIR = "/tmp/k8s-webhook-server/serving-certs"
+#: private_mounts' script: $1 is a count N, then N entries of the host's /tmp that the command
+#: names (its state folder, binary, files: bound back, read through the descriptor of the
+#: /tmp the tmpfs covers), then the certificate folder.
+PRIVATE_TMP_STEP = (
+    "exec 3</tmp && mount -t tmpfs -o mode=0700,size=16m megdet-tmp /tmp"
+    ' && n=$1 && shift && while [ "$n" -gt 0 ]; do'
+    ' if [ -d "/proc/self/fd/3/$1" ]; then mkdir -p "/tmp/$1"; else : > "/tmp/$1"; fi'
+    ' && mount -c --bind "/proc/self/fd/3/$1" "/tmp/$1" || exit 1; shift; n=$((n - 1)); done'
+    f' && exec 3<&- && mkdir -p {UPSTREAM_CERT_DIR} && mount --bind "$1" {UPSTREAM_CERT_DIR}'
+    " && shift && export TMPDIR=/tmp"
+)
 #: Kubeflow Trainer v2, JobSet and Kueue (Cluster(trainer_v2=True, kueue=True)). Each one's
 #: certificate rotator reads a Secret in a namespace and checks certificates against names that
 #: the operator hard-codes or defaults; webhook_pki() issues certificates that pass, and
@@ -100,11 +117,26 @@ TRAINER_SERVICE_ACCOUNT = "kubeflow-trainer-controller-manager"
 #: Run in its own mount namespace, Trainer's manager sees the folder given as $1 where a pod
 #: has its ServiceAccount files (a tmpfs over /run, which /var/run points to, holds the mount
 #: point); nothing on the host changes.
-POD_FILES_SCRIPT = (
+POD_FILES_STEP = (
     'run=$(readlink -f /var/run) && mount -t tmpfs -o mode=0755,size=1m megdet-pod-run "$run"'
     ' && mkdir -p "$run/secrets/kubernetes.io/serviceaccount"'
-    ' && mount --bind "$1" "$run/secrets/kubernetes.io/serviceaccount" && shift && exec "$@"'
+    ' && mount --bind "$1" "$run/secrets/kubernetes.io/serviceaccount" && shift'
 )
+
+
+def _under_tmp(named: Sequence[str]) -> list[str]:
+    """The entries of the host's /tmp that the paths in ``named`` (arguments: a path, or
+    ``--flag=path``) lie in, by name: what a private /tmp must bind back (PRIVATE_TMP_STEP)."""
+    tmp = Path("/tmp").resolve()
+    keep: set[str] = set()
+    for arg in named:
+        value = arg.split("=", 1)[-1]
+        if not value.startswith("/"):
+            continue
+        path = Path(value).resolve()
+        if path.is_relative_to(tmp) and path != tmp:
+            keep.add(path.relative_to(tmp).parts[0])
+    return sorted(keep)
 
 
 class Operators:
@@ -128,8 +160,8 @@ class Operators:
     @staticmethod
     def webhook_pki() -> Path:
         """The operators' webhook CA and serving certificate: one per machine, in the build
-        cache, so that every cluster on the machine writes the same files into the folder the
-        operators hard-code (see WEBHOOK_CERT_DIR)."""
+        cache (a folder only its owner opens), so that caBundles stay the same across the
+        machine's clusters."""
         import fcntl
 
         folder = build.cache_dir() / "webhook-pki"
@@ -154,22 +186,46 @@ class Operators:
                 ca.issue("webhook", "megdet-webhooks", server=True, ips=["127.0.0.1"], dns=dns)
         return folder
 
-    def mount_webhook_certs(self) -> None:
-        """What the operator's Deployment gets from its Secret volume: tls.crt and tls.key in
-        the folder its webhook server reads (cert-controller only checks they exist)."""
+    @property
+    def webhook_cert_dir(self) -> Path:
+        """This cluster's copy of what an operator's Deployment gets from its Secret volume
+        (tls.crt, tls.key, ca.crt), in its state folder; see UPSTREAM_CERT_DIR."""
+        return self.root / "webhook-certs"
+
+    def mount_webhook_certs(self) -> Path:
+        """Write the webhook serving certificate into webhook_cert_dir (0700, the key 0600;
+        cert-controller only checks that tls.crt exists); returns the folder."""
         pki = self.webhook_pki()
-        WEBHOOK_CERT_DIR.mkdir(parents=True, exist_ok=True)
+        folder = private_dir(self.webhook_cert_dir)
         for name, source in (
             ("tls.crt", "webhook.crt"),
             ("tls.key", "webhook.key"),
             ("ca.crt", "ca.crt"),
         ):
             data = (pki / source).read_bytes()
-            target = WEBHOOK_CERT_DIR / name
+            target = folder / name
             if not target.exists() or target.read_bytes() != data:
-                tmp = target.with_suffix(".tmp")
-                tmp.write_bytes(data)
-                tmp.replace(target)
+                write_private(target, data)
+        return folder
+
+    def private_mounts(self, command: Sequence[str], pod_files: Path | None = None) -> list[str]:
+        """``command`` run in a mount namespace of its own, with a private /tmp holding
+        webhook_cert_dir at UPSTREAM_CERT_DIR (and what of the host's /tmp the command names:
+        PRIVATE_TMP_STEP) and, with ``pod_files``, that folder where a pod has its
+        ServiceAccount files (POD_FILES_STEP)."""
+        named = [str(self.root), str(self.webhook_cert_dir), *command]
+        if pod_files is not None:
+            named.append(str(pod_files))
+        keep = _under_tmp(named)
+        steps = [PRIVATE_TMP_STEP]
+        args = [str(len(keep)), *keep, str(self.webhook_cert_dir)]
+        if pod_files is not None:
+            steps.append(POD_FILES_STEP)
+            args.append(str(pod_files))
+        script = " && ".join([*steps, 'exec "$@"'])
+        # Root may make a mount namespace; anyone else needs a user namespace for it.
+        user = [] if os.geteuid() == 0 else ["--map-root-user"]
+        return ["unshare", "--mount", *user, "--", "sh", "-c", script, "sh", *args, *command]
 
     def webhook_secret(self, namespace: str, name: str) -> dict[str, Any]:
         """A cert-controller style Secret holding the project's webhook certificate and CA, so
@@ -224,20 +280,22 @@ class Operators:
         proc = self._spawn(
             state,
             "training-operator",
-            [
-                self.binary("training-operator"),
-                "--enable-scheme=pytorchjob",
-                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
-                f"--webhook-server-port={ports['training-operator-webhook']}",
-                f"--metrics-bind-address=127.0.0.1:{ports['training-operator-metrics']}",
-                f"--health-probe-bind-address=127.0.0.1:{ports['training-operator-probe']}",
-                # Its built-in init container for Worker pods fails `restricted` Pod Security;
-                # the operator chart ships one that passes (docs/operations.md, Pod Security).
-                f"--pytorch-init-container-template-file={PYTORCH_INIT_CONTAINER}",
-                # Its default image (alpine:3.10) is pulled from Docker Hub; the real node pulls
-                # nothing and holds Debian's busybox (nslookup) under this name.
-                f"--pytorch-init-container-image={busybox_image()}",
-            ],
+            self.private_mounts(
+                [
+                    self.binary("training-operator"),
+                    "--enable-scheme=pytorchjob",
+                    f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
+                    f"--webhook-server-port={ports['training-operator-webhook']}",
+                    f"--metrics-bind-address=127.0.0.1:{ports['training-operator-metrics']}",
+                    f"--health-probe-bind-address=127.0.0.1:{ports['training-operator-probe']}",
+                    # Its built-in init container for Worker pods fails `restricted` Pod Security;
+                    # the operator chart ships one that passes (docs/operations.md, Pod Security).
+                    f"--pytorch-init-container-template-file={PYTORCH_INIT_CONTAINER}",
+                    # Its default image (alpine:3.10) is pulled from Docker Hub; the real node pulls
+                    # nothing and holds Debian's busybox (nslookup) under this name.
+                    f"--pytorch-init-container-image={busybox_image()}",
+                ]
+            ),
             env={"MY_POD_NAMESPACE": OPERATOR_NAMESPACE, "KUBEFLOW_NAMESPACE": ""},
         )
 
@@ -464,7 +522,7 @@ class Operators:
                 "featureGates": {TRAINER_STATUS_GATE: True},
                 "statusServer": {"port": ports["trainer-status"]},
             },
-            wrapper=self._pod_files_wrapper(namespace),
+            pod_files=self._pod_files(namespace),
         )
         # It listens once its token authorizer found the issuer (OIDC discovery through the
         # manager's own client: no anonymous access to the discovery endpoints is needed).
@@ -477,9 +535,9 @@ class Operators:
             log="trainer",
         )
 
-    def _pod_files_wrapper(self, namespace: str) -> list[str]:
-        """The command prefix that runs Trainer's manager as if in a pod of its own
-        ServiceAccount: Trainer v2.3.0 reads the token issuer from
+    def _pod_files(self, namespace: str) -> Path:
+        """The folder that Trainer's manager sees as a pod of its own ServiceAccount would
+        (private_mounts): Trainer v2.3.0 reads the token issuer from
         /var/run/secrets/kubernetes.io/serviceaccount/token (getClusterOIDCIssuerURL in
         pkg/statusserver/auth.go, a fixed path) and fails its status server without it. The
         token is a real one (TokenRequest), in the state folder; the namespace file holds what
@@ -496,14 +554,10 @@ class Operators:
         token = self.kubectl(
             "create", "token", TRAINER_SERVICE_ACCOUNT, "-n", namespace, "--duration=24h"
         ).stdout.strip()
-        folder = self.root / "trainer-serviceaccount"
-        folder.mkdir(exist_ok=True)
+        folder = private_dir(self.root / "trainer-serviceaccount")
         for name, text in (("token", token), ("namespace", namespace)):
-            (folder / name).write_text(text)
-            (folder / name).chmod(0o600)
-        # Root may make a mount namespace; anyone else needs a user namespace for it.
-        user = [] if os.geteuid() == 0 else ["--map-root-user"]
-        return ["unshare", "--mount", *user, "--", "sh", "-c", POD_FILES_SCRIPT, "sh", str(folder)]
+            write_private(folder / name, text)
+        return folder
 
     def _status_server_up(self, port: int) -> bool:
         """Trainer's status server answers (404 for a path it does not serve), over TLS with
@@ -525,15 +579,16 @@ class Operators:
         timeout: float,
         extra: Mapping[str, Any] | None = None,
         cert_dir: bool = False,
-        wrapper: Sequence[str] = (),
+        pod_files: Path | None = None,
     ) -> subprocess.Popen:
         """A controller-runtime manager from upstream's config file, bound to 127.0.0.1 with
         this cluster's ports and no leader election, then its readiness (and its webhooks');
-        ``wrapper``: a command prefix it runs under."""
+        ``cert_dir``: it reads its webhook certificate from the folder its configuration names
+        (webhook.certDir), else it runs under private_mounts() (with ``pod_files``)."""
         ports = state["ports"]
         webhook: dict[str, Any] = {"port": ports[f"{name}-webhook"], "host": "127.0.0.1"}
         if cert_dir:
-            webhook["certDir"] = str(WEBHOOK_CERT_DIR)
+            webhook["certDir"] = str(self.webhook_cert_dir)
         config = self._operator_config(
             name,
             manager_config,
@@ -545,17 +600,15 @@ class Operators:
                 **(extra or {}),
             },
         )
-        proc = self._spawn(
-            state,
-            name,
-            [
-                *wrapper,
-                self.binary(binary),
-                f"--config={config}",
-                f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
-                "--zap-log-level=2",
-            ],
-        )
+        command = [
+            self.binary(binary),
+            f"--config={config}",
+            f"--kubeconfig={self.pki / 'operators.kubeconfig'}",
+            "--zap-log-level=2",
+        ]
+        if not cert_dir:
+            command = self.private_mounts(command, pod_files)
+        proc = self._spawn(state, name, command)
         self._wait_operator(
             name, proc, ports[f"{name}-probe"], ports[f"{name}-webhook"], configs, timeout
         )

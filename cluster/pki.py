@@ -14,8 +14,11 @@ else with certificates of its own.
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import ipaddress
+import os
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,6 +29,42 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = datetime.timedelta(days=365)
+#: The subject of each cluster's main CA (the etcd CA has its own, see control_plane).
+CA_NAME = "megdet-cluster-ca"
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a folder only its owner can open (0700), made so if missing and narrowed if
+    it was there already (a symlink, or another user's folder, is refused: OSError); its
+    parents are made with the process's umask."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    if path.is_symlink() or not path.is_dir():
+        raise OSError(f"{path} is not a folder")
+    if path.stat().st_uid != os.geteuid():
+        raise OSError(f"{path} belongs to another user (uid {path.stat().st_uid})")
+    path.chmod(0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes | str) -> Path:
+    """Write ``data`` to ``path`` as a file only its owner can read (0600 from the first byte:
+    a new file opened with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600, then renamed over
+    ``path``, so a symlink or an open file planted at ``path`` gets nothing)."""
+    raw = data.encode() if isinstance(data, str) else data
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(tmp, flags, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(raw)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
 
 
 def _new_key() -> rsa.RSAPrivateKey:
@@ -83,18 +122,16 @@ def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str
 class CertificateAuthority:
     """A CA on disk (``ca.crt``/``ca.key`` in ``folder``) that issues leaf certificates there."""
 
-    def __init__(self, folder: Path, names: Sequence[str] = ()) -> None:
-        self.folder = folder
-        folder.mkdir(parents=True, exist_ok=True)
+    def __init__(self, folder: Path, names: Sequence[str] = (), cn: str = CA_NAME) -> None:
+        self.folder = private_dir(folder)
         crt, key = folder / "ca.crt", folder / "ca.key"
         if crt.exists() and key.exists():
             self.cert = x509.load_pem_x509_certificate(crt.read_bytes())
             self.key = serialization.load_pem_private_key(key.read_bytes(), password=None)
             return
         self.key = _new_key()
-        self.cert = _ca_certificate(self.key, _name("megdet-cluster-ca"), names or ["megdet-ca"])
-        key.write_bytes(_key_pem(self.key))
-        key.chmod(0o600)
+        self.cert = _ca_certificate(self.key, _name(cn), names or ["megdet-ca"])
+        write_private(key, _key_pem(self.key))
         crt.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
 
     def add_names(self, names: Sequence[str]) -> bool:
@@ -169,8 +206,7 @@ class CertificateAuthority:
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = builder.sign(self.key, hashes.SHA256())
         crt_path, key_path = self.folder / f"{name}.crt", self.folder / f"{name}.key"
-        key_path.write_bytes(_key_pem(key))
-        key_path.chmod(0o600)
+        write_private(key_path, _key_pem(key))
         crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
         return crt_path, key_path
 
@@ -188,8 +224,7 @@ def service_account_keys(folder: Path) -> tuple[Path, Path]:
     """The ServiceAccount token signing key pair: ``sa.key`` (private) and ``sa.pub``."""
     key = _new_key()
     private, public = folder / "sa.key", folder / "sa.pub"
-    private.write_bytes(_key_pem(key))
-    private.chmod(0o600)
+    write_private(private, _key_pem(key))
     public.write_bytes(
         key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -8,13 +8,16 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
-from megdet.cluster import build, node, oci
+from megdet.cluster import build, node, oci, procs
 from megdet.cluster.control_plane import Cluster
 
 
@@ -163,12 +166,22 @@ def test_one_real_node_per_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     monkeypatch.setattr(node, "MACHINE_LOCK", tmp_path / "run" / "real-node.json")
     other = tmp_path / "other"
     other.mkdir()
-    (other / "state.json").write_text(json.dumps({"pids": {"kubelet": os.getpid()}}))
+    # That cluster's kubelet: a process whose command line names its folder.
+    kubelet = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", f"--config={other}/kubelet.yaml"]
+    )
+    while f"--config={other}/kubelet.yaml" not in procs.command_line(kubelet.pid):
+        time.sleep(0.01)  # it reads empty for a moment after the spawn
+    (other / "state.json").write_text(json.dumps({"pids": {"kubelet": kubelet.pid}}))
     node.MACHINE_LOCK.parent.mkdir()
     node.MACHINE_LOCK.write_text(json.dumps({"root": str(other), "pid": os.getpid()}))
     mine = node.RealNode(Cluster(root=tmp_path / "mine"))
-    with pytest.raises(node.MachineBusy, match=f"another cluster's real node.*{other}"):
-        mine._claim_machine()
+    try:
+        with pytest.raises(node.MachineBusy, match=f"another cluster's real node.*{other}"):
+            mine._claim_machine()
+    finally:
+        kubelet.kill()
+        kubelet.wait()
     # Once that node's processes are gone, the lock is stale and taken over.
     (other / "state.json").write_text(json.dumps({"pids": {}}))
     mine._claim_machine()
@@ -198,7 +211,7 @@ def test_the_component_configs(tmp_path: Path) -> None:
     containerd = real.containerd_config()
     assert f'address = "{real.socket}"' in containerd
     assert "SystemdCgroup = false" in containerd and "netns_mounts_under_state_dir" in containerd
-    corefile = real.corefile(ports)
+    corefile = real.corefile(ports, "192.0.2.2")
     assert f".:{ports['coredns']} " in corefile and "kubernetes cluster.local" in corefile
 
 

@@ -199,15 +199,19 @@ def test_stopping_the_node_leaves_the_host_as_it_found_it(kube, real_node) -> No
     any later test of the session."""
     saved = kube.state()["node"]["sysctls"]
     sock = real_node.socket
+    # The pods' cgroups are under the node's own parent (the kubelet's cgroupRoot), none
+    # under the machine-wide /kubepods another kubelet would use.
+    parent = real_node_module.CGROUP_PARENT
+    roots = real_node_module._cgroup_roots()
+    assert any((root / parent / "kubepods").is_dir() for root in roots)
+    assert not [root for root in roots if (root / "kubepods").exists()]
     try:
         stopped = real_node.teardown()
         assert {"kube-proxy", "kubelet", "containerd"} <= set(stopped)
         assert real_node_module._shims(sock) == []
         mounts = Path("/proc/self/mountinfo").read_text()
         assert str(real_node.root) not in mounts
-        leftover = [
-            str(root) for root in real_node_module._cgroup_roots() if (root / "kubepods").exists()
-        ]
+        leftover = [str(root) for root in roots if (root / parent).exists()]
         assert leftover == []
         for table in ("filter", "nat", "mangle"):
             rules = subprocess.run(
