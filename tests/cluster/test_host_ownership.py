@@ -284,10 +284,10 @@ def test_another_clusters_real_node_is_waited_for_not_refused(
     kubelet = subprocess.Popen(
         [str(tmp_path / "kubelet"), "-c", SLEEPER, f"--config={other}/node/kubelet-config.yaml"]
     )
-    while SLEEPER not in procs.command_line(kubelet.pid):
-        time.sleep(0.01)
-    assert kubelet.pid in procs.foreign(node.KUBE_NODE_PROGRAMS, str(tmp_path / "c"))
     try:
+        while SLEEPER not in procs.command_line(kubelet.pid):
+            time.sleep(0.01)
+        assert kubelet.pid in procs.foreign(node.KUBE_NODE_PROGRAMS, str(tmp_path / "c"))
         write_state(other, {"kubelet": kubelet.pid}, {"kubelet": procs.identity(kubelet.pid)})
         node.MACHINE_LOCK.parent.mkdir()
         node.MACHINE_LOCK.write_text(json.dumps({"root": str(other), "pid": 1}))
