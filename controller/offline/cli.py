@@ -15,13 +15,15 @@ object the run chart renders, job first, as YAML. The controller also sets
 ``metadata.ownerReferences`` to the MegDetRun (so deleting the run deletes the job); that needs
 the run's uid, which exists only in the cluster, so it is left out unless ``--owner-uid`` is
 given. (Applying a job whose owner does not exist would have it garbage-collected at once.)
+``megdet render --pods`` prints instead the pods the job creates, as plain Pods for linters
+(:mod:`megdet.controller.offline.pods`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,8 +65,11 @@ def _read_text(path: str) -> str:
     return Path(path).read_text(encoding="utf-8")
 
 
-def read_documents(paths: Iterable[str]) -> tuple[list[Document], list[str]]:
-    """The MegDetRuns in ``paths`` ('-' is stdin), and one message per bad input."""
+def read_documents(
+    paths: Iterable[str], also: Collection[tuple[str, str]] = ()
+) -> tuple[list[Document], list[str]]:
+    """The MegDetRuns in ``paths`` ('-' is stdin), and one message per bad input; ``also``:
+    other (apiVersion, kind) pairs read as documents too."""
     import yaml
 
     documents: list[Document] = []
@@ -89,11 +94,12 @@ def read_documents(paths: Iterable[str]) -> tuple[list[Document], list[str]]:
             if body is None:
                 continue  # an empty document, e.g. after a trailing '---'
             what = (body.get("apiVersion"), body.get("kind")) if isinstance(body, dict) else None
-            if what != (RUN_API_VERSION, KIND):
+            if what != (RUN_API_VERSION, KIND) and what not in also:
                 shown = f"apiVersion {what[0]!r}, kind {what[1]!r}" if what else "not a mapping"
-                errors.append(
-                    f"{source}#{index}: not a {KIND} ({shown}; want apiVersion {RUN_API_VERSION})"
-                )
+                wanted = f"want apiVersion {RUN_API_VERSION}"
+                if also:
+                    wanted += " or one of " + ", ".join(f"{a} {k}" for a, k in sorted(also))
+                errors.append(f"{source}#{index}: not a {KIND} ({shown}; {wanted})")
                 continue
             documents.append(Document(source, index, body))
     return documents, errors
@@ -185,6 +191,10 @@ def _owned_objects(doc: Document, owner_uid: str | None) -> list[dict[str, Any]]
 def run_render(args: argparse.Namespace) -> int:
     import yaml
 
+    if args.pods:
+        from megdet.controller.offline.pods import run_render_pods
+
+        return run_render_pods(args)
     documents, errors = read_documents(args.file)
     _report_input_errors("render", errors)
     if errors:
@@ -261,6 +271,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--owner-uid",
         metavar="UID",
         help="add the controller's owner reference to a MegDetRun with this uid",
+    )
+    render.add_argument(
+        "--pods",
+        action="store_true",
+        help="print instead the pods the run's job creates, as plain v1 Pods (PyTorchJob "
+        "replicas, TrainingRuntime replicated jobs) for linters that skip custom resources; "
+        "also reads what the run chart rendered (helm template charts/megdet)",
     )
     render.set_defaults(handler=run_render)
 

@@ -145,3 +145,98 @@ def test_render_refuses_an_invalid_run_and_prints_nothing():
 def test_help_lists_the_commands():
     result = megdet("--help")
     assert "validate" in result.stdout and "render" in result.stdout
+
+
+# --- megdet render --pods -----------------------------------------------------------------------
+
+PODS_RUN = """\
+apiVersion: megdet.io/v1alpha1
+kind: MegDetRun
+metadata: {name: r50, namespace: vision}
+spec: {gpus: 16, restartPolicy: ExitCode}
+"""
+
+
+def pods_of(stdout: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in yaml.safe_load_all(stdout) if d}
+
+
+def test_render_pods_prints_a_pytorchjobs_replicas_as_the_operator_makes_them():
+    result = megdet("render", "--pods", "-f", "-", stdin=PODS_RUN)
+    assert result.returncode == 0, result.stderr
+    pods = pods_of(result.stdout)
+    assert sorted(pods) == ["r50-master-0", "r50-worker-0"]
+    (job,) = [
+        o for o in render_run("r50", "vision", {"gpus": 16}).objects if o["kind"] == "PyTorchJob"
+    ]
+    for name, pod in pods.items():
+        rtype = name.split("-")[1]
+        template = job["spec"]["pytorchReplicaSpecs"][rtype.title()]["template"]
+        assert (pod["apiVersion"], pod["kind"]) == ("v1", "Pod")
+        assert pod["metadata"]["namespace"] == "vision"
+        assert pod["metadata"]["labels"] == {
+            **template["metadata"]["labels"],
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+            "training.kubeflow.org/job-name": "r50",
+            "training.kubeflow.org/replica-type": rtype,
+            "training.kubeflow.org/replica-index": "0",
+            **({"training.kubeflow.org/job-role": "master"} if rtype == "master" else {}),
+        }
+        # The replica's ExitCode is no pod restartPolicy: the operator writes Never.
+        assert pod["spec"] == {**template["spec"], "restartPolicy": "Never"}
+
+
+def test_render_pods_prints_a_trainjobs_runtime_pod():
+    run = PODS_RUN.replace("gpus: 16", "gpus: 16, target: trainjob")
+    result = megdet("render", "--pods", "-f", "-", stdin=run)
+    assert result.returncode == 0, result.stderr
+    (pod,) = pods_of(result.stdout).values()
+    assert pod["metadata"]["name"] == "r50-node-0-0"
+    labels = pod["metadata"]["labels"]
+    assert labels["jobset.sigs.k8s.io/jobset-name"] == "r50"
+    assert labels["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
+    assert labels["batch.kubernetes.io/job-name"] == "r50-node-0"
+    assert labels["batch.kubernetes.io/job-completion-index"] == "0"
+    assert labels["app.kubernetes.io/component"] == "node"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["containers"][0]["name"] == "node"
+
+
+def test_render_pods_reads_what_the_run_chart_rendered():
+    # `helm template` output, or megdet render's own: the same pods as from the run.
+    rendered = megdet("render", "-f", "-", stdin=PODS_RUN).stdout
+    from_objects = megdet("render", "--pods", "-f", "-", stdin=rendered)
+    from_run = megdet("render", "--pods", "-f", "-", stdin=PODS_RUN)
+    assert from_objects.returncode == 0, from_objects.stderr
+    assert pods_of(from_objects.stdout) == pods_of(from_run.stdout)
+
+
+def test_render_pods_refuses_owner_uid_and_foreign_kinds_naming_the_flag():
+    result = megdet("render", "--pods", "--owner-uid", "u", "-f", "-", stdin=PODS_RUN)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("megdet render: error: --pods and --owner-uid: ")
+    deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"
+    result = megdet("render", "--pods", "-f", "-", stdin=deployment)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "<stdin>#0: not a MegDetRun (apiVersion 'apps/v1', kind 'Deployment'; want " in (
+        result.stderr
+    )
+    assert "kubeflow.org/v1 PyTorchJob" in result.stderr
+    # Without --pods the message stays as it was: only MegDetRuns.
+    plain = megdet("render", "-f", "-", stdin=deployment)
+    assert "want apiVersion megdet.io/v1alpha1)" in plain.stderr
+
+
+def test_render_pods_refuses_an_invalid_run():
+    result = megdet("render", "--pods", "-f", "-", stdin=TWO_RUNS)
+    assert result.returncode == 1 and result.stdout == ""
+    assert "<stdin>#1 MegDetRun/broken: spec.gpus:" in result.stderr
+
+
+def test_render_pods_names_a_broken_rendered_job():
+    job = "apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: j}\nspec: {}\n"
+    result = megdet("render", "--pods", "-f", "-", stdin=job)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == (
+        "megdet render: error: <stdin>: PyTorchJob j: spec.pytorchReplicaSpecs is missing\n"
+    )
