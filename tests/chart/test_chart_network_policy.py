@@ -1,7 +1,6 @@
 """networkPolicy: one NetworkPolicy per run, for both targets, rendered by the real engine and
-checked with kubernetes-validate; its rules are evaluated here the way NetworkPolicy semantics
-define them (kubernetes/website content/en/docs/concepts/services-networking/network-policies.md)
-to show who can reach the run's pods on which port."""
+checked with kubernetes-validate; its rules are evaluated (tests/network_policy.py) to show who
+can reach the run's pods on which port."""
 
 from __future__ import annotations
 
@@ -13,6 +12,7 @@ import pytest
 from chart_helpers import CHART_DIR, NAMESPACE, RELEASE
 
 from megdet.controller.render import split_manifests
+from tests.network_policy import egress_allowed, ingress_allowed, selects
 
 K8S_VERSIONS = ("1.27.0", "1.34.0")
 TARGETS = ("pytorchjob", "trainjob")
@@ -41,48 +41,6 @@ def run_pods(render, values: Mapping[str, Any]) -> list[dict[str, Any]]:
             jobs = obj["spec"]["template"]["spec"]["replicatedJobs"]
             out += [j["template"]["spec"]["template"] for j in jobs]
     return out
-
-
-# --- NetworkPolicy semantics ----------------------------------------------------------------------
-
-
-def selects(selector: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
-    """A LabelSelector with matchLabels only (what the chart renders); {} selects everything."""
-    assert set(selector) <= {"matchLabels"}, selector
-    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items())
-
-
-def peer_matches(peer: Mapping[str, Any], pod: Mapping[str, str], ns: Mapping[str, str]) -> bool:
-    if "ipBlock" in peer:
-        return False  # the tests below use pods, not addresses
-    pod_ok = selects(peer["podSelector"], pod) if "podSelector" in peer else True
-    # A podSelector alone means the policy's own namespace.
-    ns_ok = selects(peer["namespaceSelector"], ns) if "namespaceSelector" in peer else ns == RUN_NS
-    return pod_ok and ns_ok
-
-
-def port_matches(ports: list[dict[str, Any]] | None, port: int, protocol: str) -> bool:
-    if not ports:
-        return True
-    return any(p.get("protocol", "TCP") == protocol and p.get("port", port) == port for p in ports)
-
-
-def allowed(rules: list[dict[str, Any]], peers_key: str, pod, ns, port, protocol) -> bool:
-    return any(
-        (not rule.get(peers_key) or any(peer_matches(p, pod, ns) for p in rule[peers_key]))
-        and port_matches(rule.get("ports"), port, protocol)
-        for rule in rules
-    )
-
-
-def ingress_allowed(policy: dict, src_pod: dict, src_ns: dict, port: int, proto="TCP") -> bool:
-    return allowed(policy["spec"].get("ingress", []), "from", src_pod, src_ns, port, proto)
-
-
-def egress_allowed(policy: dict, dst_pod: dict, dst_ns: dict, port: int, proto="TCP") -> bool:
-    if "Egress" not in policy["spec"]["policyTypes"]:
-        return True
-    return allowed(policy["spec"].get("egress", []), "to", dst_pod, dst_ns, port, proto)
 
 
 # --- rendering ----------------------------------------------------------------------------------

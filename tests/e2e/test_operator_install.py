@@ -129,12 +129,17 @@ def test_the_crd_installs_on_an_older_api_server(tmp_path) -> None:
         older.down()
 
 
+def server_version(kube) -> str:
+    """The API server's version, for `helm template --kube-version` (the chart's kubeVersion)."""
+    version = kube.kubectl("version", "-o", "json").stdout
+    return json.loads(version)["serverVersion"]["gitVersion"].lstrip("v")
+
+
 def test_the_api_server_takes_the_controller_on_either_allocator(kube, operator_chart) -> None:
     """controller.allocator's two renders of the controller's Deployment, as the API server
     stores them (a server-side dry run beside the installed release): jemalloc's preload, or
     pymalloc with the image's LD_PRELOAD emptied (the server keeps an empty value as none)."""
-    version = kube.kubectl("version", "-o", "json").stdout
-    server = json.loads(version)["serverVersion"]["gitVersion"].lstrip("v")
+    server = server_version(kube)
     expected = {
         "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2", "PYTHONMALLOC": "malloc"},
         "pymalloc": {"LD_PRELOAD": None, "PYTHONMALLOC": "pymalloc", "MALLOC_ARENA_MAX": "2"},
@@ -159,3 +164,42 @@ def test_the_api_server_takes_the_controller_on_either_allocator(kube, operator_
         assert {name: env.get(name, "absent") for name in want} == want, allocator
         if allocator == "jemalloc":
             assert "MALLOC_ARENA_MAX" not in env
+
+
+def test_the_api_server_takes_the_controllers_budget_and_network_policy(kube, operator_chart):
+    """The PodDisruptionBudget (default values: two replicas) is installed with the release and
+    covers both replicas; the NetworkPolicy (off by default) with the cluster's own API server
+    addresses is stored as rendered (a server-side dry run beside the release)."""
+    pdb = eventually(
+        lambda: (p := get_json(kube, "pdb", "-n", OPERATOR_NAMESPACE, operator_chart))
+        .get("status", {})
+        .get("expectedPods")
+        == 2
+        and p,
+        timeout=60,
+        message="the controller's PodDisruptionBudget counting its two replicas",
+    )
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    slices = get_json(
+        kube, "endpointslices", "-n", "default", "-l", "kubernetes.io/service-name=kubernetes"
+    )
+    addresses = sorted(a for s in slices["items"] for e in s["endpoints"] for a in e["addresses"])
+    assert addresses, slices
+    cidrs = ",".join(f"{a}/32" for a in addresses)
+    rendered = helm(
+        kube, "template", operator_chart, "charts/megdet-operator", "-n", OPERATOR_NAMESPACE,
+        "--kube-version", server_version(kube), "--set", "networkPolicy.enabled=true",
+        "--set", f"networkPolicy.apiServer.cidrs={{{cidrs}}}",
+    ).stdout  # fmt: skip
+    (policy,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "NetworkPolicy"]
+    stored = json.loads(
+        kube.kubectl(
+            "create", "--dry-run=server", "-n", OPERATOR_NAMESPACE, "-f", "-", "-o", "json",
+            input=json.dumps(policy),
+        ).stdout
+    )  # fmt: skip
+    assert stored["spec"] == policy["spec"]
+    assert stored["spec"]["egress"][0]["to"] == [
+        {"ipBlock": {"cidr": f"{a}/32"}} for a in addresses
+    ]

@@ -39,6 +39,8 @@ def test_defaults_render_the_controller_objects_and_nothing_optional() -> None:
             "Deployment",
             "Service",
             "ServiceAccount",
+            # replicaCount 2: the controller's PodDisruptionBudget.
+            "PodDisruptionBudget",
         ]
     )
     for obj in rendered.objects:
