@@ -36,8 +36,8 @@ from typing import Any
 from bench.harness import machine_load, make_dataset, scratch_dir
 from megdet.plan import plan_continuation
 
-#: The log's timestamp and the lines the benchmark reads (detectron2's logger format).
-_STAMP = re.compile(r"^\[(\d\d/\d\d \d\d:\d\d:\d\d) ([\w.]+)\]: (.*)$")
+#: log.txt's timestamp, logger and level (detectron2's file format), and its iteration lines.
+_STAMP = re.compile(r"^\[(\d\d/\d\d \d\d:\d\d:\d\d)\] ([\w.]+) (\w+): (.*)$")
 _ITER = re.compile(r"\biter: (\d+)\b")
 
 
@@ -83,7 +83,7 @@ def _log_events(out: Path) -> list[tuple[float, str]]:
         match = _STAMP.match(line)
         if match:
             stamp = datetime.strptime(f"{year}/{match.group(1)}", "%Y/%m/%d %H:%M:%S")
-            events.append((stamp.timestamp(), match.group(3)))
+            events.append((stamp.timestamp(), match.group(4)))
     return events
 
 
