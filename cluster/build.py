@@ -181,6 +181,20 @@ COMPONENTS: dict[str, Component] = {
             {"coredns": "github.com/coredns/coredns"},
             stamp=lambda v: {"github.com/coredns/coredns/coremain.GitCommit": v},
         ),
+        # Linters of what the charts and the controller render (docs/helm.md, "Linting what
+        # the controller creates"); not part of any cluster.
+        Component(
+            "kube_score",
+            "github.com/zegl/kube-score",
+            {"kube-score": "github.com/zegl/kube-score/cmd/kube-score"},
+            stamp=lambda v: {"main.version": v},
+        ),
+        Component(
+            "kubeconform",
+            "github.com/yannh/kubeconform",
+            {"kubeconform": "github.com/yannh/kubeconform/cmd/kubeconform"},
+            stamp=lambda v: {"main.version": v},
+        ),
     )
 }
 

@@ -189,8 +189,6 @@ def _owned_objects(doc: Document, owner_uid: str | None) -> list[dict[str, Any]]
 
 
 def run_render(args: argparse.Namespace) -> int:
-    import yaml
-
     if args.pods:
         from megdet.controller.offline.pods import run_render_pods
 
@@ -199,19 +197,28 @@ def run_render(args: argparse.Namespace) -> int:
     _report_input_errors("render", errors)
     if errors:
         return 2
+    if report_invalid(documents):
+        return 1
+    print_objects(obj for doc in documents for obj in _owned_objects(doc, args.owner_uid))
+    return 0
+
+
+def report_invalid(documents: Iterable[Document]) -> bool:
+    """Print each MegDetRun's problems to stderr (``<label>: <problem>``); whether any had one."""
     invalid = False
     for doc in documents:
         for problem in document_problems(doc):
             invalid = True
             print(f"{doc.label()}: {problem}", file=sys.stderr)
-    if invalid:
-        return 1
-    out: list[str] = []
-    for doc in documents:
-        for obj in _owned_objects(doc, args.owner_uid):
-            out.append(yaml.safe_dump(obj, sort_keys=False, default_flow_style=False))
+    return invalid
+
+
+def print_objects(objects: Iterable[Mapping[str, Any]]) -> None:
+    """``objects`` to stdout as one YAML stream, each document after a ``---``."""
+    import yaml
+
+    out = [yaml.safe_dump(obj, sort_keys=False, default_flow_style=False) for obj in objects]
     sys.stdout.write("---\n" + "---\n".join(out) if out else "")
-    return 0
 
 
 def _add_files(parser: argparse.ArgumentParser) -> None:

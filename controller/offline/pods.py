@@ -169,13 +169,12 @@ def run_render_pods(args: Any) -> int:
     """``megdet render --pods``: 0 printed, 1 an invalid MegDetRun, 2 bad input."""
     import sys
 
-    import yaml
-
     from megdet.controller.offline.cli import (
         _owned_objects,
         _report_input_errors,
-        document_problems,
+        print_objects,
         read_documents,
+        report_invalid,
     )
 
     if args.owner_uid is not None:
@@ -189,13 +188,7 @@ def run_render_pods(args: Any) -> int:
     _report_input_errors("render", errors)
     if errors:
         return 2
-    runs = [d for d in documents if d.body.get("kind") == KIND]
-    invalid = False
-    for doc in runs:
-        for problem in document_problems(doc):
-            invalid = True
-            print(f"{doc.label()}: {problem}", file=sys.stderr)
-    if invalid:
+    if report_invalid(d for d in documents if d.body.get("kind") == KIND):
         return 1
     pods: list[dict[str, Any]] = []
     rendered: dict[str, list[dict[str, Any]]] = {}  # per file: a TrainJob and its runtime
@@ -210,6 +203,5 @@ def run_render_pods(args: Any) -> int:
         except PodsError as err:
             print(f"megdet render: error: {source}: {err}", file=sys.stderr)
             return 2
-    out = [yaml.safe_dump(pod, sort_keys=False, default_flow_style=False) for pod in pods]
-    sys.stdout.write("---\n" + "---\n".join(out) if out else "")
+    print_objects(pods)
     return 0
