@@ -552,13 +552,20 @@ class Cluster:
         return patched
 
     def delete(
-        self, api_version: str, kind: str, namespace: str, name: str, uid: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str | None = None,
+        propagation: str = "Background",
     ) -> None:
-        """Delete (background propagation); with ``uid``, only that incarnation of the name
-        (the API server answers 409 if the name now holds another object)."""
+        """Delete (background propagation, or ``propagation``); with ``uid``, only that
+        incarnation of the name (the API server answers 409 if the name now holds another
+        object)."""
         group, version, plural = self._ref(api_version, kind)
         options = k8s.V1DeleteOptions(
-            propagation_policy="Background",
+            propagation_policy=propagation,
             preconditions=k8s.V1Preconditions(uid=uid) if uid else None,
         )
         try:

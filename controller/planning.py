@@ -230,13 +230,19 @@ def is_runs_job(job: Mapping[str, Any], uid: str | None, status: Any) -> bool:
     A controller reference is no proof: anyone who may create jobs in the namespace can write
     one naming the run (say, under the name of its job after the training operator's TTL
     deleted it). The uid is: the API server assigns it. Before a uid is recorded (the answer
-    to the controller's create was lost, or a run from before ``jobUID`` existed), a job the
-    run controls is taken as its own once, and its uid recorded from then on.
+    to the controller's create was lost, or a run from before ``jobUID`` existed), and while a
+    resize replaces the recorded job (``status.resize``), a job the run controls is taken as
+    its own once, and its uid recorded from then on.
     """
     if not controlled_by(job, uid):
         return False
     recorded = status.get("jobUID") if isinstance(status, Mapping) else None
-    return not recorded or (job.get("metadata") or {}).get("uid") == recorded
+    if not recorded or (job.get("metadata") or {}).get("uid") == recorded:
+        return True
+    # A resize stops the recorded job and creates the next: until the next one's uid is
+    # recorded, a job the run controls is that one (controller/resize.py).
+    resize = status.get("resize")
+    return isinstance(resize, Mapping) and resize.get("jobUID") == recorded
 
 
 def run_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

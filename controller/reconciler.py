@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 from kubernetes import client as k8s
 
-from megdet.controller import metrics
+from megdet.controller import metrics, resize
 from megdet.controller.api import GROUP, KIND, TARGET_BY_KIND, VERSION
 from megdet.controller.job_state import trainjob_progress
 from megdet.controller.kubeapi import (
@@ -214,7 +214,8 @@ class Reconciler:
             retry,
         )
         ours = job is not None and is_runs_job(job, uid, seen)
-        if not ours and (had_job(seen) or finished(seen)):
+        replacing = job is None and resize.pending(seen) is not None  # a resize's next job
+        if not ours and (had_job(seen) or finished(seen)) and not replacing:
             # The run had its job and it is gone (deleted while this controller was away, or
             # its name now holds someone else's object): never a second job.
             self._write(run, JobGone(kind, job_name), retry, kind=kind)
@@ -238,12 +239,23 @@ class Reconciler:
                 if reason == "update" and diff_touches(diff, SUSPEND_DIFF):
                     self._sync_suspend(decision, job, retry)  # suspend always goes through
                 return
+        if job is not None and resize.is_stopped_job(seen, job):
+            resize.restop(self.writer, self.cluster, job, retry)
+            return  # its DELETED event creates the next job
+        gpus = None if job is None else resize.wanted(run, decision, job)
+        if job is not None and gpus is not None:
+            # No diff base on this write: the delete after it may still be retried.
+            resize.start(self.writer, self.cluster, run, job, gpus, retry)
+            metrics.RECONCILES.labels("success").inc()
+            return
 
         # A run's first reconcile (kopf has no base for it, no try before): its other objects
         # are most likely missing, so created without a read first (a taken name answers
         # 409, and is read then).
         fresh = job is None and reason == "create" and retry == 0
-        job, troubles = self._create_missing(run, decision, job, finished(seen), retry, fresh)
+        job, troubles = self._create_missing(
+            run, decision, job, finished(seen), retry, fresh, resync=replacing
+        )
         if job is None:
             return  # the API server refused the job
         if reason == "update" and not finished(seen) and diff_touches(diff, SUSPEND_DIFF):
@@ -326,6 +338,7 @@ class Reconciler:
         done: bool,
         retry: int,
         fresh: bool = False,
+        resync: bool = False,
     ) -> tuple[dict[str, Any] | None, list[Trouble]]:
         """Create what the run lacks and bring its other objects to the spec: those (the
         TrainingRuntime the TrainJob refers to, the NetworkPolicy) first, the job last; a
@@ -336,13 +349,15 @@ class Reconciler:
         without what it refers to or the isolation the spec asks for (the run's status says
         why, as for the job itself). Once the job exists, a trouble with another object is that
         object's (``ChildrenReady=False``): the job stays the run's, Created=True.
-        ``fresh``: the run's first try (:meth:`_ensure_child`).
+        ``fresh``: the run's first try (:meth:`_ensure_child`). ``resync``: a resize creates
+        the job again, so every other object is brought to the new render first (a TrainJob's
+        TrainingRuntime, which Trainer reads when it builds the JobSet).
         """
         _namespace, _name, uid, generation = run_meta(run)
         wanted = decision.job
         troubles: list[Trouble] = []
         for obj in [] if done else decision.objects[1:]:
-            trouble = self._ensure_child(obj, uid, generation, retry, fresh)
+            trouble = self._ensure_child(obj, uid, generation, retry, fresh, resync)
             if trouble is None:
                 continue
             if job is None:
@@ -380,6 +395,7 @@ class Reconciler:
         generation: Any,
         retry: int,
         fresh: bool = False,
+        resync: bool = False,
     ) -> Trouble | None:
         """One of the run's other objects as the spec says: created if missing, brought to
         the spec if it is of a kind that follows it (:data:`SYNCED_CHILDREN`); the trouble
@@ -387,7 +403,8 @@ class Reconciler:
         ``fresh``: most likely missing, so created first and read only if the name is taken
         (one request instead of two); else read first."""
         kind, name = obj["kind"], obj["metadata"]["name"]
-        wanted = with_digest(obj) if (obj["apiVersion"], kind) in SYNCED_CHILDREN else obj
+        synced = resync or (obj["apiVersion"], kind) in SYNCED_CHILDREN
+        wanted = with_digest(obj) if synced else obj
         try:
             # _create answers what holds the name when it is taken (409).
             found = self._create(wanted, generation, retry) if fresh else self._get(obj, retry)
@@ -572,12 +589,15 @@ class Reconciler:
             return  # just created: the run's reconcile wrote its first status
         name = job["metadata"].get("name")
 
-        deleting = False
+        deleting = stopped = False
 
         def decide(run: Mapping[str, Any]) -> tuple[Decision, Any, Any] | None:
-            nonlocal deleting
+            nonlocal deleting, stopped
             if (run.get("metadata") or {}).get("deletionTimestamp"):
                 deleting = True  # its status stays as it is (desired_status)
+                return None
+            if type == "DELETED" and resize.is_stopped_job(run.get("status"), job):
+                stopped = True  # the job a resize stopped, and its pods, are gone
                 return None
             if name != expected_job_name(run):
                 return None  # controlled by the run, but not the job it made (not ours)
@@ -594,12 +614,25 @@ class Reconciler:
         namespace = job["metadata"].get("namespace")
         run = self._run_ref(namespace, ref["name"], ref.get("uid"))
         written = self._mirror(run, decide, retry, job["kind"])
+        if stopped:
+            self._finish_resize(namespace, ref["name"], ref.get("uid"))
+            return
         if type == "DELETED" and (written is None or deleting):
             # Deleted with its run (the garbage collector's work, or a foreground deletion's):
             # no status to say it on, but it counts as deleted all the same.
             metrics.JOBS_DELETED.labels(namespace, TARGET_BY_KIND[job["kind"]]).inc()
         if written is not None and job["kind"] == "TrainJob" and type != "DELETED":
             self._progress_events(run, *written)
+
+    def _finish_resize(self, namespace: str, name: str, uid: str | None) -> None:
+        """Create the job of a resize whose stopped job is gone (controller/resize.py)."""
+        resize.finish(
+            lambda: self.api_call(
+                "get run", lambda: self.cluster.get_run(namespace, name), retry=0
+            ),
+            lambda run, retry: self._reconcile(run, "resize", None, retry, None),
+            uid,
+        )
 
     def _run_ref(self, namespace: str, name: str, uid: str | None) -> dict[str, Any]:
         """A run as events name it (for the writer's read and kopf's events), not yet read."""

@@ -98,8 +98,8 @@ POLICY_DENIED = "PolicyDenied"
 POD_STARTED = "Started"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
 #: (the controller created, or found, its job), one per mirrored phase, JobPresent (only
-#: once the job has gone), and FabricDegraded (from the trainer's reports:
-#: controller/fabric_condition.py).
+#: once the job has gone), FabricDegraded (from the trainer's reports:
+#: controller/fabric_condition.py) and Resizing (controller/resize.py).
 CONDITION_TYPES = (
     "Valid",
     "Created",
@@ -109,6 +109,7 @@ CONDITION_TYPES = (
     FOREIGN_JOB,
     PODS_STARTED,
     FABRIC_DEGRADED,
+    "Resizing",
 )
 
 
@@ -369,6 +370,7 @@ def _changes(
 ) -> dict[str, Any]:
     from megdet.controller.fabric_condition import trainjob_fabric, with_fabric
     from megdet.controller.planning import is_runs_job  # planning reads this module
+    from megdet.controller.resize import with_segments
 
     conditions = _conditions(old)
     match decision:
@@ -421,7 +423,7 @@ def _changes(
             )
             status.update(next_status({**old, "conditions": conditions}, state, now, gen))
             status["conditions"] = _started_by_job(status["conditions"], state.phase, now, gen)
-            return status
+            return with_segments(old, status, job, planned, now, gen)
         case Observed():
             if old.get("phase") in (None, "Invalid") or not old.get("jobUID"):
                 return {}  # the run's own reconcile writes its first status (and jobUID)
@@ -663,4 +665,7 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
             text = f"phase {was or 'None'} -> {phase}" + (f": {message}" if message else "")
             kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"
             out.insert(0, Event(kind, phase, text[:1000], "phase"))
+    from megdet.controller.resize import events as resize_events
+
+    out += [Event("Normal", r, m[:1000], "resize") for r, m in resize_events(old, new)]
     return out

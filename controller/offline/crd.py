@@ -144,6 +144,50 @@ def status_schema() -> dict[str, Any]:
                 "(another object later created under jobName is not the run's).",
             ),
             "target": _field("string", "Kind of job: pytorchjob or trainjob."),
+            "gpus": _field(
+                "integer",
+                "GPUs of the job the controller created last: the run's size now (spec.gpus "
+                "of an elastic run differs while a resize is under way).",
+            ),
+            "attempt": _field(
+                "integer",
+                "Jobs the controller has created for the run: 1 for the first, one more per "
+                "resize. Never goes down; a job's checkpoints belong to the attempt that wrote "
+                "them.",
+            ),
+            "segments": _field(
+                "array",
+                "One per job the run had (the first and the newest kept): the size it ran at.",
+                items=_field(
+                    "object",
+                    "A job of the run.",
+                    properties={
+                        "attempt": _field("integer", "The attempt this job was."),
+                        "gpus": _field("integer", "GPUs of the job."),
+                        "globalBatch": _field(
+                            "integer",
+                            "Global batch of the job as planned (a resized keep-batch run keeps "
+                            "the first job's).",
+                        ),
+                        "jobUID": _field("string", "metadata.uid of the job."),
+                        "startTime": _field(
+                            "string", "When the controller created the job.", **time
+                        ),
+                        "reason": _field("string", "Created (the first job) or Resized."),
+                    },
+                ),
+            ),
+            "resize": _field(
+                "object",
+                "A resize under way: the job being stopped (with a checkpoint) and the sizes. "
+                "Gone once the job at the new size exists.",
+                properties={
+                    "fromGpus": _field("integer", "GPUs of the job being stopped."),
+                    "toGpus": _field("integer", "GPUs spec.gpus asked for."),
+                    "jobUID": _field("string", "metadata.uid of the job being stopped."),
+                    "requestTime": _field("string", "When the resize started.", **time),
+                },
+            ),
             "startTime": _field("string", "When the job started running.", **time),
             "completionTime": _field("string", "When the job succeeded or failed.", **time),
             "restarts": _field("integer", "Times the job restarted its pods."),
@@ -192,7 +236,8 @@ def progress_schema() -> dict[str, Any]:
 def _printer_columns() -> list[dict[str, Any]]:
     return [
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-        {"name": "GPUs", "type": "integer", "jsonPath": ".spec.gpus"},
+        # The size the run has now (an elastic run's spec.gpus leads it during a resize).
+        {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus"},
         {"name": "World", "type": "integer", "jsonPath": ".status.worldSize"},
         {"name": "Batch", "type": "integer", "jsonPath": ".status.globalBatch"},
         {"name": "LR", "type": "number", "jsonPath": ".status.lr"},
@@ -216,6 +261,7 @@ def _printer_columns() -> list[dict[str, Any]]:
             "priority": 1,
         },
         {"name": "AP50", "type": "number", "jsonPath": ".status.progress.ap50", "priority": 1},
+        {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt", "priority": 1},
         {
             "name": "Checkpoint",
             "type": "integer",

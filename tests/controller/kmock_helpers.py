@@ -99,10 +99,15 @@ class Emulator(kmock_lib.KubernetesEmulator):
     #: Called with every write request before the emulator applies it; tests stage races by
     #: changing objects there (:meth:`write_quietly`), between a client's read and its write.
     before_write: list[Callable[[Any], None]]
+    #: Called with every delete request first: the first answer that is not None is the
+    #: response, and the object stays (as the API server keeps an object being deleted in the
+    #: foreground until its dependents are gone).
+    before_delete: list[Callable[[Any], Any]]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.before_write = []
+        self.before_delete = []
 
     def write_quietly(self, resource: str, name: str, changes: dict[str, Any]) -> None:
         """Merge ``changes`` into a stored object as a write whose watch event was already
@@ -151,6 +156,11 @@ class Emulator(kmock_lib.KubernetesEmulator):
         if request.action in (kmock_lib.action.CREATE, kmock_lib.action.UPDATE):
             for hook in list(self.before_write):
                 hook(request)
+        if request.action == kmock_lib.action.DELETE:
+            for hook in list(self.before_delete):
+                answer = hook(request)
+                if answer is not None:
+                    return answer
         data = request.data
         version = self._next_version()
         if request.action == kmock_lib.action.CREATE and isinstance(data, dict):

@@ -36,6 +36,7 @@ from kmock_helpers import (
     reconciled,
     requests_to,
     run_body,
+    run_status,
     settle,
     start_operator,
     stop_operator,
@@ -292,22 +293,37 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         await eventually(lambda: get(cluster, PYTORCHJOBS, "pj")["spec"]["runPolicy"]["suspend"])
         await patch(cluster, RUNS, "tj", {"spec": {"runPolicy": {"suspend": True}}})
         await eventually(lambda: get(cluster, TRAINJOBS, "tj")["spec"]["suspend"])
+        # Elastic runs resized: their jobs deleted and created again, a TrainingRuntime patched.
+        elastic = {"gpus": 2, "gpusPerNode": 1, "elastic": {"minGpus": 1, "maxGpus": 2}}
+        await apply(cluster, run_body("pe", elastic))
+        await apply(cluster, run_body("te", {**elastic, "target": "trainjob"}))
+        for name in ("pe", "te"):
+            await eventually(lambda n=name: run_status(cluster, n).get("jobUID"))
+            await patch(cluster, RUNS, name, {"spec": {"gpus": 1}})
+        for name in ("pe", "te"):
+            await eventually(
+                lambda n=name: run_status(cluster, n).get("attempt") == 2,
+                message=f"{name} resized",
+            )
+        await delete(cluster, RUNS, "pe")
+        await delete(cluster, RUNS, "te")
         await delete(cluster, RUNS, "pj")
         await delete(cluster, RUNS, "tj")
         await delete(cluster, RUNS, "np")
         await eventually(
-            lambda: get(cluster, RUNS, "pj") is None
-            and get(cluster, RUNS, "tj") is None
-            and get(cluster, RUNS, "np") is None
+            lambda: all(get(cluster, RUNS, n) is None for n in ("pj", "tj", "np", "pe", "te"))
         )
-        # The controller deletes nothing of a deleted run (no delete verb on its jobs): the
-        # garbage collector does, which kmock runs here as a test helper.
+        # The controller deletes nothing of a deleted run (its delete verb on jobs is for
+        # resizes): the garbage collector does, which kmock runs here as a test helper.
         assert get(cluster, NETWORKPOLICIES, "np") is not None
         assert sorted(await collect_garbage(cluster)) == [
             "NetworkPolicy/np",
             "PyTorchJob/np",
+            "PyTorchJob/pe",
             "PyTorchJob/pj",
+            "TrainJob/te",
             "TrainJob/tj",
+            "TrainingRuntime/te",
             "TrainingRuntime/tj",
         ]
         await settle()
@@ -328,9 +344,17 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         and not any(call[1:] == grant[1:] and grant[0] in (None, call[0]) for call in used)
     }
     assert unused == set(), "rules no call needs"
-    # It never lists a namespace of a run's objects, nor deletes a job or a runtime.
+    # It never lists a namespace of a run's objects, nor deletes a runtime, and deletes a job
+    # only to resize its run.
     assert ("trainer.kubeflow.org", "trainingruntimes", "list") not in {c[1:] for c in used}
-    assert not {c for c in used if c[3] == "delete" and c[2] != "networkpolicies"}
+    jobs = ("networkpolicies", "pytorchjobs", "trainjobs")
+    assert not {c for c in used if c[3] == "delete" and c[2] not in jobs}
+    deleted = {
+        tuple(r.url.path.rsplit("/", 2)[-2:])
+        for r in calls
+        if r.method == "DELETE" and r.url.path.rsplit("/", 2)[-2] in jobs[1:]
+    }
+    assert deleted == {("pytorchjobs", "pe"), ("trainjobs", "te")}
     if namespaces:
         # No cluster-wide grant but the progress endpoint's TokenReview (a cluster-scoped API);
         # the release namespace ("ops") holds only its CA Secret and the pod label.

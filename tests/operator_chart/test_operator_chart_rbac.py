@@ -13,11 +13,11 @@ EXPECTED_RULES = {
     ("megdet.io", "megdetruns"): {"get", "list", "watch", "patch"},
     ("megdet.io", "megdetruns/status"): {"patch"},
     ("megdet.io", "megdetruns/finalizers"): {"update"},
-    # The jobs and runtimes it makes, never deleted by it: the garbage collector deletes them
-    # with their run (owner references).
-    ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch"},
-    ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch"},
-    ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create"},
+    # The jobs and runtimes it makes: a job is deleted by it only to resize an elastic run
+    # (then created again); the garbage collector deletes them with their run.
+    ("kubeflow.org", "pytorchjobs"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("trainer.kubeflow.org", "trainjobs"): {"get", "list", "watch", "create", "patch", "delete"},
+    ("trainer.kubeflow.org", "trainingruntimes"): {"get", "create", "patch"},
     ("networking.k8s.io", "networkpolicies"): {"get", "create", "patch", "delete"},
     ("", "events"): {"create"},
     # The runs' pods, read only: watched for why they cannot start (PodsStarted); the pod a

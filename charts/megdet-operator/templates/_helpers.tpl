@@ -95,18 +95,20 @@ checks them against every API call it makes against kmock). No secrets, no wildc
   resources: ["megdetruns/finalizers"]
   verbs: ["update"]
 # The jobs it creates and owns: looked up by name, created, suspended/resumed (patch),
-# watched for status (kopf lists and watches). Never deleted by the controller: the garbage
-# collector deletes them with their run (owner references).
+# watched for status (kopf lists and watches), and deleted (that incarnation, in the
+# foreground) only to resize an elastic run, which then gets its job again at the new size.
+# A deleted run's job goes with it through the garbage collector (owner references).
 - apiGroups: ["kubeflow.org"]
   resources: ["pytorchjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainjobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
-# A TrainJob's per-run runtime: created next to it, never changed, collected with the run.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
+# A TrainJob's per-run runtime: created next to it, brought to the new size (patch) before a
+# resize creates the TrainJob again, collected with the run.
 - apiGroups: ["trainer.kubeflow.org"]
   resources: ["trainingruntimes"]
-  verbs: ["get", "create"]
+  verbs: ["get", "create", "patch"]
 # A run's NetworkPolicy (spec.networkPolicy.enabled): created next to its job, patched when
 # the spec changes it, deleted by name when the spec drops it (collected with the run).
 - apiGroups: ["networking.k8s.io"]

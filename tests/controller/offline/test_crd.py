@@ -89,7 +89,7 @@ def test_crd_names_and_version(crd, version):
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     assert columns == {
         "Phase": ".status.phase",
-        "GPUs": ".spec.gpus",
+        "GPUs": ".status.gpus",  # the job's: an elastic run's spec leads during a resize
         "World": ".status.worldSize",
         "Batch": ".status.globalBatch",
         "LR": ".status.lr",
@@ -100,11 +100,12 @@ def test_crd_names_and_version(crd, version):
         "Iteration": ".status.progress.iteration",
         "Images/s": ".status.progress.imagesPerSecond",
         "AP50": ".status.progress.ap50",
+        "Attempt": ".status.attempt",
         "Checkpoint": ".status.progress.checkpointIteration",
         "Reported": ".status.progress.updatedTime",
     }
     wide = {c["name"] for c in version["additionalPrinterColumns"] if c.get("priority") == 1}
-    assert wide == {"Iteration", "Images/s", "AP50", "Checkpoint", "Reported"}
+    assert wide == {"Iteration", "Images/s", "AP50", "Attempt", "Checkpoint", "Reported"}
 
 
 @pytest.mark.parametrize("k8s_version", ["1.30.0", "1.34.0"])
@@ -304,7 +305,8 @@ def test_status_declares_the_controller_fields(root):
     assert set(status) == {
         "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
         "lr", "maxIter", "steps", "warmupIters", "jobName", "jobUID", "target", "startTime",
-        "completionTime", "restarts", "progress", "handledConfiguration",
+        "completionTime", "restarts", "progress", "handledConfiguration", "gpus", "attempt",
+        "segments", "resize",
     }  # fmt: skip
     progress = status["progress"]["properties"]
     assert set(progress) == {
