@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import kmock as kmock_lib
+import kopf
 from aiohttp import web
 from kmock_helpers import (
     PYTORCHJOBS,
@@ -39,7 +40,7 @@ from kmock_helpers import run_status as status
 
 from megdet.controller.planning import Planned
 from megdet.controller.render import render_run
-from megdet.controller.resize import with_segments
+from megdet.controller.resize import finish, with_segments
 
 ELASTIC = {"gpus": 2, "gpusPerNode": 1, "elastic": {"minGpus": 1, "maxGpus": 2}}
 
@@ -286,3 +287,39 @@ def test_a_resized_keep_batch_run_shows_the_kept_batch_and_a_rescaled_one_the_ne
         assert after["globalBatch"] == batch, mode
         assert after["segments"][-1]["globalBatch"] == batch
         assert (after["lr"] == first["lr"]) is (mode == "keep-batch")
+
+
+def test_finishing_a_resize_retries_what_heals_and_stops_when_done_elsewhere() -> None:
+    """kopf never retries an event handler: the job mirror's finish tries again itself."""
+    run = {"metadata": {"uid": "u"}, "status": {"resize": {"jobUID": "old"}}}
+    calls: list[int] = []
+    slept: list[float] = []
+
+    def reconcile(_run: dict[str, Any], retry: int) -> None:
+        calls.append(retry)
+        if len(calls) < 3:
+            raise kopf.TemporaryError("quota", delay=2.0)
+
+    finish(lambda: run, reconcile, "u", clock=lambda: 0.0, sleep=slept.append)
+    assert calls == [0, 1, 2] and slept == [2.0, 2.0]
+    # Done by a reconcile meanwhile, another incarnation, or gone: nothing to do.
+    calls.clear()
+    done = {"metadata": {"uid": "u"}, "status": {}}
+    finish(lambda: done, reconcile, "u")
+    finish(lambda: run, reconcile, "another")
+    finish(lambda: None, reconcile, "u")
+    assert calls == []
+    # A failure that does not heal in time is left to the run's next reconcile.
+    now = [0.0]
+
+    def failing(_run: dict[str, Any], retry: int) -> None:
+        raise kopf.TemporaryError("quota", delay=400.0)
+
+    finish(
+        lambda: run,
+        failing,
+        "u",
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
+    assert now[0] == 400.0  # one wait, then the next would pass FINISH_SECONDS
