@@ -129,36 +129,42 @@ def test_the_crd_installs_on_an_older_api_server(tmp_path) -> None:
         older.down()
 
 
-def server_version(kube) -> str:
-    """The API server's version, for `helm template --kube-version` (the chart's kubeVersion)."""
-    version = kube.kubectl("version", "-o", "json").stdout
-    return json.loads(version)["serverVersion"]["gitVersion"].lstrip("v")
+def rendered_object(kube, release: str, kind: str, *sets: str) -> dict:
+    """The one ``kind`` object of `helm template` of the operator chart with ``--set``s, for
+    the API server's version (the chart's kubeVersion)."""
+    version = json.loads(kube.kubectl("version", "-o", "json").stdout)["serverVersion"]
+    rendered = helm(
+        kube, "template", release, "charts/megdet-operator", "-n", OPERATOR_NAMESPACE,
+        "--kube-version", version["gitVersion"].lstrip("v"), *(f"--set={s}" for s in sets),
+    ).stdout  # fmt: skip
+    (obj,) = [d for d in yaml.safe_load_all(rendered) if d and d.get("kind") == kind]
+    return obj
+
+
+def stored_by_dry_run(kube, obj: dict) -> dict:
+    """``obj`` as the API server would store it (a server-side dry-run create)."""
+    return json.loads(
+        kube.kubectl(
+            "create", "--dry-run=server", "-n", OPERATOR_NAMESPACE, "-f", "-", "-o", "json",
+            input=json.dumps(obj),
+        ).stdout
+    )  # fmt: skip
 
 
 def test_the_api_server_takes_the_controller_on_either_allocator(kube, operator_chart) -> None:
     """controller.allocator's two renders of the controller's Deployment, as the API server
     stores them (a server-side dry run beside the installed release): jemalloc's preload, or
     pymalloc with the image's LD_PRELOAD emptied (the server keeps an empty value as none)."""
-    server = server_version(kube)
     expected = {
         "jemalloc": {"LD_PRELOAD": "libjemalloc.so.2", "PYTHONMALLOC": "malloc"},
         "pymalloc": {"LD_PRELOAD": None, "PYTHONMALLOC": "pymalloc", "MALLOC_ARENA_MAX": "2"},
     }
     for allocator, want in expected.items():
-        rendered = helm(
-            kube, "template", "alloc", "charts/megdet-operator", "-n", OPERATOR_NAMESPACE,
-            "--kube-version", server, "--set", f"controller.allocator={allocator}",
-        ).stdout  # fmt: skip
-        (deployment,) = [
-            d for d in yaml.safe_load_all(rendered) if d and d.get("kind") == "Deployment"
-        ]
+        deployment = rendered_object(
+            kube, "alloc", "Deployment", f"controller.allocator={allocator}"
+        )
         deployment["metadata"]["name"] = f"megdet-allocator-{allocator}"
-        stored = json.loads(
-            kube.kubectl(
-                "create", "--dry-run=server", "-n", OPERATOR_NAMESPACE, "-f", "-", "-o", "json",
-                input=json.dumps(deployment),
-            ).stdout
-        )  # fmt: skip
+        stored = stored_by_dry_run(kube, deployment)
         (container,) = stored["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert {name: env.get(name, "absent") for name in want} == want, allocator
@@ -187,18 +193,14 @@ def test_the_api_server_takes_the_controllers_budget_and_network_policy(kube, op
     addresses = sorted(a for s in slices["items"] for e in s["endpoints"] for a in e["addresses"])
     assert addresses, slices
     cidrs = ",".join(f"{a}/32" for a in addresses)
-    rendered = helm(
-        kube, "template", operator_chart, "charts/megdet-operator", "-n", OPERATOR_NAMESPACE,
-        "--kube-version", server_version(kube), "--set", "networkPolicy.enabled=true",
-        "--set", f"networkPolicy.apiServer.cidrs={{{cidrs}}}",
-    ).stdout  # fmt: skip
-    (policy,) = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "NetworkPolicy"]
-    stored = json.loads(
-        kube.kubectl(
-            "create", "--dry-run=server", "-n", OPERATOR_NAMESPACE, "-f", "-", "-o", "json",
-            input=json.dumps(policy),
-        ).stdout
-    )  # fmt: skip
+    policy = rendered_object(
+        kube,
+        operator_chart,
+        "NetworkPolicy",
+        "networkPolicy.enabled=true",
+        f"networkPolicy.apiServer.cidrs={{{cidrs}}}",
+    )
+    stored = stored_by_dry_run(kube, policy)
     assert stored["spec"] == policy["spec"]
     assert stored["spec"]["egress"][0]["to"] == [
         {"ipBlock": {"cidr": f"{a}/32"}} for a in addresses
