@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +110,17 @@ def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def volumes(kube, real_node) -> dict[str, Path]:
+def volumes(kube, real_node) -> Iterator[dict[str, Path]]:
     """The shapes dataset and an empty output folder, each on a PersistentVolume."""
+    yield from shapes_volumes(kube, NS)
+
+
+def shapes_volumes(kube, ns: str) -> Iterator[dict[str, Path]]:
+    """The body of a ``volumes`` fixture for namespace ``ns`` (made with the `restricted`
+    Pod Security level): yields the folders, then deletes the namespace and volumes."""
     from megdet.trainer.shapes import make_shapes
 
-    folder = E2E_ROOT / "volumes" / NS
+    folder = E2E_ROOT / "volumes" / ns
     shutil.rmtree(folder, ignore_errors=True)
     data, output = folder / "data", folder / "output"
     make_shapes(data, train=32, val=8, seed=1)
@@ -121,7 +128,7 @@ def volumes(kube, real_node) -> dict[str, Path]:
     os.chown(output, IMAGE_UID, IMAGE_UID)
     for path in (folder, data):
         path.chmod(0o755)
-    ns = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
+    ns = namespace(kube, ns, {"pod-security.kubernetes.io/enforce": "restricted"})
     apply_objects(kube, *host_volume("data", ns, data), *host_volume("output", ns, output))
     eventually(
         lambda: all(
@@ -180,7 +187,26 @@ def job_condition(kube, ns: str, name: str) -> str | None:
 def test_helm_install_trains_on_the_real_node_to_succeeded(
     kube, train_image, volumes, tmp_path
 ) -> None:
+    # One run shows two things: the release starts on 1 GPU, is uninstalled after a checkpoint
+    # (the kubelet's SIGTERM: the trainer saves where it stops), and is installed again with
+    # gpus 2 over the same output volume; the trainer continues it at equal images seen, and the
+    # second job trains to Succeeded on two real pods.
+    run_dir = volumes["output"] / RELEASE
     values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({**run_values(train_image), "gpus": 1}))
+    helm(kube, "install", RELEASE, "charts/megdet", "-n", NS, "-f", str(values))
+    first = get_json(kube, "pytorchjobs", "-n", NS)["items"][0]["metadata"]["name"]
+    # Batch 2 on 1 GPU: the checkpoint period of 10 reference iterations is 20 of these.
+    eventually(
+        lambda: (run_dir / "model_0000019.pth").exists() or job_condition(kube, NS, first),
+        timeout=1200, interval=2, message="the 1-GPU run's first checkpoint",
+    )  # fmt: skip
+    assert not (run_dir / "model_final.pth").exists()
+    helm(kube, "uninstall", RELEASE, "-n", NS, "--wait", "--timeout=300s", timeout=360)
+    eventually(
+        lambda: not pods_of(kube, NS, f"training.kubeflow.org/job-name={first}"),
+        timeout=300, message="the 1-GPU run's pods gone",
+    )  # fmt: skip
     values.write_text(yaml.safe_dump(run_values(train_image)))
     helm(kube, "install", RELEASE, "charts/megdet", "-n", NS, "-f", str(values))
     job = get_json(kube, "pytorchjobs", "-n", NS)["items"][0]["metadata"]["name"]
@@ -217,14 +243,24 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(
     # `kubectl logs` of the Master shows the loss; the run's files are on the output volume.
     master_log = logs[f"{job}-master-0"]
     assert "total_loss" in master_log, master_log[-3000:]
-    run_dir = volumes["output"] / RELEASE
     assert (run_dir / "model_final.pth").stat().st_size > 0
     metrics = json.loads((run_dir / METRICS_FILE).read_text())
     ap = metrics["bbox"]["AP"]
     assert isinstance(ap, int | float) and 0 <= ap <= 100
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["world_size"] == 2 and plan["global_batch"] == 4
-    assert plan["max_iter"] == MAX_ITER
+    # The re-install continued the 1-GPU segment: batch 2 could not be kept by 2 GPUs x 2 images,
+    # so the rest was rescaled (batch 4, the linear rule's lr), and the images add up to the plan.
+    one, two = plan["segments"]
+    assert (one["world_size"], one["global_batch"], one["lr"]) == (1, 2, 0.005)
+    assert (two["world_size"], two["global_batch"], two["lr"], two["resize"]) == (
+        2, 4, 0.01, "rescale"
+    )  # fmt: skip
+    assert two["images_start"] == one["images_end"] >= 20 * 2
+    assert two["images_end"] == MAX_ITER * 4 == plan["reference_images_seen"]
+    assert f"Resuming after {one['images_end']:,} images on 2 workers (was 1 workers" in (
+        master_log
+    )
     assert (run_dir / STAMP_FILE).is_file()
 
 
