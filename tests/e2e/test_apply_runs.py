@@ -68,6 +68,11 @@ REFUSED = [
         "nccl.ib.enabled needs nccl.ib.rdmaResourceName",
     ),
     ({"kueue": {"queueName": "q"}, "runPolicy": {"suspend": True}}, "r", "Kueue owns suspend"),
+    (
+        {"elastic": {"minGpus": 16, "maxGpus": 32}},
+        "r",
+        "gpus must be within elastic.minGpus..elastic.maxGpus",
+    ),
     ({}, "1run", "metadata.name must start with a letter"),
     ({}, "x" * 51, "metadata.name must be at most 50 characters"),
     ({"bogus": 1}, "r", 'unknown field "spec.bogus"'),
@@ -127,6 +132,44 @@ def test_immutable_fields_cannot_be_patched(kube, ns) -> None:
         assert get_json(kube, "mdr", "frozen", "-n", ns)["spec"]["runPolicy"]["suspend"] is True
     finally:
         kube.kubectl("delete", "mdr", "frozen", "-n", ns, "--wait=false")
+
+
+def test_an_elastic_runs_gpus_change_only_within_its_bounds(kube, ns) -> None:
+    spec = {
+        "gpus": 8,
+        "elastic": {"minGpus": 8, "maxGpus": 16},
+        "dataset": {"claimName": "coco"},
+        "output": {"claimName": "out"},
+    }
+    apply_objects(kube, mdr("stretchy", ns, spec))
+
+    def patched(change: dict) -> tuple[int, str]:
+        proc = kube.kubectl(
+            "patch",
+            "mdr",
+            "stretchy",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            json.dumps({"spec": change}),
+            check=False,
+        )
+        return proc.returncode, proc.stderr
+
+    try:
+        assert patched({"gpus": 16}) == (0, "")
+        assert get_json(kube, "mdr", "stretchy", "-n", ns)["spec"]["gpus"] == 16
+        code, stderr = patched({"gpus": 24})
+        assert code != 0 and "spec.gpus" in stderr, stderr
+        assert "gpus must be within elastic.minGpus..elastic.maxGpus" in stderr, stderr
+        code, stderr = patched({"elastic": {"maxGpus": 64}})
+        assert code != 0 and "elastic is immutable" in stderr, stderr
+        # The other plan fields stay fixed with their own message.
+        code, stderr = patched({"imagesPerGpu": 4})
+        assert code != 0 and "imagesPerGpu is immutable" in stderr, stderr
+    finally:
+        kube.kubectl("delete", "mdr", "stretchy", "-n", ns, "--wait=false")
 
 
 # -- megdet validate and the server agree ---------------------------------------------------------
