@@ -32,7 +32,6 @@ from megdet.trainer.report import PLAN_FILE
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class ResumePoint:
     """The checkpoint a worker resumes from, read once, and what the run had done by then."""
