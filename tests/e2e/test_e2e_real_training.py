@@ -257,7 +257,8 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(
         2, 4, 0.01, "rescale"
     )  # fmt: skip
     assert two["images_start"] == one["images_end"] >= 20 * 2
-    assert two["images_end"] == MAX_ITER * 4 == plan["reference_images_seen"]
+    assert two["images_end"] == plan["images_seen"]
+    assert abs(two["images_end"] - MAX_ITER * 4) <= 4 / 2  # within half a batch of the plan
     assert f"Resuming after {one['images_end']:,} images on 2 workers (was 1 workers" in (
         master_log
     )

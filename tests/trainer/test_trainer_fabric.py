@@ -157,9 +157,15 @@ def test_report_fabric_exports_the_info_gauge_and_logs_the_run(caplog):
     from megdet.trainer.metrics import TrainerMetrics
 
     registry = CollectorRegistry()
-    logging.getLogger("megdet.trainer.fabric").propagate = True
-    with caplog.at_level(logging.INFO, logger="megdet.trainer.fabric"):
-        fabrics = report_fabric(TrainerMetrics(registry))
+    # caplog's handler on the logger itself: detectron2's setup_logger (run by earlier tests in
+    # this process) turns the "megdet" logger's propagation off, so the root never sees it.
+    logger = logging.getLogger("megdet.trainer.fabric")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger="megdet.trainer.fabric"):
+            fabrics = report_fabric(TrainerMetrics(registry))
+    finally:
+        logger.removeHandler(caplog.handler)
     assert [f.transport for f in fabrics] == [NONE]  # this test process: no process group
     text = generate_latest(registry).decode()
     assert 'megdet_train_fabric_info{rank="0",requested=' in text
