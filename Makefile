@@ -54,7 +54,7 @@ demo: setup
 
 test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 	$(BIN)/ruff check .
-	$(PYTEST) -m "not previous_apiserver and not real_pods"
+	$(PYTEST) -m "not previous_apiserver and not real_pods" --durations=25
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
