@@ -62,7 +62,11 @@ def test_plan_writes_the_planned_solver_values_for_the_actual_world_size():
         (["SOLVER.BASE_LR", "fast"], ["SOLVER.BASE_LR", "'fast'"]),
         (["MEGDET.IMAGES_PER_GPU", "0"], ["MEGDET.IMAGES_PER_GPU", ">= 1"]),
         (["MEGDET.AMP", "True"], ["MEGDET.AMP", "CUDA"]),
-        (["MEGDET.BN_GROUP_SIZE", "3"], ["MEGDET.BN_GROUP_SIZE", "divide the world size 2"]),
+        (
+            ["MEGDET.BN_GROUP_SIZE", "3"],
+            ["MEGDET.BN_GROUP_SIZE", "divide the world size 2", "0 (the whole world) or 1, 2"],
+        ),
+        (["MEGDET.RESIZE", "grow"], ["MEGDET.RESIZE", "keep-batch, rescale"]),
         (["SOLVER.STEPS", "(500,)"], ["SOLVER.STEPS", "max_iter"]),
         (["MEGDET.SYNC_BN"], ["KEY VALUE pairs"]),
     ],
