@@ -299,3 +299,75 @@ def test_the_chart_says_what_older_clusters_get(kube) -> None:
     ok = helm(kube, *args, "--set=policy.admission.enabled=false")
     assert "kind: ValidatingAdmissionPolicy" not in ok.stdout
     assert "name: x-megdet-operator-policy" in ok.stdout
+
+
+# --- Each way round a deny list, refused by the API server itself --------------------------
+# A researcher as the operator chart ships one: a ServiceAccount of the namespace bound to the
+# chart's megdet-edit ClusterRole only (what `edit` aggregates), no grant. Each case is one
+# server-side dry-run create; a refusal is matched on the field path and on the offending name
+# the message must carry (the mount path, the variable, the key, the group field), not on whole
+# messages, which the policy's rules own.
+RESEARCHER = "researcher"
+_CM = [{"name": "code", "configMap": {"name": "author-code"}}]
+
+
+def _mount(path: str, sub_path: str | None = None) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": "code", "mountPath": path}
+    if sub_path:
+        mount["subPath"] = sub_path
+    return {"extraVolumes": _CM, "extraVolumeMounts": [mount]}
+
+
+_NONROOT = {"runAsNonRoot": True, "runAsUser": 1000}
+BYPASSES: dict[str, tuple[dict[str, Any], str, str]] = {
+    # case: (spec change, the field path refused, a word the refusal names)
+    "tini-entrypoint": (_mount("/usr/bin/tini", "tini"), "spec.extraVolumeMounts", "/usr/bin/tini"),
+    "venv-pth": (_mount("/opt/venv/lib/python3.12/site-packages/zz.pth", "zz.pth"), "spec.extraVolumeMounts", "site-packages/zz.pth"),
+    "iopath-cache": (_mount("/home/megdet/.torch/iopath_cache/detectron2/ImageNetPretrained/MSRA/R-50.pkl", "r50"), "spec.extraVolumeMounts", "iopath_cache"),
+    "env-path": ({"extraEnv": [{"name": "PATH", "value": "/mnt/code:/usr/bin"}]}, "spec.extraEnv", '"PATH"'),
+    "env-fvcore-cache": ({"extraEnv": [{"name": "FVCORE_CACHE", "value": "/mnt/code"}]}, "spec.extraEnv", '"FVCORE_CACHE"'),
+    "label-outside": ({"podLabels": {"security.istio.io/tlsMode": "istio"}}, "spec.podLabels", "security.istio.io/tlsMode"),
+    "annotation-outside": ({"podAnnotations": {"sidecar.istio.io/inject": "true"}}, "spec.podAnnotations", "sidecar.istio.io/inject"),
+    "fs-group-0": ({"podSecurityContext": {**_NONROOT, "fsGroup": 0}}, "spec.podSecurityContext", "fsGroup"),
+    "run-as-group-0": ({"podSecurityContext": {**_NONROOT, "runAsGroup": 0}}, "spec.podSecurityContext", "runAsGroup"),
+    "supplemental-group-0": ({"podSecurityContext": {**_NONROOT, "supplementalGroups": [1000, 0]}}, "spec.podSecurityContext", "supplementalGroups"),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def researcher(kube, ns) -> str:
+    """``system:serviceaccount:<ns>:researcher``, bound to the chart's megdet-edit role only."""
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": RESEARCHER, "namespace": ns},
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "researcher-edit", "namespace": ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "megdet-edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": RESEARCHER, "namespace": ns}],
+    }  # fmt: skip
+    apply_objects(kube, account, binding)
+    return f"system:serviceaccount:{ns}:{RESEARCHER}"
+
+
+@pytest.mark.parametrize("case", list(BYPASSES))
+def test_the_server_refuses_each_way_round_the_policy(kube, ns, researcher, case) -> None:
+    change, path, word = BYPASSES[case]
+    accepted, said = create_as(kube, researcher, mdr(f"b-{case}", ns, {"gpus": 8, **change}))
+    assert not accepted, f"{case}: the API server accepted it"
+    assert "denied request" in said, said
+    refusal = said[said.index(f"{path}: ") :] if f"{path}: " in said else ""
+    assert refusal and word in refusal, said
+
+
+def test_a_plain_run_with_a_config_map_under_mnt_is_accepted(kube, ns, researcher) -> None:
+    accepted, said = create_as(
+        kube, researcher, mdr("b-mnt", ns, {"gpus": 8, **_mount("/mnt/code")})
+    )
+    assert accepted, said
+    assert json.loads(said)["spec"]["extraVolumeMounts"] == [
+        {"name": "code", "mountPath": "/mnt/code"}
+    ]
