@@ -105,8 +105,27 @@ KUEUE_WEBHOOK_CONFIGS = {
     "ValidatingWebhookConfiguration": "kueue-validating-webhook-configuration",
     "MutatingWebhookConfiguration": "kueue-mutating-webhook-configuration",
 }
-#: The one Kueue integration the cluster turns on: the project's target: trainjob.
-KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob",)
+#: The Kueue integrations the cluster turns on: the project's two targets, trainjob and
+#: pytorchjob (kueue v0.19.0 pkg/controller/jobs/trainjob/trainjob_controller.go and
+#: pkg/controller/jobs/kubeflow/jobs/pytorchjob/pytorchjob_controller.go, FrameworkName).
+KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob", "kubeflow.org/pytorchjob")
+#: The job kinds of those integrations, by API group: Kueue's webhooks for them are served,
+#: those of its other kinds (the training operator's TFJob, JAXJob, ... among them) are not.
+KUEUE_JOB_RESOURCES = {"trainer.kubeflow.org": {"trainjobs"}, "kubeflow.org": {"pytorchjobs"}}
+
+
+def kueue_hook_kept(hook: Mapping[str, Any]) -> bool:
+    """Whether the cluster serves Kueue's webhook ``hook``: those of Kueue's own kinds and of
+    the job kinds in KUEUE_JOB_RESOURCES."""
+    for rule in hook["rules"]:
+        for group in rule["apiGroups"]:
+            if group == "kueue.x-k8s.io":
+                return True
+            if set(rule["resources"]) & KUEUE_JOB_RESOURCES.get(group, set()):
+                return True
+    return False
+
+
 #: A pod's ServiceAccount namespace file: JobSet and Trainer use it over their defaults.
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 #: Trainer v2.3.0's alpha feature gate for its status server and the TrainJobStatus plugin
@@ -615,30 +634,26 @@ class Operators:
         return proc
 
     def _start_kueue(self, state: dict[str, Any], timeout: float) -> None:
-        """Kueue v0.19.0 with only its TrainJob integration: its CRDs with their conversion
-        webhooks (config/components/crd; its rotator injects the CA into five of them and
-        fails without their clientConfig), the webhooks of its own kinds and of TrainJob,
-        its Secret and upstream's config file (config/components/manager) bound to
+        """Kueue v0.19.0 with only its TrainJob and PyTorchJob integrations: its CRDs with
+        their conversion webhooks (config/components/crd; its rotator injects the CA into five
+        of them and fails without their clientConfig), the webhooks of its own kinds and of
+        those two, its Secret and upstream's config file (config/components/manager) bound to
         127.0.0.1, without the visibility API server (an aggregated API on :8082)."""
         ports = state["ports"]
         components = self.module_dir("kueue") / "config/components"
         self.install_crds(components / "crd/kustomization.yaml", ports["kueue-webhook"])
         namespace = KUEUE_NAMESPACE
 
-        def keep(hook: Mapping[str, Any]) -> bool:
-            groups = {g for rule in hook["rules"] for g in rule["apiGroups"]}
-            return bool(groups & {"kueue.x-k8s.io", "trainer.kubeflow.org"})
-
         configs = self.webhook_configurations(
             components / "webhook/manifests.yaml",
             ports["kueue-webhook"],
             KUEUE_WEBHOOK_CONFIGS,
-            keep=keep,
+            keep=kueue_hook_kept,
         )
         # Upstream's kustomization gives every job kind's hooks this namespaceSelector.
         for config in configs:
             for hook in config["webhooks"]:
-                if "trainer.kubeflow.org" in hook["rules"][0]["apiGroups"]:
+                if hook["rules"][0]["apiGroups"][0] in KUEUE_JOB_RESOURCES:
                     hook["namespaceSelector"] = {
                         "matchExpressions": [
                             {

@@ -21,6 +21,7 @@ from megdet.cluster.operators import (
     TRAINER_WEBHOOK_CONFIGS,
     WEBHOOK_CA_NAMES,
     WEBHOOK_SERVICE_NAMES,
+    kueue_hook_kept,
 )
 from megdet.cluster.pki import CertificateAuthority, dns_names
 
@@ -151,6 +152,10 @@ def test_upstream_webhooks_are_pointed_at_this_host(tmp_path, monkeypatch) -> No
         kueue / "manifests.yaml",
         9,
         KUEUE_WEBHOOK_CONFIGS,
-        keep=lambda h: h["rules"][0]["apiGroups"][0] in ("kueue.x-k8s.io", "trainer.kubeflow.org"),
+        keep=kueue_hook_kept,
     )
-    assert "mtrainjob.kb.io" in hooks(configs) and "mpod.kb.io" not in hooks(configs)
+    # Both targets' hooks (KUEUE_FRAMEWORKS), none of the kinds Kueue runs no integration for.
+    for kind in ("trainjob", "pytorchjob"):
+        assert {f"m{kind}.kb.io", f"v{kind}.kb.io"} <= set(hooks(configs))
+    for kind in ("pod", "tfjob", "jaxjob", "job"):
+        assert f"m{kind}.kb.io" not in hooks(configs)
