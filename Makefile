@@ -12,7 +12,7 @@ DEMO_OUT ?= output/demo
 PYTEST := $(BIN)/python -m pytest -o tmp_path_retention_policy=failed
 
 .PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
-	messages image image-check cluster cluster-down cluster-build node-packages \
+	messages image image-check cluster cluster-images cluster-down cluster-build node-packages \
 	suite-deps suite-cluster suite-images test-previous-apiserver test-real-pods lint-tools
 
 help:
@@ -21,7 +21,8 @@ help:
 	@echo "make test-quick - the suite without the real-cluster (e2e) tests"
 	@echo "make test-real-pods - every real-pod test on the real node (make test runs the first)"
 	@echo "make test-previous-apiserver - the CRD on the older kube-apiserver (its own build)"
-	@echo "make cluster - build (first time) and start a real local control plane in .cluster/ (kwok nodes + one real node)"
+	@echo "make cluster - build (first time) and start a real local control plane in .cluster/ (kwok nodes + one real node), with the images make image / make suite-images built loaded into the real node"
+	@echo "make cluster-images - load the images built since into the running cluster's real node (IMAGES=train-ci: only that variant)"
 	@echo "make cluster-down - stop it and delete .cluster/"
 	@echo "make lint   - ruff check and format check"
 	@echo "make bench  - run the benchmarks under bench/"
@@ -102,9 +103,15 @@ test-quick: setup $(PROMETHEUS) lint-tools
 	$(PYTEST) --ignore=tests/e2e
 
 # A real Kubernetes control plane on this machine (megdet.cluster; docs/cluster.md). The first
-# run builds the pinned binaries from the Go module proxy into ~/.cache/megdet/cluster.
+# run builds the pinned binaries from the Go module proxy into ~/.cache/megdet/cluster. The images
+# `make image` and `make suite-images` left in output/images go into the real node's containerd
+# (README.md, "Try it locally"); `make cluster-images` loads those built later.
 cluster: setup node-packages
 	$(BIN)/python -m megdet.cluster up
+
+IMAGES ?=
+cluster-images: setup
+	$(BIN)/python -m megdet.cluster load-images $(IMAGES)
 
 # The real node's Debian packages (containerd, runc, CNI plugins, iptables, busybox-static, gcc):
 # installed as root when missing, a note naming them otherwise (docs/cluster.md, "The real node").

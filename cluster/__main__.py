@@ -1,5 +1,5 @@
 import sys
 
-from megdet.cluster.control_plane import main
+from megdet.cluster.cli import main
 
 sys.exit(main())
