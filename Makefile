@@ -176,7 +176,8 @@ messages: setup
 	$(BIN)/python -m megdet.messages > $(MESSAGES_FILE).tmp
 	mv $(MESSAGES_FILE).tmp $(MESSAGES_FILE)
 
-# The operator chart's admission policy validations, generated from controller/policy.py's rules
+# The operator chart's admission policy validations, generated from the rules' CEL
+# (controller/policy_rules.py, controller/policy_knobs.py)
 # (tests/controller/test_policy.py fails when the committed copy is stale).
 POLICY_FILE := charts/megdet-operator/files/policy-validations.yaml
 policy: setup

@@ -1,0 +1,101 @@
+"""The MegDet policy's rules as CEL, and their evaluation in the controller.
+
+Each rule of the policy (:mod:`megdet.controller.policy_rules`) is one CEL expression and one CEL
+messageExpression, with ``s`` the run's spec and ``variables.<key>`` the policy value of that key
+(:meth:`megdet.controller.policy.Policy.values`). The API server evaluates them in the operator
+chart's ValidatingAdmissionPolicy (``s`` spelled ``object.spec`` there); the controller evaluates
+the very same text here, with the CEL library ``megdet validate`` uses
+(common-expression-language, the Rust interpreter), each compiled once per process. So the two
+engines cannot disagree on what a rule says.
+
+The Rust interpreter has the CEL core; the string functions the rules call beyond it (``split``,
+``join``, ``trim``: Kubernetes' CEL strings library) come from the package's ``cel.stdlib``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cel
+from cel.stdlib import EXTENSIONS
+
+if TYPE_CHECKING:
+    from megdet.controller.policy import Policy
+
+__all__ = ["Rule", "cel_join", "cel_quote", "context", "evaluate"]
+
+#: The functions of Kubernetes' CEL strings library the rules call, which the Rust interpreter
+#: lacks (``cel.stdlib`` writes them in Python).
+_STRING_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    name: EXTENSIONS["strings"][name] for name in ("split", "join", "trim")
+}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One policy rule, written once in CEL (``s``: the spec; ``variables``: the policy)."""
+
+    name: str
+    #: The spec field it is about (the problem's path, and the admission message's prefix).
+    path: str
+    #: CEL that is true when the spec passes.
+    expression: str
+    #: CEL building the message when it fails: the field's value and the allowed values.
+    message: str
+
+    def check(self, spec: Any, policy: Policy) -> str | None:
+        """This rule's problem with ``spec`` under ``policy`` (its message), or None."""
+        return evaluate(self, context(spec, policy.values()))
+
+
+def cel_quote(text: str) -> str:
+    """A Python string as a CEL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def cel_join(expr: str) -> str:
+    """CEL: a list of names for a message, each in double quotes and comma-separated, or
+    ``none`` for an empty list (not JSON: a quote inside a value stays as it is)."""
+    return f"({expr}.size() == 0 ? 'none' : {expr}.map(x, '\"' + x + '\"').join(', '))"
+
+
+@functools.cache
+def _program(text: str) -> cel.Program:
+    return cel.compile(text)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as the API server's CEL sees a stored object: a null field is absent."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def context(spec: Any, values: Mapping[str, Any]) -> cel.Context:
+    """The evaluation context of every rule for one spec: ``s`` and ``variables``."""
+    ctx = cel.Context({"s": _plain(spec), "variables": dict(values)})
+    for name, function in _STRING_FUNCTIONS.items():
+        ctx.add_function(name, function)
+    return ctx
+
+
+def evaluate(rule: Rule, ctx: cel.Context) -> str | None:
+    """The rule's message when the spec in ``ctx`` fails it, else None.
+
+    A rule that cannot be evaluated, or whose message cannot be built, on this spec is about a
+    field of the wrong type (CEL compares a list with a string as unequal, so a mistyped field
+    can fail an expression whose message then cannot use it): the CRD's schema refuses such a
+    spec before any policy is asked, and it is no policy problem. This never raises.
+    """
+    try:
+        if _program(rule.expression).execute(ctx) is not False:
+            return None
+        message = _program(rule.message).execute(ctx)
+    except Exception:  # mistyped spec: the schema's business, not the policy's
+        return None
+    return message if isinstance(message, str) else None

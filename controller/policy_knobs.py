@@ -1,0 +1,133 @@
+"""The MegDet policy's privileged knobs: each way a spec uses one, in CEL.
+
+A privileged knob is allowed only when the cluster's policy allows it
+(``policy.privileged.<knob>``) and the user who applies the run holds the grant, verb ``use`` on
+``megdetruns/privileged`` in the run's namespace (checked by the API server's authorizer at
+admission; the controller never learns who wrote a run). Each :class:`KnobUse` makes one rule of
+:data:`megdet.controller.policy_rules.RULES` (the policy) and one admission validation (the
+grant).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from megdet.controller.policy_cel import cel_quote
+
+__all__ = [
+    "CONFINED_PROFILES",
+    "KNOB_USES",
+    "KNOB_WHAT",
+    "PRIVILEGED_KNOBS",
+    "PRIVILEGED_SUBRESOURCE",
+    "PROFILE_ANNOTATIONS",
+    "PROFILE_ANNOTATION_PREFIXES",
+    "KnobUse",
+    "grant_message",
+]
+
+#: What the privileged knobs are, by their policy key (``policy.privileged.<key>``).
+PRIVILEGED_KNOBS: dict[str, str] = {
+    "hostNetwork": "spec.network.hostNetwork",
+    "ibRootMode": "spec.nccl.ib.memlock",
+    "podSecurity": "spec.podSecurityContext",
+    "hostPath": "spec.extraVolumes",
+}
+#: The subresource whose ``use`` verb grants the privileged knobs (RBAC, checked at admission).
+PRIVILEGED_SUBRESOURCE = "megdetruns/privileged"
+
+#: The pod annotations that set an AppArmor or seccomp profile (the kubelet still honours the
+#: AppArmor one, deprecated since Kubernetes 1.30 for securityContext.appArmorProfile), and the
+#: values that confine: the runtime's default profile or one loaded on the node.
+PROFILE_ANNOTATION_PREFIXES = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+PROFILE_ANNOTATIONS = ("seccomp.security.alpha.kubernetes.io/pod",)
+CONFINED_PROFILES = ("runtime/default", "docker/default")
+
+
+@dataclass(frozen=True)
+class KnobUse:
+    """One way a spec uses a privileged knob: where, its CEL, in words."""
+
+    knob: str
+    path: str
+    #: CEL, true when the spec ``s`` uses it.
+    cel: str
+    what: str
+
+
+_PSC = "s.podSecurityContext"
+
+#: CEL: an annotation key ``k`` that sets an AppArmor or seccomp profile.
+PROFILE_KEY_CEL = (
+    "("
+    + " || ".join(f"k.startsWith({cel_quote(p)})" for p in PROFILE_ANNOTATION_PREFIXES)
+    + "".join(f" || k == {cel_quote(p)}" for p in PROFILE_ANNOTATIONS)
+    + ")"
+)
+
+KNOB_USES: tuple[KnobUse, ...] = (
+    KnobUse(
+        "hostNetwork",
+        "spec.network.hostNetwork",
+        "has(s.network) && has(s.network.hostNetwork) && s.network.hostNetwork == true",
+        "host networking (spec.network.hostNetwork)",
+    ),
+    KnobUse(
+        "ibRootMode",
+        "spec.nccl.ib.memlock",
+        "has(s.nccl) && has(s.nccl.ib) && has(s.nccl.ib.enabled) && s.nccl.ib.enabled == true"
+        " && has(s.nccl.ib.memlock) && s.nccl.ib.memlock == 'root'",
+        "the InfiniBand root mode (spec.nccl.ib.memlock=root: root with IPC_LOCK)",
+    ),
+    KnobUse(
+        "podSecurity",
+        "spec.podSecurityContext",
+        "has(s.podSecurityContext) && type(s.podSecurityContext) != null_type && ("
+        f"(has({_PSC}.runAsUser) && {_PSC}.runAsUser == 0)"
+        f" || (has({_PSC}.runAsNonRoot) && {_PSC}.runAsNonRoot == false)"
+        f" || (has({_PSC}.seccompProfile) && has({_PSC}.seccompProfile.type)"
+        f" && {_PSC}.seccompProfile.type == 'Unconfined')"
+        f" || (has({_PSC}.appArmorProfile) && has({_PSC}.appArmorProfile.type)"
+        f" && {_PSC}.appArmorProfile.type == 'Unconfined')"
+        f" || (has({_PSC}.seLinuxOptions) && type({_PSC}.seLinuxOptions) != null_type)"
+        f" || (has({_PSC}.sysctls) && type({_PSC}.sysctls) != null_type"
+        f" && {_PSC}.sysctls.size() > 0))",
+        "a podSecurityContext outside the restricted profile (root, Unconfined "
+        "seccomp or AppArmor, seLinuxOptions or sysctls)",
+    ),
+    KnobUse(
+        "podSecurity",
+        "spec.podAnnotations",
+        "has(s.podAnnotations) && s.podAnnotations.exists(k, "
+        + PROFILE_KEY_CEL
+        + " && !(s.podAnnotations[k] in "
+        + json.dumps(list(CONFINED_PROFILES))
+        + " || s.podAnnotations[k].startsWith('localhost/')))",
+        "an AppArmor or seccomp annotation that does not confine the pods (unconfined; "
+        "confined are runtime/default and localhost/<profile>)",
+    ),
+    KnobUse(
+        "hostPath",
+        "spec.extraVolumes",
+        "has(s.extraVolumes) && s.extraVolumes.exists(v, has(v.hostPath))",
+        "a hostPath volume (spec.extraVolumes)",
+    ),
+)
+
+#: Each knob in words (the first way it is used).
+KNOB_WHAT: dict[str, str] = {}
+for _use in KNOB_USES:
+    KNOB_WHAT.setdefault(_use.knob, _use.what)
+
+
+def grant_message(knob: str, what: str | None = None) -> str:
+    """The admission refusal for a privileged knob the user holds no grant for (``what``: the
+    way the spec uses it, default the knob's first)."""
+    return (
+        f"{what or KNOB_WHAT[knob]} needs the grant to use privileged MegDetRun settings: "
+        f'verb "use" on {PRIVILEGED_SUBRESOURCE} (API group megdet.io) in the run\'s namespace'
+    )
