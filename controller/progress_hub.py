@@ -331,7 +331,9 @@ class ProgressHub:
             for (namespace, name), run in self.runs.items():
                 if run.latest is None or run.latest == run.written:
                     continue
-                if run.last_write is not None and now - run.last_write < self.interval:
+                # A new stage (megdet.progress.STAGES: an evaluation starting) goes out at once.
+                same = run.latest.get("stage") == run.written.get("stage")
+                if same and run.last_write is not None and now - run.last_write < self.interval:
                     continue
                 patch: dict[str, Any] = dict(run.latest)
                 for gone in set(run.written) - set(run.latest):

@@ -50,6 +50,7 @@ __all__ = [
     "MAX_METRIC_LENGTH",
     "METRIC_NAMES",
     "NUMBER_METRICS",
+    "STAGES",
     "TIME_METRICS",
     "Progress",
     "format_time",
@@ -79,7 +80,19 @@ INT_METRICS = {
     "checkpointIteration": "checkpointIteration",
 }
 NUMBER_METRICS = {"imagesPerSecond": "imagesPerSecond", "ap": "ap", "ap50": "ap50"}
-TIME_METRICS = {"checkpointTime": "checkpointTime"}
+TIME_METRICS = {
+    "checkpointTime": "checkpointTime",
+    "stageTime": "stageTime",
+    "worldTime": "worldTime",
+    "loadedTime": "loadedTime",
+    "firstIterationTime": "firstIterationTime",
+}
+#: Where this attempt of the trainer is (metric ``stage``, since ``stageTime``): ``loading``
+#: (the world formed at ``worldTime``; building the model and data, loading the checkpoint),
+#: ``firstIteration`` (model and data ready at ``loadedTime``), ``training`` (its first
+#: iteration done at ``firstIterationTime``), ``evaluating``, ``finished`` (training and the
+#: final evaluation done).
+STAGES = ("loading", "firstIteration", "training", "evaluating", "finished")
 #: Every metric name :func:`to_request` writes, in the order it writes them.
 METRIC_NAMES = (
     "iteration",
@@ -92,7 +105,21 @@ METRIC_NAMES = (
     "evalIteration",
     "checkpointIteration",
     "checkpointTime",
+    "stage",
+    "stageTime",
+    "worldTime",
+    "loadedTime",
+    "firstIterationTime",
 )
+
+#: Each time metric and the :class:`Progress` field it carries.
+_TIME_FIELDS = {
+    "checkpointTime": "checkpoint_time",
+    "stageTime": "stage_time",
+    "worldTime": "world_time",
+    "loadedTime": "loaded_time",
+    "firstIterationTime": "first_iteration_time",
+}
 
 #: Decimal places a float metric keeps (images/s, AP in percent): plenty, and short.
 FLOAT_DIGITS = 4
@@ -162,6 +189,8 @@ class Progress:
     ``ap`` / ``ap50`` are COCO box AP in percent, as detectron2 reports them; ``eval_iteration``
     is the iteration they were measured at. ``checkpoint_time`` and ``updated_time`` are RFC
     3339 (:func:`format_time`). ``eta_seconds`` is the estimated time to ``max_iter``.
+    ``stage`` is one of :data:`STAGES`, entered at ``stage_time``; ``world_time``,
+    ``loaded_time`` and ``first_iteration_time`` are this attempt's start-up moments.
     """
 
     iteration: int
@@ -176,6 +205,11 @@ class Progress:
     checkpoint_iteration: int | None = None
     checkpoint_time: str | None = None
     updated_time: str = ""
+    stage: str | None = None
+    stage_time: str | None = None
+    world_time: str | None = None
+    loaded_time: str | None = None
+    first_iteration_time: str | None = None
     #: The run's fabric (megdet/fabric_report.py), sent as its own metrics.
     fabric: FabricReport | None = None
 
@@ -196,8 +230,12 @@ class Progress:
                 isinstance(value, bool) or not isinstance(value, int | float)
             ):
                 raise ValueError(f"Progress.{name} must be a number, not {value!r}")
-        if self.checkpoint_time is not None and parse_time(self.checkpoint_time) is None:
-            raise ValueError(f"Progress.checkpoint_time {self.checkpoint_time!r} is not RFC 3339")
+        for name in _TIME_FIELDS.values():
+            value = getattr(self, name)
+            if value is not None and parse_time(value) is None:
+                raise ValueError(f"Progress.{name} {value!r} is not RFC 3339")
+        if self.stage is not None and self.stage not in STAGES:
+            raise ValueError(f"Progress.stage {self.stage!r} is not one of {', '.join(STAGES)}")
         if parse_time(self.updated_time) is None:
             raise ValueError(f"Progress.updated_time {self.updated_time!r} is not RFC 3339")
 
@@ -242,9 +280,11 @@ def to_request(p: Progress) -> dict[str, Any]:
         "checkpointIteration": None
         if p.checkpoint_iteration is None
         else str(p.checkpoint_iteration),
-        "checkpointTime": None
-        if p.checkpoint_time is None
-        else format_time(parse_time(p.checkpoint_time)),
+        "stage": p.stage,
+        **{
+            metric: None if getattr(p, name) is None else format_time(parse_time(getattr(p, name)))
+            for metric, name in _TIME_FIELDS.items()
+        },
     }
     status: dict[str, Any] = {}
     percent = p.percent
@@ -395,6 +435,10 @@ def _read_metrics(metrics: Any, progress: dict[str, Any], problems: list[str]) -
             parsed = _number_value(value)
             kind = "a finite number"
             field = NUMBER_METRICS[name]
+        elif name == "stage":
+            parsed = value if value in STAGES else None
+            kind = f"one of {', '.join(STAGES)}"
+            field = "stage"
         elif name in TIME_METRICS:
             when = parse_time(value)
             parsed = None if when is None else format_time(when)

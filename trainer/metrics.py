@@ -351,7 +351,7 @@ class PrometheusExporter(hooks.HookBase):
             self._server = None
 
 
-def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
+def build_monitoring_hooks(cfg, plan, bundle, progress=None) -> list[hooks.HookBase]:
     """The run history, the SyncBN health check, (MEGDET.METRICS.PORT > 0) the exporter,
     (``KUBEFLOW_TRAINER_SERVER_URL`` set, rank 0) the progress reporter
     (trainer/progress_reporter.py) and (rank 0) the run's report (trainer/report_hook.py).
@@ -388,8 +388,10 @@ def build_monitoring_hooks(cfg, plan, bundle) -> list[hooks.HookBase]:
     # Progress reports to Trainer's status server (rank 0, KUBEFLOW_TRAINER_SERVER_URL set).
     from megdet.trainer.progress_reporter import build_progress_hook
 
-    progress = build_progress_hook(plan, bundle.checkpointer, fabric=run_report(fabrics))
+    if progress is None:  # else made before the trainer (train.py: the loading stage)
+        progress = build_progress_hook(plan)
     if progress is not None:
+        progress.attach(bundle.checkpointer, run_report(fabrics))
         result.append(progress)
     if comm.is_main_process():
         # Last: it reads what the others' after_train wrote (the last evaluation, the events).

@@ -9,13 +9,17 @@ evaluation's AP/AP50 from the event storage (``bbox/AP``, ``bbox/AP50``: what ``
 puts there and the Prometheus exporter reads); the last complete checkpoint from the
 checkpointer's ``on_saved`` callbacks (or, on resume, the checkpoint it resumed from); the
 run's fabric (``megdet.trainer.fabric.run_report``), which the controller turns into the run's
-``FabricDegraded`` condition.
+``FabricDegraded`` condition; and where this attempt is (``megdet.progress.STAGES``), which the
+controller turns into the run's lifecycle conditions: :meth:`ProgressReporter.loading` as soon
+as the world has formed (before the model and data are built), ``firstIteration`` when they
+are ready, ``training`` after the first iteration, :meth:`ProgressReporter.evaluating` before
+each evaluation, ``finished`` at the end.
 
 Posting never touches the training thread: the hook puts the newest report into a one-slot
 mailbox and a daemon thread (:class:`ProgressPoster`) POSTs it (TLS verified against the CA
 file, the bearer token re-read from its file for every post, 5 s connect/read timeout). At
-most one report every ``MEGDET_PROGRESS_INTERVAL`` seconds (default 30), plus one at the
-start (the resumed iteration on resume), one right after each evaluation and checkpoint and
+most one report every ``MEGDET_PROGRESS_INTERVAL`` seconds (default 30), plus one at each
+stage (the resumed iteration on resume), one right after each evaluation and checkpoint and
 one at the end, which ``after_train`` waits for at most 5 s. Failures are logged once per kind
 (token file, CA file, TLS, connection, each HTTP status) and never raised.
 """
@@ -273,6 +277,35 @@ class ProgressReporter(hooks.HookBase):
         self._eval_iteration: int | None = None
         self._checkpoint_iteration: int | None = None
         self._checkpoint_time: str | None = None
+        #: megdet.progress.STAGES: where this attempt is, since when; its start-up moments.
+        self._stage: str | None = None
+        self._times: dict[str, str | None] = dict.fromkeys(
+            ("stage", "world", "loaded", "first_iteration")
+        )
+
+    def attach(self, checkpointer: Any, fabric: FabricReport | None) -> None:
+        """The checkpointer and the fabric, once the trainer is built (the reporter may be
+        made before, to report the ``loading`` stage)."""
+        self._checkpointer = checkpointer
+        self._fabric = fabric
+
+    def _enter(self, stage: str, moment: str | None = None) -> None:
+        self._stage = stage
+        self._times["stage"] = format_time(self._wall())
+        if moment is not None:
+            self._times[moment] = self._times["stage"]
+        self._due_now = True
+
+    def loading(self) -> None:
+        """The world has formed (this attempt's rendezvous is done): report ``loading`` now,
+        before the model, the data and the checkpoint are loaded."""
+        self._enter("loading", "world")
+        self._submit()
+
+    def evaluating(self) -> None:
+        """An evaluation starts: report it now (the next step's report says ``training``)."""
+        self._enter("evaluating")
+        self._submit()
 
     # what the loop knows ----------------------------------------------------------------
 
@@ -305,6 +338,11 @@ class ProgressReporter(hooks.HookBase):
             checkpoint_time=self._checkpoint_time,
             updated_time=format_time(self._wall()),
             fabric=self._fabric,
+            stage=self._stage,
+            stage_time=self._times["stage"],
+            world_time=self._times["world"],
+            loaded_time=self._times["loaded"],
+            first_iteration_time=self._times["first_iteration"],
         )
 
     def _read_eval(self) -> bool:
@@ -351,6 +389,7 @@ class ProgressReporter(hooks.HookBase):
         start = self.trainer.start_iter
         self._completed = start
         self._samples.append((self._clock(), start))
+        self._enter("firstIteration", "loaded")
         if self._checkpointer is not None:
             if start > 0:
                 self._resumed_checkpoint(start)
@@ -362,6 +401,8 @@ class ProgressReporter(hooks.HookBase):
         self._completed = done
         now = self._clock()
         self._samples.append((now, done))
+        if self._stage in ("firstIteration", "evaluating"):
+            self._enter("training", None if self._times["first_iteration"] else "first_iteration")
         if self._read_eval() or self._due_now or now >= self._next_due:
             self._submit()
 
@@ -371,6 +412,8 @@ class ProgressReporter(hooks.HookBase):
             if self._checkpoint_saved in callbacks:
                 callbacks.remove(self._checkpoint_saved)
         self._read_eval()  # EvalHook.after_train (the final evaluation) ran before this hook
+        if self._completed >= self._max_iter:  # not a stop on a signal
+            self._enter("finished")
         self._submit(final=True)
         if not self.poster.flush(self._flush_timeout):
             logger.warning(

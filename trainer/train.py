@@ -40,6 +40,7 @@ from megdet.trainer.engine import (
 from megdet.trainer.evaluation import evaluate_model, write_metrics
 from megdet.trainer.metrics import build_monitoring_hooks
 from megdet.trainer.ownership import claim_output_folder
+from megdet.trainer.progress_reporter import build_progress_hook
 
 logger = logging.getLogger("megdet.trainer")
 
@@ -136,6 +137,10 @@ def _train(task: WorkerTask) -> int:
                     point.run_batch,
                     point.derived,
                 )
+    # Rank 0 reports the loading stage now, before the model, the data and the checkpoint.
+    progress = build_progress_hook(plan)
+    if progress is not None:
+        progress.loading()
     register_datasets(cfg)
     if cfg.SEED >= 0:
         # Like detectron2's default_setup: Python, NumPy and torch. The train sampler draws its
@@ -150,6 +155,8 @@ def _train(task: WorkerTask) -> int:
     bundle = None
 
     def evaluate(model: torch.nn.Module) -> dict[str, Any]:
+        if progress is not None:
+            progress.evaluating()
         results = evaluate_model(cfg, model, cfg.DATASETS.TEST[0])
         if comm.is_main_process():
             write_metrics(
@@ -168,7 +175,7 @@ def _train(task: WorkerTask) -> int:
     if comm.is_main_process():
         _save_run_files(cfg, bundle.run_state)
     # After build_trainer: the hooks need its checkpointer and model, and run after its hooks.
-    bundle.trainer.register_hooks(build_monitoring_hooks(cfg, plan, bundle))
+    bundle.trainer.register_hooks(build_monitoring_hooks(cfg, plan, bundle, progress))
     if comm.is_main_process():
         logger.info(
             "SyncBN scope %r: %d BatchNorm layers synchronized (BN group size %s)",

@@ -37,6 +37,7 @@ from megdet.controller.offline.cel_rules import (
 )
 from megdet.controller.offline.openapi import convert, missing_descriptions
 from megdet.controller.render import chart_dir
+from megdet.progress import STAGES
 
 __all__ = [
     "CRD_FILE",
@@ -229,6 +230,23 @@ def progress_schema() -> dict[str, Any]:
             ),
             "checkpointTime": _field("string", "When the last checkpoint was written.", **time),
             "updatedTime": _field("string", "When the trainer measured this progress.", **time),
+            "stage": _field(
+                "string",
+                "Where the trainer's attempt is: loading (the world formed; building the model "
+                "and data), firstIteration (model and data ready), training, evaluating, "
+                "finished.",
+                enum=list(STAGES),
+            ),
+            "stageTime": _field("string", "When the trainer entered that stage.", **time),
+            "worldTime": _field(
+                "string", "When this attempt's world formed (its rendezvous done).", **time
+            ),
+            "loadedTime": _field(
+                "string", "When this attempt's model, data and checkpoint were ready.", **time
+            ),
+            "firstIterationTime": _field(
+                "string", "When this attempt's first iteration was done.", **time
+            ),
         },
     )
 

@@ -240,6 +240,22 @@ def test_status_writes_are_rate_limited_and_only_when_changed() -> None:
     assert hub.flush() == 0
 
 
+def test_a_new_stage_is_written_at_once_inside_the_interval() -> None:
+    """An evaluation lasts seconds: its stage (what the run's Evaluating condition reads) is
+    written at the next flush, not held for the rest of the interval; iterations are."""
+    clock = Clock()
+    api = FakeAPI({(NS, "r1"): run_obj("r1")})
+    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub.report(NS, "r1", {"iteration": 10, "stage": "training"})
+    assert hub.flush() == 1
+    clock.now += 1
+    hub.report(NS, "r1", {"iteration": 11, "stage": "training"})
+    assert hub.flush() == 0  # held: the same stage inside the interval
+    hub.report(NS, "r1", {"iteration": 12, "stage": "evaluating"})
+    assert hub.flush() == 1
+    assert api.patches[-1][2]["progress"]["stage"] == "evaluating"
+
+
 def test_status_write_drops_keys_the_report_no_longer_has() -> None:
     clock = Clock()
     api = FakeAPI({(NS, "r1"): run_obj("r1", progress={"iteration": 5, "etaSeconds": 9})})

@@ -21,6 +21,7 @@ from megdet.progress import (
     MAX_METRIC_LENGTH,
     MAX_METRICS,
     METRIC_NAMES,
+    STAGES,
     Progress,
     format_time,
     parse_time,
@@ -55,6 +56,11 @@ def progresses(draw) -> Progress:
         checkpoint_iteration=draw(maybe() | counts),
         checkpoint_time=draw(maybe() | times),
         updated_time=draw(times),
+        stage=draw(maybe() | st.sampled_from(STAGES)),
+        stage_time=draw(maybe() | times),
+        world_time=draw(maybe() | times),
+        loaded_time=draw(maybe() | times),
+        first_iteration_time=draw(maybe() | times),
     )
 
 
@@ -105,6 +111,11 @@ def expected_status(p: Progress) -> dict:
         "checkpointIteration": p.checkpoint_iteration,
         "checkpointTime": p.checkpoint_time,
         "updatedTime": p.updated_time,
+        "stage": p.stage,
+        "stageTime": p.stage_time,
+        "worldTime": p.world_time,
+        "loadedTime": p.loaded_time,
+        "firstIterationTime": p.first_iteration_time,
     }
     if out["etaSeconds"] is not None:
         with contextlib.suppress(OverflowError):
@@ -139,6 +150,11 @@ def test_a_typical_report_is_exactly_trainers_format():
         checkpoint_iteration=1000,
         checkpoint_time="2026-03-01T10:00:00.250+01:00",
         updated_time="2026-03-01T09:30:00Z",
+        stage="training",
+        stage_time="2026-03-01T08:00:03Z",
+        world_time="2026-03-01T08:00:00Z",
+        loaded_time="2026-03-01T08:00:01Z",
+        first_iteration_time="2026-03-01T08:00:03Z",
     )
     request = to_request(p)
     check_trainer_bounds(request)
@@ -210,6 +226,8 @@ def test_out_of_range_facts_are_clamped_or_left_out_never_sent_invalid():
         {"eta_seconds": -5},
         {"ap": "41"},
         {"checkpoint_time": "yesterday"},
+        {"stage": "sleeping"},
+        {"world_time": "2026-01-01"},
         {"updated_time": "2026-01-01 00:00:00"},  # no T, no zone
         {"updated_time": "2026-01-01T00:00:00"},  # no zone
     ],
@@ -306,6 +324,20 @@ def test_bad_fields_become_problems_naming_them_and_the_rest_is_kept(trainer_sta
     assert len(problems) == 1, problems
     assert problems[0].startswith(
         f"trainerStatus.{field}:" if field != "trainerStatus" else "trainerStatus:"
+    )
+
+
+def test_a_stage_outside_the_stages_is_a_problem_naming_them():
+    status, problems = to_status(
+        {
+            "lastUpdatedTime": "2026-01-01T00:00:00Z",
+            "metrics": [{"name": "stage", "value": "napping"}, {"name": "stage", "value": "x"}],
+        }
+    )
+    assert status == {"updatedTime": "2026-01-01T00:00:00Z"}
+    assert problems[0] == (
+        "trainerStatus.metrics[0].value (stage): 'napping' is not one of loading, "
+        "firstIteration, training, evaluating, finished"
     )
 
 

@@ -226,9 +226,10 @@ def test_reports_at_start_after_each_checkpoint_and_evaluation_and_at_the_end(
     assert all(post["path"] == STATUS_PATH for post in server.posts)
     assert all(post["auth"] == "Bearer token-one" for post in server.posts)
     statuses = server.statuses()
-    # Start, checkpoint 4, evaluation 5, checkpoint 8, model_final (10), the end.
-    assert [s["iteration"] for s in statuses] == [0, 4, 5, 8, 10, 10]
-    first, ckpt4, eval5, _, _, last = statuses
+    # Start, the first iteration, checkpoint 4, evaluation 5, checkpoint 8, model_final (10),
+    # the end.
+    assert [s["iteration"] for s in statuses] == [0, 1, 4, 5, 8, 10, 10]
+    first, one, ckpt4, eval5, _, _, last = statuses
     assert first == {
         "iteration": 0,
         "maxIter": 10,
@@ -236,7 +237,11 @@ def test_reports_at_start_after_each_checkpoint_and_evaluation_and_at_the_end(
         "imagesSeen": 0,
         "plannedImages": 80,
         "updatedTime": first["updatedTime"],
+        "stage": "firstIteration",
+        "stageTime": first["updatedTime"],
+        "loadedTime": first["updatedTime"],
     }
+    assert one["stage"] == "training" and one["firstIterationTime"] == one["stageTime"]
     assert ckpt4["checkpointIteration"] == 4 and "ap" not in ckpt4
     assert ckpt4["imagesPerSecond"] == 4.0  # 0.5 it/s x global batch 8
     assert ckpt4["etaSeconds"] == 12  # 6 iterations left at 0.5 it/s
@@ -246,7 +251,8 @@ def test_reports_at_start_after_each_checkpoint_and_evaluation_and_at_the_end(
     assert (last["ap"], last["ap50"], last["evalIteration"]) == (42.0, 61.0, 10)
     assert last["checkpointIteration"] == 10
     assert last["checkpointTime"] <= last["updatedTime"]
-    assert reporter.poster.accepted == 6 and reporter.poster.failed == 0
+    assert last["stage"] == "finished"
+    assert reporter.poster.accepted == 7 and reporter.poster.failed == 0
     assert reporter._checkpoint_saved not in checkpointer.on_saved  # unhooked at the end
 
 
@@ -261,8 +267,9 @@ def test_at_most_one_periodic_report_per_interval(serve, pki, token):
     loop = _loop(step)
     loop.register_hooks([reporter, _settled(reporter)])
     loop.train(0, 13)
-    # Due at 10 s, then 10 s after each report: steps 4 (12 s), 8 (24 s), 12 (36 s); the end.
-    assert [s["iteration"] for s in server.statuses()] == [0, 4, 8, 12, 13]
+    # The first iteration at once (3 s), then 10 s after each report: steps 5 (15 s),
+    # 9 (27 s), 13 (39 s); the end.
+    assert [s["iteration"] for s in server.statuses()] == [0, 1, 5, 9, 13, 13]
 
 
 def test_a_resumed_run_reports_the_resumed_iteration_and_its_checkpoint_first(
@@ -443,3 +450,66 @@ def test_a_two_worker_run_reports_increasing_iterations_and_its_ap(serve, pki, t
     metrics = json.loads((out / "metrics.json").read_text())
     assert last["ap50"] == pytest.approx(metrics["bbox"]["AP50"], abs=1e-4)
     assert last["checkpointIteration"] == 12
+
+
+def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(
+    serve, pki, token
+):
+    """The stages (megdet.progress.STAGES) the controller's lifecycle conditions read: loading
+    before the trainer exists, firstIteration when the loop starts, training after the first
+    step, evaluating before each evaluation (training again after it), finished at the end;
+    each report carries the moments seen so far, in order."""
+    from detectron2.engine import hooks
+
+    server = serve()
+    clock = Clock()
+    wall = iter(range(1767225600, 1767225700))
+    reporter = _reporter(
+        server.url, pki, token, interval=1e9, clock=clock, wall=lambda: next(wall)
+    )
+    reporter.loading()  # the world formed; model and data not built yet
+    assert reporter.poster.wait_idle(30)
+
+    def evaluate():
+        reporter.evaluating()
+        assert reporter.poster.wait_idle(30)
+        return {"bbox": {"AP": 10.0, "AP50": 20.0}}
+
+    loop = _loop(lambda: reporter.poster.wait_idle(30))
+    loop.register_hooks([hooks.EvalHook(5, evaluate), reporter, _settled(reporter)])
+    loop.train(0, 10)
+    assert reporter.poster.flush(30)
+    statuses = server.statuses()
+    stages = [s["stage"] for s in statuses]
+    assert stages == [
+        "loading", "firstIteration", "training", "evaluating", "training", "evaluating",
+        "finished",
+    ]  # fmt: skip
+    loading, ready, first, *_, last = statuses
+    assert loading["worldTime"] == loading["stageTime"] and "loadedTime" not in loading
+    assert ready["worldTime"] < ready["loadedTime"] == ready["stageTime"]
+    assert first["loadedTime"] < first["firstIterationTime"] == first["stageTime"]
+    assert (last["worldTime"], last["loadedTime"], last["firstIterationTime"]) == (
+        loading["worldTime"], ready["loadedTime"], first["firstIterationTime"],
+    )  # fmt: skip
+    assert last["stageTime"] > first["firstIterationTime"]
+
+
+def test_a_run_stopped_by_a_signal_does_not_say_finished(serve, pki, token):
+    server = serve()
+    reporter = _reporter(server.url, pki, token, interval=1e9)
+    loop = _loop(lambda: None)
+    loop.register_hooks([reporter, _settled(reporter)])
+
+    class Stop(Exception):
+        pass
+
+    def stop():
+        if loop.iter == 2:
+            raise Stop
+
+    loop.run_step = stop
+    with pytest.raises(Stop):
+        loop.train(0, 10)
+    assert reporter.poster.flush(30)
+    assert [s["stage"] for s in server.statuses()][-1] == "training"
