@@ -12,6 +12,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import try_locally
+import yaml
 
 from megdet.cluster import cli, local_images
 from megdet.cluster.control_plane import Cluster, ClusterError
@@ -144,3 +146,77 @@ def test_make_cluster_links_the_clients_and_loads_what_was_built(tmp_path, monke
     cluster.real_node = False
     cli.up(cluster)
     assert calls == [cluster]
+
+
+# --- README.md's "Try it locally" and examples/local, offline ------------------------------------
+EXAMPLE = try_locally.ROOT / "examples" / "local"
+
+
+def example(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((EXAMPLE / name).read_text()))
+
+
+def test_the_readme_block_is_what_the_e2e_tests_read() -> None:
+    steps = try_locally.paragraphs()
+    setup = steps["setup"]
+    assert [c.split("#")[0].strip() for c in setup[:2]] == ["make suite-images", "make cluster"]
+    assert try_locally.environment(Path("/x")).startswith(
+        "export KUBECONFIG=/x/kubeconfig PATH=/x/bin:$PATH"
+    )
+    assert steps["teardown"][0].startswith("make cluster-down")
+    assert steps["run chart"][0].startswith("helm install tiny charts/megdet -n megdet-try -f ")
+    assert steps["operator"][0].startswith("helm upgrade --install megdet-operator ")
+    # Every file the commands name exists, and every make target is the Makefile's.
+    makefile = (try_locally.ROOT / "Makefile").read_text()
+    for command in (c for group in steps.values() for c in group):
+        for word in command.split():
+            if word.startswith(("examples/", "charts/")):
+                assert (try_locally.ROOT / word).exists(), (word, command)
+        if command.startswith("make "):
+            assert f"\n{command.split()[1]}:" in makefile, command
+    assert "\ncluster-images:" in makefile
+
+
+def test_a_block_without_its_paragraphs_is_named() -> None:
+    text = "intro\n## Try it locally\n\n```bash\nmake cluster\n```\n"
+    with pytest.raises(AssertionError, match="has 1 paragraphs, the tests read 5"):
+        try_locally.paragraphs(text)
+
+
+def test_the_local_examples_agree_with_the_images_and_each_other() -> None:
+    from megdet.cluster.node import pod_placement
+    from megdet.image.build import VARIANTS, pyproject, tag_for
+
+    version = pyproject()["project"]["version"]
+    (values,) = example("values.yaml")
+    (run,) = example("megdetrun.yaml")
+    (operator,) = example("operator-values.yaml")
+    image = values["image"]
+    # The values name the image `make suite-images` builds, which `make cluster` loads.
+    assert f"{image['repository']}:{image['tag']}" == tag_for(VARIANTS["train-ci"], version)
+    assert image["pullPolicy"] == "Never" and operator["image"]["pullPolicy"] == "Never"
+    # The operator's image is the chart's default: the controller image's name and tag.
+    chart = yaml.safe_load((try_locally.ROOT / "charts/megdet-operator/Chart.yaml").read_text())
+    defaults = yaml.safe_load(
+        (try_locally.ROOT / "charts/megdet-operator/values.yaml").read_text()
+    )["image"]
+    assert "tag" not in operator["image"] and "repository" not in operator["image"]
+    assert f"{defaults['repository']}:{chart['appVersion']}" == tag_for(
+        VARIANTS["controller"], version
+    )
+    # The MegDetRun is the same run; both go on the real node.
+    assert run["spec"] == {k: v for k, v in values.items() if k != "runName"}
+    assert {k: values[k] for k in pod_placement()} == pod_placement()
+    assert {k: operator[k] for k in pod_placement()} == pod_placement()
+    # The README makes the folders the volumes mount, and the claims are the values'.
+    steps = try_locally.paragraphs()["storage"]
+    volumes = {d["metadata"]["name"]: d for d in example("volumes.yaml")}
+    paths = {
+        d["spec"]["claimRef"]["name"]: d["spec"]["hostPath"]["path"]
+        for d in volumes.values()
+        if d["kind"] == "PersistentVolume"
+    }
+    assert f"--out {paths['data']} " in steps[0]
+    assert steps[1].endswith(f" {paths['output']}") and "-o 10001" in steps[1]
+    assert values["dataset"]["claimName"] == "data" and values["output"]["claimName"] == "output"
+    assert run["metadata"]["namespace"] in volumes
