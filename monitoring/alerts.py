@@ -19,6 +19,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from megdet.monitoring.efficiency import EFFICIENCY_KEY, RECORDS
+from megdet.monitoring.efficiency import GROUP as EFFICIENCY_GROUP
+
 __all__ = ["ALERTS", "GROUPS", "Alert", "prometheusrule_template", "runbook_anchor"]
 
 #: Rule groups, in the order the PrometheusRule lists them.
@@ -270,6 +273,19 @@ def _rule_lines(alert: Alert) -> list[str]:
     ]
 
 
+def _recording_lines() -> list[str]:
+    """The efficiency recording rules' group (monitoring/efficiency.py)."""
+    lines = [
+        f"    {{{{- if .Values.alerts.{EFFICIENCY_KEY}.enabled }}}}",
+        f"    - name: {EFFICIENCY_GROUP}",
+        "      rules:",
+    ]
+    for record in RECORDS:
+        lines += [f"        - record: {record.record}", "          expr: |-"]
+        lines += [f"            {line}" for line in _helm(record.expr, EFFICIENCY_KEY).splitlines()]
+    return [*lines, "    {{- end }}"]
+
+
 def prometheusrule_template(fullname: str, labels: str) -> str:
     """The operator chart's PrometheusRule template; ``fullname``/``labels``: helper names."""
     lines = [
@@ -300,5 +316,6 @@ def prometheusrule_template(fullname: str, labels: str) -> str:
         for alert in members:
             lines += _rule_lines(alert)
         lines.append("    {{- end }}")
+    lines += _recording_lines()
     lines.append("{{- end }}")
     return "\n".join(lines) + "\n"

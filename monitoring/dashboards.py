@@ -19,18 +19,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 
-from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as db
-from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import BigValueTextMode, LegendDisplayMode
-from grafana_foundation_sdk.models.dashboard import (
-    DataSourceRef,
-    VariableHide,
-    VariableRefresh,
-    VariableSort,
+
+from megdet.monitoring.efficiency import fleet_efficiency_panels, gpu_panels
+from megdet.monitoring.panels import (
+    DATASOURCE,
+    NAMESPACES,
+    RATE,
+    RUN,
+    RUN_POD_NAMES,
+    Ids,
+    Panel,
+    dashboard,
+    datasource_variable,
+    query,
+    query_variable,
+    row,
+    stat_panel,
+    timeseries_panel,
 )
 
 __all__ = [
@@ -42,210 +51,82 @@ __all__ = [
     "run_dashboard",
 ]
 
-#: Every panel and query variable reads from the dashboard's datasource variable.
-DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
-
-# Label matchers that pick one run. `run` is the pod label app.kubernetes.io/instance, which the
-# PodMonitor relabels to `run`; `namespace` comes from the scrape target.
-RUN = 'namespace="$namespace", run="$run"'
-# dcgm-exporter labels a GPU's series with the pod that holds it (pod, namespace). A run's pods
-# are named after the run: PyTorchJob <run>-master-0 / <run>-worker-N; TrainJob (JobSet)
-# <run>-node-<job>-<index>-<suffix>. Spelled out so run "coco" does not match "coco-big"'s pods.
-RUN_POD_NAMES = "$run-((master|worker)-[0-9]+|node-[0-9]+-[0-9]+-[a-z0-9]+)"
-RUN_PODS = f'namespace="$namespace", pod=~"{RUN_POD_NAMES}"'
-# The fleet dashboard's namespace variable is multi-valued ("All" = ".*").
-NAMESPACES = 'namespace=~"$namespace"'
-RATE = "$__rate_interval"
 # Every controller replica that has acted exports megdet_controller_runs for the whole cluster
 # (a standby keeps its last values): max over replicas per namespace, never sum.
 RUNS_BY_NAMESPACE = f"max by (namespace, phase) (megdet_controller_runs{{{NAMESPACES}}})"
 
-REFRESH = "30s"
-
-# Any panel builder (time series, stat, table).
-_Panel = timeseries.Panel | stat.Panel | table.Panel
-
-
-@dataclass
-class _Ids:
-    """Hands out panel ids in order, so ids are unique within a dashboard."""
-
-    last: int = 0
-
-    def next(self) -> int:
-        self.last += 1
-        return self.last
-
-
-def _query(
-    expr: str, legend: str = "", ref: str = "A", instant: bool = False
-) -> prometheus.Dataquery:
-    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
-    if legend:
-        q = q.legend_format(legend)
-    return q.instant().format("table") if instant else q
-
-
-def _targets(panel: _Panel, queries: list[tuple[str, str]]) -> _Panel:
-    for index, (expr, legend) in enumerate(queries):
-        panel = panel.with_target(_query(expr, legend, ref=chr(ord("A") + index)))
-    return panel
-
-
-def _timeseries(
-    ids: _Ids,
-    title: str,
-    description: str,
-    queries: list[tuple[str, str]],
-    unit: str = "short",
-    width: int = 12,
-) -> timeseries.Panel:
-    panel = (
-        timeseries.Panel()
-        .id(ids.next())
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(8)
-        .legend(
-            common_builders.VizLegendOptions()
-            .display_mode(LegendDisplayMode.TABLE)
-            .placement("bottom")
-            .show_legend(True)
-            .calcs(["lastNotNull", "max"])
-        )
-    )
-    return _targets(panel, queries)
-
-
-def _stat(
-    ids: _Ids, title: str, description: str, expr: str, unit: str = "short", legend: str = ""
-) -> stat.Panel:
-    panel = (
-        stat.Panel()
-        .id(ids.next())
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(3)
-        .height(4)
-        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
-    )
-    if legend:
-        panel = panel.text_mode(BigValueTextMode.VALUE_AND_NAME)
-    return panel.with_target(_query(expr, legend))
-
-
-def _row(ids: _Ids, title: str) -> db.Row:
-    return db.Row(title).id(ids.next())
-
-
-def _datasource_variable() -> db.DatasourceVariable:
-    return db.DatasourceVariable("datasource").label("Data source").type("prometheus")
-
-
-def _query_variable(name: str, label: str, query: str, multi: bool = False) -> db.QueryVariable:
-    variable = (
-        db.QueryVariable(name)
-        .label(label)
-        .datasource(DATASOURCE)
-        .query(query)
-        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
-        .sort(VariableSort.ALPHABETICAL_ASC)
-        .hide(VariableHide.DONT_HIDE)
-    )
-    if multi:
-        variable = variable.multi(True).include_all(True).all_value(".*")
-    return variable
-
-
-def _dashboard(title: str, uid: str, description: str) -> db.Dashboard:
-    return (
-        db.Dashboard(title)
-        .uid(uid)
-        .description(description)
-        .tags(["megdet"])
-        .refresh(REFRESH)
-        .time("now-6h", "now")
-        .timezone("browser")
-        .editable()
-    )
-
 
 def run_dashboard() -> db.Dashboard:
     """The per-run dashboard: learning, speed, health and GPU panels for one MegDetRun."""
-    ids = _Ids()
+    ids = Ids()
     d = (
-        _dashboard(
+        dashboard(
             "MegDet run",
             "megdet-run",
             "One MegDet training run: is it learning, is it fast, is it stuck, are all ranks "
             "healthy, is SyncBN synchronizing.",
         )
-        .with_variable(_datasource_variable())
+        .with_variable(datasource_variable())
         .with_variable(
-            _query_variable(
+            query_variable(
                 "namespace", "Namespace", "label_values(megdet_train_iteration, namespace)"
             )
         )
         .with_variable(
-            _query_variable(
+            query_variable(
                 "run", "Run", 'label_values(megdet_train_iteration{namespace="$namespace"}, run)'
             )
         )
     )
-    d = d.with_row(_row(ids, "Overview"))
+    d = d.with_row(row(ids, "Overview"))
     for panel in _overview_panels(ids):
         d = d.with_panel(panel)
-    d = d.with_row(_row(ids, "Learning"))
+    d = d.with_row(row(ids, "Learning"))
     for panel in _learning_panels(ids):
         d = d.with_panel(panel)
-    d = d.with_row(_row(ids, "Speed"))
+    d = d.with_row(row(ids, "Speed"))
     for panel in _speed_panels(ids):
         d = d.with_panel(panel)
-    d = d.with_row(_row(ids, "Health"))
+    d = d.with_row(row(ids, "Health"))
     for panel in _health_panels(ids):
         d = d.with_panel(panel)
-    d = d.with_row(_row(ids, "GPUs (dcgm-exporter)"))
-    for panel in _gpu_panels(ids):
+    d = d.with_row(row(ids, "GPUs (dcgm-exporter) and efficiency"))
+    for panel in gpu_panels(ids):
         d = d.with_panel(panel)
     return d
 
 
-def _overview_panels(ids: _Ids) -> list[_Panel]:
+def _overview_panels(ids: Ids) -> list[Panel]:
     images_per_s = f"sum(rate(megdet_train_images_total{{{RUN}}}[{RATE}]))"
     return [
-        _stat(
+        stat_panel(
             ids,
             "Iteration",
             "Last completed iteration (rank 0).",
             f"max(megdet_train_iteration{{{RUN}}})",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Progress",
             "Completed iterations over the plan's max_iter.",
             f"max(megdet_train_iteration{{{RUN}}}) / max(megdet_train_max_iterations{{{RUN}}})",
             unit="percentunit",
         ),
-        _stat(
+        stat_panel(
             ids,
             "ETA",
             "detectron2's estimate of the time left.",
             f"max(megdet_train_eta_seconds{{{RUN}}})",
             unit="s",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Throughput",
             "Images per second, all ranks together.",
             images_per_s,
             unit="suffix: img/s",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Plan",
             "World size, global batch and SyncBN scope the run trains with.",
@@ -253,19 +134,19 @@ def _overview_panels(ids: _Ids) -> list[_Panel]:
             f"(megdet_train_run_info{{{RUN}}})",
             legend="{{world_size}} ranks, batch {{global_batch}}, SyncBN {{sync_bn}}",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Ranks reporting",
             "Ranks whose exporter Prometheus scrapes now; compare with the world size.",
             f"count(megdet_train_iteration_seconds{{{RUN}}})",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Resumes",
             "Times this run resumed from a checkpoint (restarts that got going again).",
             f"max(megdet_train_resumes{{{RUN}}})",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Non-finite losses",
             "Iterations whose loss was NaN or infinite.",
@@ -274,15 +155,15 @@ def _overview_panels(ids: _Ids) -> list[_Panel]:
     ]
 
 
-def _learning_panels(ids: _Ids) -> list[_Panel]:
+def _learning_panels(ids: Ids) -> list[Panel]:
     return [
-        _timeseries(
+        timeseries_panel(
             ids,
             "Loss components",
             "Each detectron2 loss term and their total (rank 0's smoothed values).",
             [(f"max by (component) (megdet_train_loss{{{RUN}}})", "{{component}}")],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Learning rate vs plan",
             "The LR the optimizer uses against megdet.plan's LR for the same iteration; "
@@ -292,7 +173,7 @@ def _learning_panels(ids: _Ids) -> list[_Panel]:
                 (f"max(megdet_train_planned_learning_rate{{{RUN}}})", "plan"),
             ],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "COCO box AP",
             "AP metrics after each evaluation.",
@@ -302,9 +183,9 @@ def _learning_panels(ids: _Ids) -> list[_Panel]:
     ]
 
 
-def _speed_panels(ids: _Ids) -> list[_Panel]:
+def _speed_panels(ids: Ids) -> list[Panel]:
     return [
-        _timeseries(
+        timeseries_panel(
             ids,
             "Throughput per rank and total",
             "Images per second; one slow rank slows every rank (synchronous data parallel).",
@@ -317,7 +198,7 @@ def _speed_panels(ids: _Ids) -> list[_Panel]:
             ],
             unit="suffix: img/s",
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Iteration vs data time",
             "Recent time per iteration and the part spent waiting for data, per rank.",
@@ -327,7 +208,7 @@ def _speed_panels(ids: _Ids) -> list[_Panel]:
             ],
             unit="s",
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Data-loading share",
             "Data time over iteration time per rank: near 1 means the run is input-bound.",
@@ -340,7 +221,7 @@ def _speed_panels(ids: _Ids) -> list[_Panel]:
             ],
             unit="percentunit",
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "GPU memory (max allocated)",
             "torch.cuda.max_memory_allocated per rank.",
@@ -350,16 +231,16 @@ def _speed_panels(ids: _Ids) -> list[_Panel]:
     ]
 
 
-def _health_panels(ids: _Ids) -> list[_Panel]:
+def _health_panels(ids: Ids) -> list[Panel]:
     return [
-        _timeseries(
+        timeseries_panel(
             ids,
             "SyncBN divergence",
             "Largest difference across ranks of the backbone BN running mean/var. About 0 "
             "when BN is synchronized; it grows when it is not (scope none).",
             [(f"max by (stat) (megdet_syncbn_divergence{{{RUN}}})", "{{stat}}")],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Checkpoint age",
             "Seconds since the last complete checkpoint.",
@@ -371,7 +252,7 @@ def _health_panels(ids: _Ids) -> list[_Panel]:
             ],
             unit="s",
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Resumes and non-finite losses",
             "Resumes from a checkpoint, and NaN/inf loss events, over time.",
@@ -380,13 +261,13 @@ def _health_panels(ids: _Ids) -> list[_Panel]:
                 (f"sum(megdet_train_nonfinite_loss_total{{{RUN}}})", "non-finite losses"),
             ],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Scrape health per pod",
             "1 when Prometheus reached the pod's metrics port at the last scrape.",
             [(f"max by (pod) (up{{{RUN}}})", "{{pod}}")],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Ranks by NCCL network",
             "The network each rank's NCCL uses, from NCCL's own init log (IB, Socket, a "
@@ -403,38 +284,18 @@ def _health_panels(ids: _Ids) -> list[_Panel]:
     ]
 
 
-def _gpu_panels(ids: _Ids) -> list[_Panel]:
-    return [
-        _timeseries(
-            ids,
-            "GPU utilization (DCGM)",
-            "dcgm-exporter's DCGM_FI_DEV_GPU_UTIL for the run's pods; empty without "
-            "dcgm-exporter (scraped with honorLabels so pod/namespace are the workload's).",
-            [(f"avg by (pod, gpu) (DCGM_FI_DEV_GPU_UTIL{{{RUN_PODS}}})", "{{pod}} gpu {{gpu}}")],
-            unit="percent",
-        ),
-        _timeseries(
-            ids,
-            "GPU framebuffer used (DCGM)",
-            "dcgm-exporter's DCGM_FI_DEV_FB_USED (MiB) for the run's pods.",
-            [(f"max by (pod, gpu) (DCGM_FI_DEV_FB_USED{{{RUN_PODS}}})", "{{pod}} gpu {{gpu}}")],
-            unit="decmbytes",
-        ),
-    ]
-
-
 def fleet_dashboard() -> db.Dashboard:
     """The fleet dashboard: the controller's reconciles and jobs, and every run's phase."""
-    ids = _Ids()
+    ids = Ids()
     d = (
-        _dashboard(
+        dashboard(
             "MegDet fleet",
             "megdet-fleet",
             "Every MegDetRun the controller manages: phases, reconciles, jobs, throughput.",
         )
-        .with_variable(_datasource_variable())
+        .with_variable(datasource_variable())
         .with_variable(
-            _query_variable(
+            query_variable(
                 "namespace",
                 "Namespace",
                 "label_values(megdet_controller_runs, namespace)",
@@ -442,19 +303,22 @@ def fleet_dashboard() -> db.Dashboard:
             )
         )
     )
-    d = d.with_row(_row(ids, "Runs"))
+    d = d.with_row(row(ids, "Runs"))
     for panel in _fleet_run_panels(ids):
         d = d.with_panel(panel)
-    d = d.with_row(_row(ids, "Controller"))
+    d = d.with_row(row(ids, "GPU efficiency"))
+    for panel in fleet_efficiency_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(row(ids, "Controller"))
     for panel in _fleet_controller_panels(ids):
         d = d.with_panel(panel)
-    d = d.with_row(_row(ids, "Jobs"))
+    d = d.with_row(row(ids, "Jobs"))
     for panel in _fleet_job_panels(ids):
         d = d.with_panel(panel)
     return d
 
 
-def _fleet_run_panels(ids: _Ids) -> list[_Panel]:
+def _fleet_run_panels(ids: Ids) -> list[Panel]:
     runs_table = (
         table.Panel()
         .id(ids.next())
@@ -464,7 +328,7 @@ def _fleet_run_panels(ids: _Ids) -> list[_Panel]:
         .span(24)
         .height(8)
         .with_target(
-            _query(
+            query(
                 f"max by (namespace, run, target, world_size, global_batch, lr) "
                 f"(megdet_controller_run_info{{{NAMESPACES}}})",
                 instant=True,
@@ -472,13 +336,13 @@ def _fleet_run_panels(ids: _Ids) -> list[_Panel]:
         )
     )
     return [
-        _timeseries(
+        timeseries_panel(
             ids,
             "Runs by phase",
             "MegDetRuns per status phase.",
             [(f"sum by (phase) ({RUNS_BY_NAMESPACE})", "{{phase}}")],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Throughput by run",
             "Images per second of every training run the trainer exporters report.",
@@ -495,10 +359,10 @@ def _fleet_run_panels(ids: _Ids) -> list[_Panel]:
     ]
 
 
-def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
+def _fleet_controller_panels(ids: Ids) -> list[Panel]:
     duration = "megdet_controller_reconcile_duration_seconds_bucket"
     return [
-        _timeseries(
+        timeseries_panel(
             ids,
             "Reconcile rate by result",
             "Reconciles per second: success, invalid (spec refused), denied (outside the "
@@ -513,7 +377,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="reqps",
             width=6,
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Reconcile errors",
             "Reconciles that raised and will be retried, per second.",
@@ -526,7 +390,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="reqps",
             width=6,
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Reconcile latency",
             "p50 and p99 time to reconcile one MegDetRun.",
@@ -543,7 +407,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="s",
             width=6,
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Progress reports by result",
             "Training pods' progress reports to the controller's endpoint (target pytorchjob): "
@@ -559,7 +423,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="reqps",
             width=6,
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Progress status writes by result",
             "status.progress writes of the progress endpoint: written, refused (the API server "
@@ -573,7 +437,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="reqps",
             width=6,
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Connections refused",
             "Connections to the controller's /metrics and progress servers closed unserved: "
@@ -589,7 +453,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
             unit="reqps",
             width=6,
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Run reads for status writes",
             "Where the controller read a run before writing its status: watch (its watch of the "
@@ -608,7 +472,7 @@ def _fleet_controller_panels(ids: _Ids) -> list[_Panel]:
     ]
 
 
-def _fleet_job_panels(ids: _Ids) -> list[_Panel]:
+def _fleet_job_panels(ids: Ids) -> list[Panel]:
     def jobs(kind: str) -> str:
         return (
             f"sum by (namespace, target) "
@@ -616,7 +480,7 @@ def _fleet_job_panels(ids: _Ids) -> list[_Panel]:
         )
 
     return [
-        _timeseries(
+        timeseries_panel(
             ids,
             "Jobs created and deleted",
             "PyTorchJobs/TrainJobs the controller created or saw deleted.",
@@ -625,7 +489,7 @@ def _fleet_job_panels(ids: _Ids) -> list[_Panel]:
                 (jobs("deleted"), "deleted {{namespace}} {{target}}"),
             ],
         ),
-        _timeseries(
+        timeseries_panel(
             ids,
             "Jobs succeeded, failed, restarted",
             "Job outcomes as the controller observed them.",
@@ -635,25 +499,25 @@ def _fleet_job_panels(ids: _Ids) -> list[_Panel]:
                 (jobs("restarted"), "restarted {{namespace}} {{target}}"),
             ],
         ),
-        _stat(
+        stat_panel(
             ids,
             "Jobs created (range)",
             "Jobs created in the selected time range.",
             f"sum(increase(megdet_controller_jobs_created_total{{{NAMESPACES}}}[$__range]))",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Jobs failed (range)",
             "Jobs failed in the selected time range.",
             f"sum(increase(megdet_controller_jobs_failed_total{{{NAMESPACES}}}[$__range]))",
         ),
-        _stat(
+        stat_panel(
             ids,
             "Runs failed now",
             "MegDetRuns in phase Failed.",
             f'sum(max by (namespace) (megdet_controller_runs{{{NAMESPACES}, phase="Failed"}}))',
         ),
-        _stat(
+        stat_panel(
             ids,
             "Alerts firing",
             "MegDet alerts firing now (from the PrometheusRule this chart ships).",

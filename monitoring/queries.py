@@ -31,6 +31,7 @@ __all__ = [
 EXTERNAL_METRICS: dict[str, str] = {
     "DCGM_FI_DEV_GPU_UTIL": "dcgm-exporter",
     "DCGM_FI_DEV_FB_USED": "dcgm-exporter",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": "dcgm-exporter",
 }
 #: Series Prometheus itself writes: scrape health and the alert state.
 PROMETHEUS_METRICS: frozenset[str] = frozenset({"up", "ALERTS"})

@@ -89,6 +89,14 @@ TRAINER_METRICS: tuple[MetricSpec, ...] = (
         "The run's shape (value 1): world size, SyncBN scope, BN group size, global batch.",
     ),
     MetricSpec(
+        "megdet_train_world_size",
+        _G,
+        (),
+        "global",
+        "Processes the run trains on now, one per GPU (changes when the run is resized).",
+    ),
+    MetricSpec("megdet_train_nodes", _G, (), "global", "Nodes (pods) the run trains on now."),
+    MetricSpec(
         "megdet_eval_ap",
         _G,
         ("metric",),

@@ -270,6 +270,8 @@ class PrometheusExporter(hooks.HookBase):
         plan = facts.plan
         m["megdet_train_max_iterations"].set(plan.max_iter)
         m["megdet_train_iteration"].set(self.trainer.start_iter)
+        m["megdet_train_world_size"].set(plan.world_size)
+        m["megdet_train_nodes"].set(plan.nodes)
         m["megdet_train_run_info"].labels(
             world_size=str(plan.world_size),
             sync_bn=facts.sync_bn,

@@ -34,4 +34,9 @@ def rule_groups(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
 
 
 def rules_by_alert(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {r["alert"]: r for g in groups for r in g["rules"]}
+    return {r["alert"]: r for g in groups for r in g["rules"] if "alert" in r}
+
+
+def rules_by_record(groups: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The recording rules (monitoring/efficiency.py) by the series they write."""
+    return {r["record"]: r for g in groups for r in g["rules"] if "record" in r}

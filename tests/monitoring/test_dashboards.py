@@ -16,6 +16,7 @@ import pytest
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR, stale_files
 from megdet.monitoring.dashboards import DASHBOARDS, RUN_POD_NAMES, render
+from megdet.monitoring.efficiency import RECORDED_METRICS, RECORDS
 from megdet.monitoring.queries import (
     EXTERNAL_METRICS,
     PROMETHEUS_METRICS,
@@ -143,7 +144,7 @@ def test_the_run_dashboard_has_its_variables_and_dcgm_panels():
 
 def test_every_metric_in_the_dashboards_is_exported():
     exported = exported_metric_names()
-    allowed = exported | set(EXTERNAL_METRICS) | PROMETHEUS_METRICS
+    allowed = exported | set(EXTERNAL_METRICS) | PROMETHEUS_METRICS | RECORDED_METRICS
     seen: set[str] = set()
     for name in DASHBOARDS:
         for query in dashboard_queries(name, committed(name)):
@@ -151,6 +152,11 @@ def test_every_metric_in_the_dashboards_is_exported():
             assert names, f"{query} reads no metric"
             assert names <= allowed, f"{query} reads unknown metrics {names - allowed}"
             seen |= names
+    # A recorded series reads what its rule reads (monitoring/efficiency.py).
+    for _ in RECORDS:  # records read records: follow the chain to its end
+        for record in RECORDS:
+            if record.record in seen:
+                seen |= metric_names(record.expr.replace("<<lookback>>", "7d"))
     # The dashboards cover what the trainer and the controller export (minus counters'
     # _created, histogram _sum/_count which the latency panel reads through _bucket).
     wanted = {n for n in exported if not n.endswith(("_created", "_sum", "_count"))}

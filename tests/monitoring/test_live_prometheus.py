@@ -36,6 +36,7 @@ from monitoring_helpers import rule_groups, rules_by_alert
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR
 from megdet.monitoring.dashboards import DASHBOARDS
+from megdet.monitoring.efficiency import IMAGES_PER_GPU, RECORDED_METRICS, SCALING
 from megdet.monitoring.queries import (
     EXTERNAL_METRICS,
     dashboard_queries,
@@ -59,6 +60,7 @@ NO_DATA_HERE = {
     "GPU memory (max allocated)": "torch.cuda.max_memory_allocated: CUDA only, this run is CPU",
     "GPU utilization (DCGM)": "dcgm-exporter's metric; no GPU and no dcgm-exporter here",
     "GPU framebuffer used (DCGM)": "dcgm-exporter's metric; no GPU and no dcgm-exporter here",
+    "GPU activity (DCGM)": "dcgm-exporter's metric; no GPU and no dcgm-exporter here",
 }
 # Series that must have been scraped before the run stops: every kind the run dashboard shows.
 TRAINING_READY = [
@@ -69,6 +71,8 @@ TRAINING_READY = [
     f'sum(rate(megdet_train_images_total{{run="{TRAINING_RUN}"}}[20s])) > 0',
     f'megdet_train_loss{{run="{TRAINING_RUN}", component="total"}}',
     f'megdet_train_eta_seconds{{run="{TRAINING_RUN}"}}',
+    # The efficiency rules' output (one node: the run is its own single-node reference).
+    f'{SCALING}{{run="{TRAINING_RUN}"}}',
 ]
 
 
@@ -281,12 +285,12 @@ def test_every_alert_expression_evaluates(live, alert):
 def test_prometheus_loaded_and_evaluated_every_rule_without_error(live):
     groups = live.prometheus.api("rules")["groups"]
     rules = {r["name"]: r for g in groups for r in g["rules"]}
-    assert set(rules) == set(ALERT_RULES)
+    assert set(rules) == set(ALERT_RULES) | RECORDED_METRICS
     for name, rule in rules.items():
         assert rule["health"] == "ok", f"{name}: {rule.get('lastError')}"
         assert rule["lastEvaluation"] != "0001-01-01T00:00:00Z", name
     # A healthy run fires none of the training alerts.
-    firing = {r["name"] for r in rules.values() if r["state"] == "firing"}
+    firing = {r["name"] for r in rules.values() if r.get("state") == "firing"}
     assert not firing & {
         "MegDetNonFiniteLoss",
         "MegDetSyncBNDivergence",
@@ -294,6 +298,14 @@ def test_prometheus_loaded_and_evaluated_every_rule_without_error(live):
         "MegDetTrainingStalled",
         "MegDetFabricDegraded",  # a gloo run: transport "gloo"
     }
+
+
+def test_the_efficiency_rules_record_the_live_run(live):
+    # Two CPU workers on one node: images/s per process, and the run as its own reference.
+    (per_gpu,) = live.query(f'{IMAGES_PER_GPU}{{run="{TRAINING_RUN}"}}')
+    assert float(per_gpu["value"][1]) > 0
+    (efficiency,) = live.query(f'{SCALING}{{run="{TRAINING_RUN}"}}')
+    assert 0 < float(efficiency["value"][1]) <= 1
 
 
 @pytest.mark.parametrize("which", ["trainer", "controller"])

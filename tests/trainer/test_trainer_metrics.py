@@ -33,6 +33,8 @@ CONTRACT = {
     "megdet_train_eta_seconds": ("gauge", set()),
     "megdet_train_gpu_memory_max_bytes": ("gauge", {"rank"}),
     "megdet_train_run_info": ("gauge", {"world_size", "sync_bn", "bn_group_size", "global_batch"}),
+    "megdet_train_world_size": ("gauge", set()),
+    "megdet_train_nodes": ("gauge", set()),
     "megdet_eval_ap": ("gauge", {"metric"}),
     "megdet_train_last_checkpoint_timestamp_seconds": ("gauge", set()),
     "megdet_train_nonfinite_loss_total": ("counter", set()),
@@ -200,6 +202,8 @@ def test_exporter_sets_every_metric_from_what_the_loop_records(tmp_path):
     assert [s.labels for s in info] == [
         {"world_size": "1", "sync_bn": "backbone", "bn_group_size": "1", "global_batch": "2"}
     ]
+    # What the efficiency rules divide by (monitoring/efficiency.py): the world it trains on.
+    assert _value(found, "megdet_train_world_size") == 1 == _value(found, "megdet_train_nodes")
     assert {s.labels["metric"]: s.value for s in found["megdet_eval_ap"]} == box
     stamp = _value(found, "megdet_train_last_checkpoint_timestamp_seconds")
     assert started <= stamp <= time.time()

@@ -146,6 +146,8 @@ def test_syncbn_divergence_and_one_port_serving_both_ranks(shapes, tmp_path):
     assert [s.labels for s in found["megdet_train_run_info"]] == [
         {"world_size": "2", "sync_bn": "backbone", "bn_group_size": "2", "global_batch": "4"}
     ]
+    assert found["megdet_train_world_size"][0].value == 2  # two processes, one node
+    assert found["megdet_train_nodes"][0].value == 1
     assert {s.labels["component"] for s in found["megdet_train_loss"]} == {
         "loss_cls", "loss_box_reg", "loss_rpn_cls", "loss_rpn_loc", "total",
     }  # fmt: skip

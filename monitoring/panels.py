@@ -1,0 +1,169 @@
+"""The Grafana building blocks both dashboards use: label matchers that pick a run, and
+small builders (time series, stat, row, variables) over ``grafana-foundation-sdk``, so every
+panel gets the same datasource, legend and size conventions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.models.common import BigValueTextMode, LegendDisplayMode
+from grafana_foundation_sdk.models.dashboard import (
+    DataSourceRef,
+    VariableHide,
+    VariableRefresh,
+    VariableSort,
+)
+
+__all__ = [
+    "DATASOURCE",
+    "NAMESPACES",
+    "POD_SUFFIX",
+    "RATE",
+    "RUN",
+    "RUN_PODS",
+    "RUN_POD_NAMES",
+    "Ids",
+    "Panel",
+    "dashboard",
+    "datasource_variable",
+    "query",
+    "query_variable",
+    "row",
+    "stat_panel",
+    "targets",
+    "timeseries_panel",
+]
+
+#: Every panel and query variable reads from the dashboard's datasource variable.
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+# Label matchers that pick one run. `run` is the pod label app.kubernetes.io/instance, which the
+# PodMonitor relabels to `run`; `namespace` comes from the scrape target.
+RUN = 'namespace="$namespace", run="$run"'
+# dcgm-exporter labels a GPU's series with the pod that holds it (pod, namespace). A run's pods
+# are named after the run: PyTorchJob <run>-master-0 / <run>-worker-N; TrainJob (JobSet)
+# <run>-node-<job>-<index>-<suffix>. Spelled out so run "coco" does not match "coco-big"'s pods.
+#: What follows the run's name in its pods' names (the recording rules strip it to find the run).
+POD_SUFFIX = "((master|worker)-[0-9]+|node-[0-9]+-[0-9]+-[a-z0-9]+)"
+RUN_POD_NAMES = f"$run-{POD_SUFFIX}"
+RUN_PODS = f'namespace="$namespace", pod=~"{RUN_POD_NAMES}"'
+# The fleet dashboard's namespace variable is multi-valued ("All" = ".*").
+NAMESPACES = 'namespace=~"$namespace"'
+RATE = "$__rate_interval"
+REFRESH = "30s"
+
+# Any panel builder (time series, stat, table).
+Panel = timeseries.Panel | stat.Panel | table.Panel
+
+
+@dataclass
+class Ids:
+    """Hands out panel ids in order, so ids are unique within a dashboard."""
+
+    last: int = 0
+
+    def next(self) -> int:
+        self.last += 1
+        return self.last
+
+
+def query(
+    expr: str, legend: str = "", ref: str = "A", instant: bool = False
+) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE)
+    if legend:
+        q = q.legend_format(legend)
+    return q.instant().format("table") if instant else q
+
+
+def targets(panel: Panel, queries: list[tuple[str, str]]) -> Panel:
+    for index, (expr, legend) in enumerate(queries):
+        panel = panel.with_target(query(expr, legend, ref=chr(ord("A") + index)))
+    return panel
+
+
+def timeseries_panel(
+    ids: Ids,
+    title: str,
+    description: str,
+    queries: list[tuple[str, str]],
+    unit: str = "short",
+    width: int = 12,
+) -> timeseries.Panel:
+    panel = (
+        timeseries.Panel()
+        .id(ids.next())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(8)
+        .legend(
+            common_builders.VizLegendOptions()
+            .display_mode(LegendDisplayMode.TABLE)
+            .placement("bottom")
+            .show_legend(True)
+            .calcs(["lastNotNull", "max"])
+        )
+    )
+    return targets(panel, queries)
+
+
+def stat_panel(
+    ids: Ids, title: str, description: str, expr: str, unit: str = "short", legend: str = ""
+) -> stat.Panel:
+    panel = (
+        stat.Panel()
+        .id(ids.next())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(3)
+        .height(4)
+        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
+    )
+    if legend:
+        panel = panel.text_mode(BigValueTextMode.VALUE_AND_NAME)
+    return panel.with_target(query(expr, legend))
+
+
+def row(ids: Ids, title: str) -> db.Row:
+    return db.Row(title).id(ids.next())
+
+
+def datasource_variable() -> db.DatasourceVariable:
+    return db.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def query_variable(name: str, label: str, query: str, multi: bool = False) -> db.QueryVariable:
+    variable = (
+        db.QueryVariable(name)
+        .label(label)
+        .datasource(DATASOURCE)
+        .query(query)
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(VariableSort.ALPHABETICAL_ASC)
+        .hide(VariableHide.DONT_HIDE)
+    )
+    if multi:
+        variable = variable.multi(True).include_all(True).all_value(".*")
+    return variable
+
+
+def dashboard(title: str, uid: str, description: str) -> db.Dashboard:
+    return (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .tags(["megdet"])
+        .refresh(REFRESH)
+        .time("now-6h", "now")
+        .timezone("browser")
+        .editable()
+    )
