@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from megdet.controller.policy_cel import Rule, context, evaluate
+from megdet.controller.policy_cel import Rule, context, evaluate, read_fields
 from megdet.controller.policy_cel import cel_quote as _q
 from megdet.controller.policy_knobs import (
     KNOB_USES,
@@ -60,6 +60,14 @@ __all__ = [
 _NODE_LABEL = re.compile(r"^[^=\s]+(=[^=\s]*)?$")
 
 
+#: An entry of policy.mountPrefixes: an absolute, normalized folder ending in "/".
+_MOUNT_PREFIX = re.compile(r"^(/[^/]+)*/$")
+_DOT_SEGMENT = re.compile(r"(^|/)\.\.?(/|$)")
+#: Python regular expression syntax RE2 (the API server's CEL) does not have: lookaround and
+#: backreferences.
+_NOT_RE2 = re.compile(r"\(\?(=|!|<=|<!|P=)|\\[1-9]")
+
+
 class PolicyError(ValueError):
     """A policy value that is not one; the message names ``policy.<key>`` and what it takes."""
 
@@ -68,6 +76,21 @@ def _strings(key: str, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
         raise PolicyError(f"policy.{key}: must be a list of strings, got {value!r}")
     return tuple(value)
+
+
+def _check_re2(key: str, pattern: str) -> None:
+    """Refuse a pattern that is no regular expression, or one RE2 would not take."""
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise PolicyError(
+            f"policy.{key}: {pattern!r} is not a regular expression ({err})"
+        ) from None
+    if _NOT_RE2.search(pattern):
+        raise PolicyError(
+            f"policy.{key}: {pattern!r} uses lookaround or a backreference, which RE2 (the API "
+            "server's CEL) does not have"
+        )
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -84,6 +107,7 @@ class Privileged:
     ibRootMode: bool = False
     podSecurity: bool = False
     hostPath: bool = False
+    anyMountPath: bool = False
 
 
 @dataclass(frozen=True)
@@ -125,10 +149,26 @@ class Policy:
     #: CUDA or OpenSSL load code from a path (:data:`LOADER_ENV`: LD_PRELOAD, PYTHONPATH, ...),
     #: e.g. from a mounted ConfigMap: any code in an allowed image.
     loaderEnv: bool = False
-    #: Whether spec.extraVolumeMounts may mount the run's output volume again or put anything at
-    #: or under /output, and spec.extraVolumes may mount the output PVC again: both reach other
-    #: runs' folders past the controller's output-folder check.
+    #: Whether spec.extraVolumeMounts may mount the run's output volume again, and
+    #: spec.extraVolumes the output PVC again: both reach other runs' folders past the
+    #: controller's output-folder check.
     outputMounts: bool = False
+    #: Where spec.extraVolumeMounts may mount without the anyMountPath knob: strictly under one
+    #: of these folders (each absolute, normalized, ending in "/"), and never at, above, under or
+    #: beside a path the image or the run chart uses (policy_reserved.RESERVED_MOUNTS).
+    mountPrefixes: tuple[str, ...] = ("/mnt/",)
+    #: RE2 patterns a spec.extraEnv name must match (one of them; anchor them with ^ and $).
+    #: Reserved names (policy_reserved: PATH, HOME, FVCORE_CACHE, TORCH*, NCCL_*, ...) stay
+    #: refused whatever they allow; the loader's (LOADER_ENV) are policy.loaderEnv's.
+    envNames: tuple[str, ...] = (r"^[A-Z][A-Z0-9_]*$",)
+    #: Key prefixes spec.podLabels may use ("*": any key): a label can match another team's
+    #: NetworkPolicy or Service selector, so by default only keys under user.megdet.io/.
+    labelPrefixes: tuple[str, ...] = ("user.megdet.io/",)
+    #: Key prefixes spec.podAnnotations may use ("*": any key): mesh, CNI and runtime
+    #: annotations change how the pods run. The AppArmor/seccomp profile annotations
+    #: (privileged.podSecurity) and Multus' default network (multusDefaultNetwork) have their
+    #: own values.
+    annotationPrefixes: tuple[str, ...] = ("user.megdet.io/",)
     #: Extended resources spec.gpuResource may name (a device plugin's resource).
     gpuResources: tuple[str, ...] = ("nvidia.com/gpu",)
     #: Extended resources spec.nccl.ib.rdmaResourceName may name (with nccl.ib.enabled).
@@ -188,6 +228,14 @@ class Policy:
                 raise PolicyError(
                     f"policy.reservedNodeLabels: {label!r} is not a label key or key=value"
                 )
+        for prefix in kwargs.get("mountPrefixes", ()):
+            if not _MOUNT_PREFIX.match(prefix) or _DOT_SEGMENT.search(prefix):
+                raise PolicyError(
+                    f"policy.mountPrefixes: {prefix!r} is not a normalized absolute folder "
+                    'ending in "/" (e.g. "/mnt/"; no "//", "." or ".." segment)'
+                )
+        for pattern in kwargs.get("envNames", ()):
+            _check_re2("envNames", pattern)
         return cls(**kwargs)
 
     def values(self) -> dict[str, Any]:
@@ -200,6 +248,10 @@ class Policy:
             else:
                 out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
+
+
+#: The spec fields the rules read.
+_READ_FIELDS = read_fields(RULES)
 
 
 @functools.cache
@@ -215,7 +267,7 @@ def check(spec: Any, policy: Policy) -> list[tuple[str, str]]:
     """
     if not isinstance(spec, Mapping):
         return []
-    ctx = context(spec, _values(policy))
+    ctx = context(spec, _values(policy), _READ_FIELDS)
     problems = []
     for rule in RULES:
         message = evaluate(rule, ctx)

@@ -15,7 +15,8 @@ The Rust interpreter has the CEL core; the string functions the rules call beyon
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from cel.stdlib import EXTENSIONS
 if TYPE_CHECKING:
     from megdet.controller.policy import Policy
 
-__all__ = ["Rule", "cel_join", "cel_quote", "context", "evaluate"]
+__all__ = ["Rule", "cel_join", "cel_quote", "context", "evaluate", "read_fields"]
 
 #: The functions of Kubernetes' CEL strings library the rules call, which the Rust interpreter
 #: lacks (``cel.stdlib`` writes them in Python).
@@ -48,7 +49,7 @@ class Rule:
 
     def check(self, spec: Any, policy: Policy) -> str | None:
         """This rule's problem with ``spec`` under ``policy`` (its message), or None."""
-        return evaluate(self, context(spec, policy.values()))
+        return evaluate(self, context(spec, policy.values(), read_fields([self])))
 
 
 def cel_quote(text: str) -> str:
@@ -76,8 +77,26 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def context(spec: Any, values: Mapping[str, Any]) -> cel.Context:
-    """The evaluation context of every rule for one spec: ``s`` and ``variables``."""
+#: A spec field a rule reads (``s.<field>``).
+_SPEC_FIELD = re.compile(r"\bs\.([A-Za-z_][A-Za-z0-9_]*)")
+
+
+def read_fields(rules: Iterable[Rule]) -> frozenset[str]:
+    """The spec's top-level fields that ``rules`` read: the rest need not become CEL values
+    (converting the whole defaulted spec costs more than evaluating every rule)."""
+    return frozenset(
+        name for rule in rules for text in (rule.expression, rule.message)
+        for name in _SPEC_FIELD.findall(text)
+    )  # fmt: skip
+
+
+def context(
+    spec: Any, values: Mapping[str, Any], fields: frozenset[str] | None = None
+) -> cel.Context:
+    """The evaluation context of every rule for one spec: ``s`` (only ``fields`` of it, when
+    given: the ones the rules read) and ``variables``."""
+    if fields is not None and isinstance(spec, Mapping):
+        spec = {k: v for k, v in spec.items() if k in fields}
     ctx = cel.Context({"s": _plain(spec), "variables": dict(values)})
     for name, function in _STRING_FUNCTIONS.items():
         ctx.add_function(name, function)

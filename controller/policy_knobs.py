@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from megdet.controller.policy_cel import cel_quote
+from megdet.controller.policy_cel import cel_join, cel_quote
+from megdet.controller.policy_reserved import RESERVED_MOUNTS, reserved_mount_re
 
 __all__ = [
     "CONFINED_PROFILES",
@@ -33,6 +34,7 @@ PRIVILEGED_KNOBS: dict[str, str] = {
     "ibRootMode": "spec.nccl.ib.memlock",
     "podSecurity": "spec.podSecurityContext",
     "hostPath": "spec.extraVolumes",
+    "anyMountPath": "spec.extraVolumeMounts",
 }
 #: The subresource whose ``use`` verb grants the privileged knobs (RBAC, checked at admission).
 PRIVILEGED_SUBRESOURCE = "megdetruns/privileged"
@@ -57,6 +59,15 @@ class KnobUse:
     #: CEL, true when the spec ``s`` uses it.
     cel: str
     what: str
+    #: The name of its policy rule (default ``privileged.<knob>``).
+    rule: str = ""
+    #: CEL building the policy rule's message, when it says more than ``what`` (the values
+    #: that use the knob, what is allowed without it).
+    message: str = ""
+
+    @property
+    def rule_name(self) -> str:
+        return self.rule or f"privileged.{self.knob}"
 
 
 _PSC = "s.podSecurityContext"
@@ -67,6 +78,26 @@ PROFILE_KEY_CEL = (
     + " || ".join(f"k.startsWith({cel_quote(p)})" for p in PROFILE_ANNOTATION_PREFIXES)
     + "".join(f" || k == {cel_quote(p)}" for p in PROFILE_ANNOTATIONS)
     + ")"
+)
+
+#: CEL: a mount ``m`` of spec.extraVolumeMounts that needs the anyMountPath knob: its mountPath
+#: is not a normalized absolute path (no "//", "." or ".." segment, no trailing "/": the kubelet
+#: would resolve it, the policy does not guess how), not strictly under one of
+#: policy.mountPrefixes, or at, above, under or beside a path the image or the run chart uses.
+_MOUNT_PATH = "string(m.mountPath)"
+_DOT_SEGMENT = r"(^|/)\.\.?(/|$)"
+OUTSIDE_MOUNT_CEL = (
+    f"(has(m.mountPath) && (!{_MOUNT_PATH}.matches('^(/[^/]+)+$')"
+    f" || {_MOUNT_PATH}.matches({cel_quote(_DOT_SEGMENT)})"
+    f" || !variables.mountPrefixes.exists(r, {_MOUNT_PATH}.startsWith(r))"
+    f" || {_MOUNT_PATH}.matches({cel_quote(reserved_mount_re())})))"
+)
+_GROUP_ZERO = (
+    "has(s.podSecurityContext) && type(s.podSecurityContext) != null_type && ("
+    f"(has({_PSC}.runAsGroup) && {_PSC}.runAsGroup == 0)"
+    f" || (has({_PSC}.fsGroup) && {_PSC}.fsGroup == 0)"
+    f" || (has({_PSC}.supplementalGroups) && type({_PSC}.supplementalGroups) == list"
+    f" && {_PSC}.supplementalGroups.exists(g, g == 0)))"
 )
 
 KNOB_USES: tuple[KnobUse, ...] = (
@@ -115,6 +146,39 @@ KNOB_USES: tuple[KnobUse, ...] = (
         "spec.extraVolumes",
         "has(s.extraVolumes) && s.extraVolumes.exists(v, has(v.hostPath))",
         "a hostPath volume (spec.extraVolumes)",
+    ),
+    KnobUse(
+        "podSecurity",
+        "spec.podSecurityContext",
+        _GROUP_ZERO,
+        "group id 0 (spec.podSecurityContext runAsGroup, fsGroup or supplementalGroups)",
+        rule="groupIds",
+        message=cel_quote(
+            "group id 0 (spec.podSecurityContext runAsGroup, fsGroup or supplementalGroups: any "
+            "id but 0) is not allowed by the cluster's MegDet policy "
+            "(policy.privileged.podSecurity: false)"
+        ),
+    ),
+    KnobUse(
+        "anyMountPath",
+        "spec.extraVolumeMounts",
+        f"has(s.extraVolumeMounts) && s.extraVolumeMounts.exists(m, {OUTSIDE_MOUNT_CEL})",
+        "a volume mount outside policy.mountPrefixes (spec.extraVolumeMounts)",
+        rule="mountPaths",
+        message="'volume mounts at ' + "
+        + cel_join(
+            f"s.extraVolumeMounts.filter(m, {OUTSIDE_MOUNT_CEL}).map(m, string(m.mountPath))"
+        )
+        + " + ' are not allowed by the cluster\\'s MegDet policy: a mountPath must be a "
+        "normalized absolute path (no //, . or .. segment, no trailing /) strictly under one "
+        "of policy.mountPrefixes (' + "
+        + cel_join("variables.mountPrefixes")
+        + " + "
+        + cel_quote(
+            ") and not at, above, under or beside a path the image or the run chart uses ("
+            + ", ".join(RESERVED_MOUNTS)
+            + "); anything else needs policy.privileged.anyMountPath and the grant"
+        ),
     ),
 )
 

@@ -14,9 +14,17 @@ import json
 from megdet.controller.policy_cel import Rule
 from megdet.controller.policy_cel import cel_join as _cel_join
 from megdet.controller.policy_cel import cel_quote as _q
-from megdet.controller.policy_knobs import KNOB_USES
+from megdet.controller.policy_knobs import KNOB_USES, PROFILE_KEY_CEL
+from megdet.controller.policy_reserved import (
+    LOADER_ENV,
+    LOADER_ENV_PREFIXES,
+    PLATFORM_KEY_PREFIXES,
+    RESERVED_ENV,
+    RESERVED_ENV_PREFIXES,
+    reserved_env_re,
+)
 
-__all__ = ["LOADER_ENV", "LOADER_ENV_PREFIXES", "MULTUS_DEFAULT_NETWORK", "OUTPUT_VOLUME", "RULES"]
+__all__ = ["MULTUS_DEFAULT_NETWORK", "OUTPUT_VOLUME", "RULES"]
 
 # Multus (k8s.cni.cncf.io): a secondary network, or a replaced default one, is outside every
 # NetworkPolicy. Multus reads k8s.v1.cni.cncf.io/networks as JSON when it holds any of [ { "
@@ -24,49 +32,9 @@ __all__ = ["LOADER_ENV", "LOADER_ENV_PREFIXES", "MULTUS_DEFAULT_NETWORK", "OUTPU
 # [namespace/]name[@interface] entries.
 MULTUS_DEFAULT_NETWORK = "v1.multus-cni.io/default-network"
 
-#: Environment variables that make a process load code from a path (besides every LD_* of the
-#: dynamic loader: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...): Python's import path, startup
-#: and user site (HOME holds ~/.local/lib/pythonX.Y/site-packages, whose .pth files run code),
-#: the shells' startup files, glibc's iconv modules, CUDA's injection library, NCCL's plugins
-#: and config file, OpenSSL's config and engines, and other interpreters' equivalents.
-LOADER_ENV_PREFIXES = ("LD_",)
-LOADER_ENV: tuple[str, ...] = (
-    "BASH_ENV",
-    "CUDA_INJECTION32_PATH",
-    "CUDA_INJECTION64_PATH",
-    "ENV",
-    "GCONV_PATH",
-    "HOME",
-    "NCCL_CONF_FILE",
-    "NCCL_ENV_PLUGIN",
-    "NCCL_NET_PLUGIN",
-    "NCCL_PROFILER_PLUGIN",
-    "NCCL_TUNER_PLUGIN",
-    "NODE_OPTIONS",
-    "OPENSSL_CONF",
-    "OPENSSL_ENGINES",
-    "OPENSSL_MODULES",
-    "PERL5LIB",
-    "PERL5OPT",
-    "PYTHONBREAKPOINT",
-    "PYTHONEXECUTABLE",
-    "PYTHONHOME",
-    "PYTHONINSPECT",
-    "PYTHONNOUSERSITE",
-    "PYTHONPATH",
-    "PYTHONPLATLIBDIR",
-    "PYTHONPYCACHEPREFIX",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "PYTHONWARNINGS",
-    "RUBYOPT",
-)
-
-
-#: The run chart's output volume (mounted at /output) and what an extra mount may not reach:
-#: /output or below it, or a path with a "." or ".." segment (which could reach it).
+#: The run chart's output volume (mounted at /output, which the mountPaths rule keeps extra
+#: mounts off): mounted again, or its PVC again, it reaches other runs' folders.
 OUTPUT_VOLUME = "output"
-_OUTPUT_PATH_RE = r"^/+output(/|$)|(^|/)\.\.?(/|$)"
 
 # CEL pieces of the rules below (``s`` is the spec).
 _M = "s.network.multusNetworks"
@@ -80,9 +48,34 @@ _LOADER_CEL = (
     + "".join(f"e.name.startsWith({_q(p)}) || " for p in LOADER_ENV_PREFIXES)
     + f"e.name in {json.dumps(list(LOADER_ENV))})"
 )
-_REACHES_OUTPUT = (
-    f"((has(m.name) && m.name == {_q(OUTPUT_VOLUME)}) || "
-    f"(has(m.mountPath) && string(m.mountPath).matches({_q(_OUTPUT_PATH_RE)})))"
+_REACHES_OUTPUT = f"(has(m.name) && m.name == {_q(OUTPUT_VOLUME)})"
+# envNames: a name no pattern of policy.envNames matches, or a reserved one (the loader's are
+# policy.loaderEnv's to allow).
+_RESERVED_ENV_CEL = (
+    f"(e.name in {json.dumps(list(RESERVED_ENV))} || e.name.matches({_q(reserved_env_re())}))"
+)
+_BAD_ENV_NAME = (
+    "(has(e.name) && (!variables.envNames.exists(p, e.name.matches(p)) || "
+    f"({_RESERVED_ENV_CEL} && !{_LOADER_CEL})))"
+)
+_PLATFORM_KEY = "(" + " || ".join(f"k.startsWith({_q(p)})" for p in PLATFORM_KEY_PREFIXES) + ")"
+
+
+def _prefixed(values: str) -> str:
+    """CEL: the key ``k`` is under one of the prefixes ``values`` ("*": any), and not the
+    platform's."""
+    return f"(('*' in {values} || {values}.exists(p, k.startsWith(p))) && !{_PLATFORM_KEY})"
+
+
+_LABEL_OK = _prefixed("variables.labelPrefixes")
+# Annotations other rules govern: the AppArmor and seccomp profiles (the podSecurity knob: a
+# confining one is free) and Multus' default network (policy.multusDefaultNetwork).
+_ANNOTATION_OK = (
+    f"({PROFILE_KEY_CEL} || k == {_q(MULTUS_DEFAULT_NETWORK)} || "
+    f"{_prefixed('variables.annotationPrefixes')})"
+)
+_RESERVED_ENV_WORDS = ", ".join(
+    [p + "*" for p in RESERVED_ENV_PREFIXES] + [n for n in RESERVED_ENV if n not in LOADER_ENV]
 )
 _OUTPUT_CLAIM = (
     "(has(v.persistentVolumeClaim) && has(v.persistentVolumeClaim.claimName) && "
@@ -256,10 +249,13 @@ RULES: tuple[Rule, ...] = (
         "variables.outputMounts || !has(s.extraVolumeMounts) || "
         f"!s.extraVolumeMounts.exists(m, {_REACHES_OUTPUT})",
         "'volume mounts at ' + "
-        + _cel_join(f"s.extraVolumeMounts.filter(m, {_REACHES_OUTPUT}).map(m, string(m.mountPath))")
+        + _cel_join(
+            f"s.extraVolumeMounts.filter(m, {_REACHES_OUTPUT}).map(m, "
+            "has(m.mountPath) ? string(m.mountPath) : '')"
+        )
         + " + "
         + _q(
-            " reach the output volume or /output (other runs' folders), which the cluster's "
+            " reach the output volume (other runs' folders), which the cluster's "
             "MegDet policy does not allow (policy.outputMounts: false)"
         ),
     ),
@@ -315,14 +311,53 @@ RULES: tuple[Rule, ...] = (
     ),
     *(
         Rule(
-            f"privileged.{use.knob}",
+            use.rule_name,
             use.path,
             f"!({use.cel}) || variables.privileged.{use.knob}",
-            _q(
+            use.message
+            or _q(
                 f"{use.what} is not allowed by the cluster's MegDet policy "
                 f"(policy.privileged.{use.knob}: false)"
             ),
         )
         for use in KNOB_USES
+    ),
+    Rule(
+        "envNames",
+        "spec.extraEnv",
+        f"!has(s.extraEnv) || !s.extraEnv.exists(e, {_BAD_ENV_NAME})",
+        "'env ' + "
+        + _cel_join(f"s.extraEnv.filter(e, {_BAD_ENV_NAME}).map(e, e.name)")
+        + " + ' are not allowed by the cluster\\'s MegDet policy: a name must match one of "
+        "policy.envNames (' + "
+        + _cel_join("variables.envNames")
+        + " + "
+        + _q(
+            ") and not be one the image, Python, torch, iopath/fvcore, NCCL, CUDA or the "
+            f"launcher reads ({_RESERVED_ENV_WORDS}; NCCL is set through spec.nccl, and the "
+            "loader's variables are policy.loaderEnv's)"
+        ),
+    ),
+    Rule(
+        "labelPrefixes",
+        "spec.podLabels",
+        f"!has(s.podLabels) || s.podLabels.all(k, {_LABEL_OK})",
+        "'pod labels ' + "
+        + _cel_join(f"s.podLabels.filter(k, !{_LABEL_OK})")
+        + " + ' are not allowed by the cluster\\'s MegDet policy (policy.labelPrefixes: ' + "
+        + _cel_join("variables.labelPrefixes")
+        + " + "
+        + _q(f"; never under {', '.join(PLATFORM_KEY_PREFIXES)})"),
+    ),
+    Rule(
+        "annotationPrefixes",
+        "spec.podAnnotations",
+        f"!has(s.podAnnotations) || s.podAnnotations.all(k, {_ANNOTATION_OK})",
+        "'pod annotations ' + "
+        + _cel_join(f"s.podAnnotations.filter(k, !{_ANNOTATION_OK})")
+        + " + ' are not allowed by the cluster\\'s MegDet policy (policy.annotationPrefixes: ' + "
+        + _cel_join("variables.annotationPrefixes")
+        + " + "
+        + _q(f"; never under {', '.join(PLATFORM_KEY_PREFIXES)})"),
     ),
 )

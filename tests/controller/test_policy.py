@@ -9,6 +9,7 @@ privileged knobs) runs on the real API server in tests/e2e/test_e2e_policy.py.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,19 @@ def test_the_admission_policy_compares_every_spec_field_but_suspend() -> None:
         ),
         ({"privileged": []}, "policy.privileged: must be a mapping"),
         ({"loaderEnv": "no"}, "policy.loaderEnv: must be true or false, got 'no'"),
+        (
+            {"mountPrefixes": ["/mnt"]},
+            "policy.mountPrefixes: '/mnt' is not a normalized absolute folder",
+        ),
+        ({"mountPrefixes": ["/a//b/"]}, "policy.mountPrefixes: '/a//b/' is not a normalized"),
+        ({"mountPrefixes": ["/mnt/../"]}, "policy.mountPrefixes: '/mnt/../' is not a normalized"),
+        ({"mountPrefixes": ["mnt/"]}, "policy.mountPrefixes: 'mnt/' is not"),
+        ({"envNames": ["[A-Z"]}, "policy.envNames: '[A-Z' is not a regular expression"),
+        (
+            {"envNames": ["^(?!LD_).*$"]},
+            "policy.envNames: '^(?!LD_).*$' uses lookaround or a backreference",
+        ),
+        ({"labelPrefixes": "user/"}, "policy.labelPrefixes: must be a list of strings"),
         ({"gpuResources": "nvidia.com/gpu"}, "policy.gpuResources: must be a list of strings"),
         (
             {"reservedNodeLabels": ["a=b=c"]},
@@ -115,7 +129,7 @@ def test_the_admission_policy_compares_every_spec_field_but_suspend() -> None:
     ],
 )
 def test_a_bad_policy_value_names_the_key_and_what_it_takes(values: Any, error: str) -> None:
-    with pytest.raises(PolicyError, match="^" + error.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(PolicyError, match="^" + re.escape(error)):
         Policy.from_values(values)
 
 
@@ -196,10 +210,34 @@ REFUSED: list[tuple[dict[str, Any], str, str]] = [
     ({"extraEnv": [{"name": "NCCL_NET_PLUGIN", "value": "/cm/x.so"}]}, "spec.extraEnv", "policy.loaderEnv"),
     # Mounts that reach the output volume or /output.
     ({"extraVolumeMounts": [{"name": "output", "mountPath": "/mnt/other", "subPath": "victim"}]}, "spec.extraVolumeMounts", 'volume mounts at "/mnt/other" reach the output volume'),
-    ({"extraVolumeMounts": [{"name": "cache", "mountPath": "/output/victim"}]}, "spec.extraVolumeMounts", "policy.outputMounts: false"),
+    ({"extraVolumeMounts": [{"name": "cache", "mountPath": "/output/victim"}]}, "spec.extraVolumeMounts", 'volume mounts at "/output/victim" are not allowed'),
     ({"extraVolumeMounts": [{"name": "cache", "mountPath": "//output"}]}, "spec.extraVolumeMounts", '"//output"'),
     ({"extraVolumeMounts": [{"name": "cache", "mountPath": "/x/../output"}]}, "spec.extraVolumeMounts", '"/x/../output"'),
     ({"output": {"claimName": "shared"}, "extraVolumes": [{"name": "again", "persistentVolumeClaim": {"claimName": "shared"}}]}, "spec.extraVolumes", 'volumes "again" mount the output PVC "shared" again'),
+    # Mounts only under policy.mountPrefixes, normalized, off the image's and the chart's paths:
+    # a ConfigMap item over tini, a .pth in the venv, a pickle in iopath's cache of the weights.
+    ({"extraVolumeMounts": [{"name": "cm", "mountPath": "/usr/bin/tini", "subPath": "tini"}]}, "spec.extraVolumeMounts", 'volume mounts at "/usr/bin/tini"'),
+    ({"extraVolumeMounts": [{"name": "cm", "mountPath": "/opt/venv/lib/python3.11/site-packages/x.pth", "subPath": "x.pth"}]}, "spec.extraVolumeMounts", 'policy.mountPrefixes ("/mnt/")'),
+    ({"extraVolumeMounts": [{"name": "cm", "mountPath": "/home/megdet/.torch/iopath_cache/detectron2/ImageNetPretrained/MSRA/R-50.pkl", "subPath": "p"}]}, "spec.extraVolumeMounts", "policy.privileged.anyMountPath"),
+    ({"extraVolumeMounts": [{"name": "cm", "mountPath": "/mnt/../usr/bin/tini"}]}, "spec.extraVolumeMounts", '"/mnt/../usr/bin/tini"'),
+    ({"extraVolumeMounts": [{"name": "cm", "mountPath": "/mnt"}]}, "spec.extraVolumeMounts", 'volume mounts at "/mnt"'),
+    ({"extraVolumeMounts": [{"name": "cm", "mountPath": "/mnt//x"}, {"name": "cm", "mountPath": "/mnt/x/"}, {"name": "cm", "mountPath": "/mnt/./x"}, {"name": "cm", "mountPath": "mnt/x"}]}, "spec.extraVolumeMounts", '"/mnt//x", "/mnt/x/", "/mnt/./x", "mnt/x"'),
+    # Environment variables by pattern, with what the pods' software reads reserved.
+    ({"extraEnv": [{"name": "PATH", "value": "/cm:/usr/bin"}]}, "spec.extraEnv", 'env "PATH" are not allowed'),
+    ({"extraEnv": [{"name": "FVCORE_CACHE", "value": "/mnt/cm"}, {"name": "IOPATH_CACHE", "value": "/mnt/cm"}]}, "spec.extraEnv", '"FVCORE_CACHE", "IOPATH_CACHE"'),
+    ({"extraEnv": [{"name": "TORCH_HOME"}, {"name": "PYTORCH_CUDA_ALLOC_CONF"}, {"name": "PET_NPROC_PER_NODE"}, {"name": "MEGDET_RUN_UID"}, {"name": "DETECTRON2_ENV_MODULE"}]}, "spec.extraEnv", '"TORCH_HOME", "PYTORCH_CUDA_ALLOC_CONF", "PET_NPROC_PER_NODE", "MEGDET_RUN_UID", "DETECTRON2_ENV_MODULE"'),
+    ({"extraEnv": [{"name": "NCCL_DEBUG", "value": "INFO"}, {"name": "CUDA_VISIBLE_DEVICES", "value": "0"}]}, "spec.extraEnv", "NCCL is set through spec.nccl"),
+    ({"extraEnv": [{"name": "RANK"}, {"name": "WORLD_SIZE"}, {"name": "MASTER_ADDR"}, {"name": "LOCAL_RANK"}]}, "spec.extraEnv", '"RANK", "WORLD_SIZE", "MASTER_ADDR", "LOCAL_RANK"'),
+    ({"extraEnv": [{"name": "lower_case"}, {"name": "A-B"}]}, "spec.extraEnv", 'policy.envNames ("^[A-Z][A-Z0-9_]*$")'),
+    # Labels and annotations under the allowed prefixes; the platform's megdet.io/ never.
+    ({"podLabels": {"app": "database", "user.megdet.io/team": "vision"}}, "spec.podLabels", 'pod labels "app" are not allowed by the cluster\'s MegDet policy (policy.labelPrefixes: "user.megdet.io/"'),
+    ({"podLabels": {"megdet.io/progress-endpoint": "active"}}, "spec.podLabels", "never under megdet.io/"),
+    ({"podAnnotations": {"sidecar.istio.io/inject": "false"}}, "spec.podAnnotations", 'pod annotations "sidecar.istio.io/inject" are not allowed'),
+    ({"podAnnotations": {"user.megdet.io/a": "b", "kubernetes.io/egress-bandwidth": "1M"}}, "spec.podAnnotations", "policy.annotationPrefixes"),
+    # Group id 0, as the user id 0: the podSecurity knob.
+    ({"podSecurityContext": {"runAsUser": 10001, "runAsGroup": 0}}, "spec.podSecurityContext", "group id 0"),
+    ({"podSecurityContext": {"runAsUser": 10001, "fsGroup": 0}}, "spec.podSecurityContext", "any id but 0"),
+    ({"podSecurityContext": {"runAsUser": 10001, "supplementalGroups": [10001, 0]}}, "spec.podSecurityContext", "policy.privileged.podSecurity: false"),
     # Device-plugin resources.
     ({"gpuResource": "squat.ai/kvm"}, "spec.gpuResource", 'GPU resource "squat.ai/kvm" is not allowed'),
     ({"nccl": {"ib": {"enabled": True, "rdmaResourceName": "smarter-devices/fuse"}}}, "spec.nccl.ib.rdmaResourceName", "policy.rdmaResources"),
@@ -227,14 +265,15 @@ def test_what_the_new_knobs_let_through_by_default_and_when_opened() -> None:
         "podAnnotations": {
             "container.apparmor.security.beta.kubernetes.io/pytorch": "localhost/train",
             "seccomp.security.alpha.kubernetes.io/pod": "runtime/default",
-            "example.com/team": "vision",
+            "user.megdet.io/team": "vision",
         },
+        "podLabels": {"user.megdet.io/team": "vision"},
         "network": {"multusNetworks": "rdma-net, rdma-net2@net2"},
-        "extraEnv": [{"name": "PYTHONUNBUFFERED", "value": "1"}, {"name": "NCCL_DEBUG"}],
+        "extraEnv": [{"name": "MY_FLAG", "value": "1"}, {"name": "DATA_ROOT"}],
         "extraVolumes": [{"name": "cache", "persistentVolumeClaim": {"claimName": "cache"}}],
         "extraVolumeMounts": [
-            {"name": "cache", "mountPath": "/cache", "subPath": "mine"},
-            {"name": "cache", "mountPath": "/outputs-old"},
+            {"name": "cache", "mountPath": "/mnt/cache", "subPath": "mine"},
+            {"name": "cache", "mountPath": "/mnt/outputs-old/x.py", "subPath": "x.py"},
         ],
         "output": {"claimName": "out"},
         "gpuResource": "nvidia.com/gpu",
@@ -260,7 +299,11 @@ def test_what_the_new_knobs_let_through_by_default_and_when_opened() -> None:
         "multusNamespaces": (["*"], {"network": {"multusNetworks": '[{"name": "n"}]'}}),
         "multusDefaultNetwork": (True, {"podAnnotations": {"v1.multus-cni.io/default-network": "n"}}),
         "loaderEnv": (True, {"extraEnv": [{"name": "LD_PRELOAD", "value": "/x.so"}]}),
-        "outputMounts": (True, {"extraVolumeMounts": [{"name": "output", "mountPath": "/o", "subPath": "v"}]}),
+        "outputMounts": (True, {"extraVolumeMounts": [{"name": "output", "mountPath": "/mnt/o", "subPath": "v"}]}),
+        "mountPrefixes": (["/mnt/", "/scratch/"], {"extraVolumeMounts": [{"name": "c", "mountPath": "/scratch/a"}]}),
+        "envNames": (["^[A-Z][A-Z0-9_]*$", "^team_[a-z]+$"], {"extraEnv": [{"name": "team_flag"}]}),
+        "labelPrefixes": (["*"], {"podLabels": {"team": "vision"}}),
+        "annotationPrefixes": (["user.megdet.io/", "sidecar.istio.io/"], {"podAnnotations": {"sidecar.istio.io/inject": "false"}}),
         "gpuResources": (["nvidia.com/gpu", "amd.com/gpu"], {"gpuResource": "amd.com/gpu"}),
         "rdmaResources": (["*"], {"nccl": {"ib": {"enabled": True, "rdmaResourceName": "x/y"}}}),
         "reservedNodeLabels": ([], {"nodeSelector": {"node-role.kubernetes.io/control-plane": ""}}),
@@ -331,6 +374,130 @@ def test_wildcards_and_a_policy_that_allows_the_privileged_knobs() -> None:
     assert "policy.privileged.hostPath: false" in problems(spec)["spec.extraVolumes"]
 
 
+def mounts(*paths: str) -> dict[str, Any]:
+    return {**SECURE, "extraVolumeMounts": [{"name": "cache", "mountPath": p} for p in paths]}
+
+
+def test_mounts_stay_under_the_allowed_folders_and_off_the_images_and_the_charts_paths() -> None:
+    assert problems(mounts("/mnt/a", "/mnt/a/b.py", "/mnt/data-2", "/mnt/x..y")) == {}
+    # The anyMountPath knob lets anything through (with the grant, at admission).
+    anywhere = Policy.from_values({"privileged": {"anyMountPath": True}})
+    assert problems(mounts("/usr/bin/tini", "/output", "/mnt//x"), anywhere) == {}
+    # A platform that opens every folder still keeps mounts off what the pods use: at, above,
+    # under or beside (same folder) each of the image's and the chart's paths.
+    everywhere = Policy.from_values({"mountPrefixes": ["/"]})
+    assert problems(mounts("/scratch", "/scratch/a", "/models/x", "/srv"), everywhere) == {}
+    for path in (
+        "/data",
+        "/data/coco",
+        "/output/other-run",
+        "/dev/shm/x",
+        "/dev/x",
+        "/var/run/secrets/megdet.io/progress/token",
+        "/var/run/secrets/megdet.io/other",
+        "/var/run",
+        "/opt/venv/lib/python3.11/site-packages/evil.pth",
+        "/opt/other",
+        "/opt",
+        "/home/megdet/.torch/iopath_cache/x.pkl",
+        "/home/other",
+        "/usr/bin/tini",
+        "/tmp/megdet-metrics",
+        "/etc/ld.so.preload",
+        "/",
+    ):
+        found = problems(mounts(path), everywhere)
+        assert list(found) == ["spec.extraVolumeMounts"], path
+        assert f'"{path}"' in found["spec.extraVolumeMounts"], path
+    # Without the output volume (outputMounts), mounted again, at a fine path.
+    again = {**SECURE, "extraVolumeMounts": [{"name": "output", "mountPath": "/mnt/o"}]}
+    assert "policy.outputMounts: false" in problems(again)["spec.extraVolumeMounts"]
+
+
+def test_the_reserved_mounts_hold_every_path_the_run_chart_mounts() -> None:
+    from megdet.controller.policy_reserved import RESERVED_MOUNTS
+    from megdet.controller.render import render_run
+
+    progress = {"url": "https://p.megdet-system.svc:8443", "caConfigMap": "ca", "runUID": "u"}
+    for target in ("pytorchjob", "trainjob"):
+        spec = {"gpus": 16, "gpusPerNode": 8, "target": target, "progress": progress}
+        rendered = render_run("r", "ns", spec)
+        paths = {
+            m["mountPath"]
+            for obj in rendered.objects
+            for c in _containers(obj)
+            for m in c.get("volumeMounts") or []
+        }
+        assert paths, target
+        assert paths <= set(RESERVED_MOUNTS), paths - set(RESERVED_MOUNTS)
+        # Nothing the chart mounts lies under the default mount folders.
+        assert not [p for p in paths for m in Policy().mountPrefixes if p.startswith(m)]
+
+
+def _containers(obj: Any) -> list[dict[str, Any]]:
+    """Every container (init ones too) anywhere in a rendered object."""
+    if isinstance(obj, dict):
+        found = [c for key in ("containers", "initContainers") for c in obj.get(key) or []]
+        return found + [c for v in obj.values() for c in _containers(v)]
+    if isinstance(obj, list):
+        return [c for v in obj for c in _containers(v)]
+    return []
+
+
+def test_env_names_by_pattern_with_the_reserved_ones_never_and_the_loaders_behind_loaderenv() -> (
+    None
+):
+    loader = Policy.from_values({"loaderEnv": True})
+    env = {**SECURE, "extraEnv": [{"name": "LD_PRELOAD"}, {"name": "PYTHONPATH"}, {"name": "HOME"}]}
+    assert problems(env, loader) == {}
+    for name in ("PATH", "FVCORE_CACHE", "TORCH_HOME", "NCCL_SOCKET_IFNAME", "RANK"):
+        found = problems({**SECURE, "extraEnv": [{"name": name}]}, loader)
+        assert f'env "{name}" are not allowed' in found["spec.extraEnv"], name
+    # A pattern the platform adds; reserved names stay refused whatever the patterns allow.
+    anything = Policy.from_values({"envNames": [".*"]})
+    assert problems({**SECURE, "extraEnv": [{"name": "my.var-1"}]}, anything) == {}
+    assert "spec.extraEnv" in problems({**SECURE, "extraEnv": [{"name": "PATH"}]}, anything)
+
+
+def test_label_and_annotation_prefixes_and_the_platforms_keys() -> None:
+    anything = Policy.from_values({"labelPrefixes": ["*"], "annotationPrefixes": ["*"]})
+    free = {"team": "vision", "example.com/x": "y"}
+    assert problems({**SECURE, "podLabels": free, "podAnnotations": free}, anything) == {}
+    platform = {"megdet.io/progress-endpoint": "active"}
+    found = problems({**SECURE, "podLabels": platform, "podAnnotations": platform}, anything)
+    assert set(found) == {"spec.podLabels", "spec.podAnnotations"}
+    # The annotations other values govern are not the prefixes' to refuse.
+    governed = {
+        "container.apparmor.security.beta.kubernetes.io/pytorch": "runtime/default",
+        "v1.multus-cni.io/default-network": "n",
+    }
+    assert list(problems({**SECURE, "podAnnotations": governed})) == ["spec.podAnnotations"]
+    assert (
+        problems(
+            {**SECURE, "podAnnotations": governed},
+            Policy.from_values({"multusDefaultNetwork": True}),
+        )
+        == {}
+    )
+
+
+def test_group_id_zero_is_the_podsecurity_knob_and_other_ids_are_free() -> None:
+    ids = {"runAsUser": 10001, "runAsGroup": 5, "fsGroup": 10001, "supplementalGroups": [1, 2]}
+    assert problems({**SECURE, "podSecurityContext": ids}) == {}
+    root_group = {**SECURE, "podSecurityContext": {**ids, "fsGroup": 0}}
+    assert problems(root_group) == {
+        "spec.podSecurityContext": "group id 0 (spec.podSecurityContext runAsGroup, fsGroup or "
+        "supplementalGroups: any id but 0) is not allowed by the cluster's MegDet policy "
+        "(policy.privileged.podSecurity: false)"
+    }
+    allowed = Policy.from_values({"privileged": {"podSecurity": True}})
+    assert problems(root_group, allowed) == {}
+    # The CRD's default podSecurityContext passes.
+    from megdet.controller.offline.validation import default_spec
+
+    assert problems(default_spec({"gpus": 8})) == {}
+
+
 def test_any_spec_gives_problems_not_exceptions() -> None:
     """A spec whose fields are mistyped is the schema's to refuse: every rule that cannot be
     evaluated on it is no policy problem, and nothing raises."""
@@ -340,8 +507,8 @@ def test_any_spec_gives_problems_not_exceptions() -> None:
         "x",
         {"image": "x", "extraVolumes": "y", "tolerations": [1, None]},
         {"image": {"repository": 5}, "serviceAccountName": ["a"], "gpuResource": {}},
-        {"extraEnv": [{"name": 1}], "extraVolumeMounts": [{"mountPath": 7}], "nodeSelector": [1]},
-        {"podSecurityContext": {"runAsUser": "0", "sysctls": 5}, "podAnnotations": {"k": 1}},
+        {"extraEnv": [{"name": 1}], "extraVolumeMounts": [{"mountPath": [7]}], "nodeSelector": [1]},
+        {"podSecurityContext": {"runAsUser": "0", "sysctls": 5}, "podAnnotations": [1]},
         {"network": {"multusNetworks": 3, "hostNetwork": "true"}, "nccl": {"ib": []}},
         {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": 1}}},
     ]
@@ -527,7 +694,10 @@ async def test_a_stricter_policy_applies_at_the_next_spec_change_and_suspend_goe
             cluster,
             RUNS,
             "old",
-            {"metadata": {"generation": 3}, "spec": {"podLabels": {"team": "vision"}}},
+            {
+                "metadata": {"generation": 3},
+                "spec": {"podLabels": {"user.megdet.io/team": "vision"}},
+            },
         )
 
         def denied() -> dict[str, Any] | None:
