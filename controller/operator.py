@@ -22,6 +22,7 @@ import kopf
 
 from megdet.controller.api import FINALIZER, GROUP, OWNED_KINDS, PLURAL, TARGET_BY_KIND, VERSION
 from megdet.controller.diffbase import ProgressAnnotations, StatusDiffBase
+from megdet.controller.lifecycle_watch import LifecycleWatch
 from megdet.controller.pod_problems import PART_OF
 from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
 
@@ -128,6 +129,8 @@ def build_registry(
         when=handlers.pod_matters,
         id="pods-started",
     )(handlers.pod_event)
+    # Where the run is (Admitted, PodsScheduled, Initialized, Training, Evaluating).
+    LifecycleWatch(handlers.writer).register(registry)
     if progress is not None:
         from megdet.controller import progress_ca
         from megdet.controller.progress_hub import register_forget

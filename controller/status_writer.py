@@ -35,6 +35,7 @@ from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.diffbase import StatusDiffBase
 from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, retryable, version_of
+from megdet.controller.lifecycle import stage_of
 from megdet.controller.status import JOB_PRESENT, events, progress_patch
 
 __all__ = ["RunLocks", "RunViews", "StatusWriter", "changed_fields", "now_text", "run_meta"]
@@ -340,6 +341,9 @@ class StatusWriter:
                 if handled is not None and not deleting:
                     new[HANDLED_FIELD] = handled
                 patch = changed_fields(old, new)
+                if patch and new.get("phase") is not None:  # the Stage column follows
+                    new["stage"] = stage_of(new)
+                    patch = changed_fields(old, new)
                 if not patch:
                     if handled is not None and old.get(HANDLED_FIELD) == handled:
                         # The run holds this base already (a write whose answer was lost):

@@ -27,6 +27,8 @@ import yaml
 
 from megdet.controller.api import DROPPED_VALUES, GROUP, KIND, PLURAL, SINGULAR, VERSION
 from megdet.controller.job_state import PHASES
+from megdet.controller.lifecycle import STAGES as LIFECYCLE_STAGES
+from megdet.controller.lifecycle import STARTUP_PARTS
 from megdet.controller.offline.cel_rules import (
     overrides_map,
     pod_metadata_rules,
@@ -192,6 +194,25 @@ def status_schema() -> dict[str, Any]:
             "startTime": _field("string", "When the job started running.", **time),
             "completionTime": _field("string", "When the job succeeded or failed.", **time),
             "restarts": _field("integer", "Times the job restarted its pods."),
+            "stage": _field(
+                "string",
+                "The step the run is at, from its phase and lifecycle conditions (Queued: "
+                "Kueue has not admitted it; Scheduling; Initializing: containers starting, the "
+                "world forming, model and data loading; Training; Evaluating).",
+                enum=list(LIFECYCLE_STAGES),
+            ),
+            "startup": _field(
+                "object",
+                "Seconds each part of the newest attempt's start took, where the pods' and the "
+                "trainer's own times give both ends.",
+                properties={
+                    "attempt": _field("integer", "The attempt (status.attempt) measured."),
+                    **{
+                        name: _field("integer", f"Seconds: {what}.")
+                        for name, what in STARTUP_PARTS.items()
+                    },
+                },
+            ),
             "progress": progress_schema(),
             "handledConfiguration": _field(
                 "string",
@@ -264,6 +285,7 @@ def _printer_columns() -> list[dict[str, Any]]:
         {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent"},
         {"name": "ETA", "type": "string", "jsonPath": ".status.progress.etaTime"},
         {"name": "AP", "type": "number", "jsonPath": ".status.progress.ap"},
+        {"name": "Stage", "type": "string", "jsonPath": ".status.stage"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         # kubectl get -o wide.
         {

@@ -169,12 +169,16 @@ def test_a_write_over_a_fresh_view_reads_nothing_and_carries_the_version() -> No
     watch = reads("watch")
     old, new = writer.write(run(5), lambda cur: {**cur["status"], "restarts": 1}, 0)
     assert cluster.calls == [("patch", "5")]
-    assert old == {"phase": "Pending"} and new == {"phase": "Pending", "restarts": 1}
+    # stage: the Stage column's step, which every write keeps (controller/lifecycle.py)
+    assert old == {"phase": "Pending"}
+    assert new == {"phase": "Pending", "restarts": 1, "stage": "Pending"}
     assert reads("watch") == watch + 1
     # The next write reads this write's answer (the watch has not delivered it yet).
     writer.write(run(5), lambda cur: {**cur["status"], "jobName": "r"}, 0)
     assert cluster.calls[-1] == ("patch", "6")
-    assert cluster.stored["status"] == {"phase": "Pending", "restarts": 1, "jobName": "r"}
+    assert cluster.stored["status"] == {
+        "phase": "Pending", "restarts": 1, "jobName": "r", "stage": "Pending",
+    }  # fmt: skip
 
 
 def test_a_stale_view_costs_a_conflict_and_a_read_never_a_lost_update() -> None:
@@ -186,7 +190,9 @@ def test_a_stale_view_costs_a_conflict_and_a_read_never_a_lost_update() -> None:
     old, _new = writer.write(run(5), lambda cur: {**cur["status"], "restarts": 1}, 0)
     assert cluster.calls == [("patch", "5"), ("get", None), ("patch", None)]
     assert old == {"phase": "Pending", "note": "kept"}  # the events derive from the read
-    assert cluster.stored["status"] == {"phase": "Pending", "note": "kept", "restarts": 1}
+    assert cluster.stored["status"] == {
+        "phase": "Pending", "note": "kept", "restarts": 1, "stage": "Pending",
+    }  # fmt: skip
     assert (reads("stale"), reads("server")) == (stale + 1, server + 1)
 
 

@@ -96,6 +96,7 @@ def test_crd_names_and_version(crd, version):
         "Progress": ".status.progress.percent",
         "ETA": ".status.progress.etaTime",
         "AP": ".status.progress.ap",
+        "Stage": ".status.stage",  # controller/lifecycle.py: Queued, Scheduling, Training, ...
         "Age": ".metadata.creationTimestamp",
         "Iteration": ".status.progress.iteration",
         "Images/s": ".status.progress.imagesPerSecond",
@@ -306,13 +307,14 @@ def test_status_declares_the_controller_fields(root):
         "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
         "lr", "maxIter", "steps", "warmupIters", "jobName", "jobUID", "target", "startTime",
         "completionTime", "restarts", "progress", "handledConfiguration", "gpus", "attempt",
-        "segments", "resize",
+        "segments", "resize", "stage", "startup",
     }  # fmt: skip
     progress = status["progress"]["properties"]
     assert set(progress) == {
         "iteration", "maxIter", "percent", "imagesSeen", "plannedImages", "imagesPerSecond",
         "etaSeconds", "etaTime", "ap", "ap50", "evalIteration", "checkpointIteration",
-        "checkpointTime", "updatedTime",
+        "checkpointTime", "updatedTime", "stage", "stageTime", "worldTime", "loadedTime",
+        "firstIterationTime",
     }  # fmt: skip
     assert status["phase"]["enum"] == [
         "Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid",
