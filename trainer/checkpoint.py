@@ -12,7 +12,9 @@ read with ``torch.load(weights_only=True)`` (detectron2's seam for PyTorch files
 other objects stops the run (:class:`UnsafeCheckpointError`, exit 2) instead of being skipped:
 it is not a file this trainer wrote. Only weights loaded with ``trusted=True``
 (``MEGDET.ALLOW_UNSAFE_WEIGHTS`` or :data:`~megdet.trainer.config.TRUSTED_WEIGHTS`) go
-through detectron2's own loaders (pickle for ``.pkl``, full unpickling for PyTorch files).
+through detectron2's own loaders (pickle for ``.pkl``, full unpickling for PyTorch files); a
+trusted name's local file (iopath's download or cache) only if its SHA-256 is the one pinned
+in ``trainer/weights_pin.py``, checked before anything is unpickled.
 The checkpoints the trainer writes hold tensors, ints, floats, strings, None, lists and dicts
 (model and optimizer state, ``iteration``, the LR scheduler's ``base_lrs``/``last_epoch``,
 the AMP scaler's numbers), all loadable weights-only without any allow-listed class.
@@ -33,6 +35,7 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
 from megdet.trainer.config import ALLOWED_WEIGHTS, ConfigError, is_url, unsafe_weights_reason
+from megdet.trainer.weights_pin import PINNED_WEIGHTS, pin_problem
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +117,8 @@ class AtomicCheckpointer(DetectionCheckpointer):
         # whether the file may be loaded with detectron2's own (unsafe) loaders.
         self._weights_key = ""
         self._trusted = False
+        # The trusted name (trainer/weights_pin.py) being loaded: its file's hash is checked.
+        self._pinned = ""
         #: The run's state for the checkpoint of an iteration (megdet.trainer.elastic.RunState).
         self.run_state: Callable[[int], dict[str, Any]] | None = None
         # A checkpoint already read (path, data): load() takes it instead of reading it again.
@@ -208,10 +213,11 @@ class AtomicCheckpointer(DetectionCheckpointer):
         files are refused and PyTorch files are read weights-only (UnsafeCheckpointError).
         """
         self._weights_key, self._trusted = key, trusted
+        self._pinned = path if path in PINNED_WEIGHTS else ""
         try:
             return self.load(path, checkpointables=[])
         finally:
-            self._weights_key, self._trusted = "", False
+            self._weights_key, self._trusted, self._pinned = "", False, ""
 
     # --- detectron2's loading seams -------------------------------------------------------
 
@@ -234,6 +240,12 @@ class AtomicCheckpointer(DetectionCheckpointer):
     def _load_file(self, filename: str) -> dict[str, Any]:
         if self._preloaded is not None and self._preloaded[0] == filename:
             return self._preloaded[1]
+        # The local file iopath resolved a trusted name to, before any loader reads it.
+        if self._pinned:
+            problem = pin_problem(self._pinned, filename)
+            if problem:
+                key = self._weights_key or "checkpoint"
+                raise UnsafeCheckpointError(f"{key}: {self._pinned!r} is refused: {problem}")
         # DetectionCheckpointer._load_file unpickles .pkl files and torch.loads .pyth files
         # itself; everything else reaches _torch_load.
         if not self._trusted:

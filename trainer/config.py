@@ -16,6 +16,7 @@ import yaml
 from detectron2.config import CfgNode, get_cfg
 
 from megdet.plan import Plan, Resize, RunSpec, Scaling, Schedule, SpecError, plan_continuation
+from megdet.trainer.weights_pin import PINNED_WEIGHTS
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -307,9 +308,10 @@ def _check_files(path: Path, granted: bool, seen: tuple[str, ...] = ()) -> None:
 
 #: MODEL.WEIGHTS values loaded without MEGDET.ALLOW_UNSAFE_WEIGHTS although they are URLs of
 #: pickle files: the ImageNet weights the shipped configs start from (megdet_R50_FPN_1x.yaml),
-#: from detectron2's model zoo (https://dl.fbaipublicfiles.com/detectron2/). Trusted like the
-#: packages the image installs; any other URL or pickle needs the key.
-TRUSTED_WEIGHTS = frozenset({"detectron2://ImageNetPretrained/MSRA/R-50.pkl"})
+#: from detectron2's model zoo (https://dl.fbaipublicfiles.com/detectron2/), each only if its
+#: downloaded file has the SHA-256 pinned in trainer/weights_pin.py (checked before it is
+#: unpickled); any other URL or pickle needs the key.
+TRUSTED_WEIGHTS = frozenset(PINNED_WEIGHTS)
 
 #: File endings detectron2's DetectionCheckpointer._load_file reads with pickle (.pkl), or with
 #: a torch.load we cannot make weights-only (.pyth); .pickle is pickle by name.
