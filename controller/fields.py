@@ -227,17 +227,17 @@ TABLE: tuple[Fields, ...] = (
         ("spec.podAnnotations.*",),
         GRANTED,
         "pod annotations, keys under the allowed prefixes only (mesh, CNI and runtime "
-        "annotations change the pod), never Multus' default network; an AppArmor or seccomp "
-        "profile that does not confine needs the grant",
+        "annotations change the pods), never Multus' default network; a confining AppArmor or "
+        "seccomp profile is free, one that does not confine needs the grant",
         ("annotationPrefixes", "multusDefaultNetwork"),
         ("podSecurity",),
     ),
     Fields(
         ("spec.podSecurityContext.*",),
         GRANTED,
-        "any Kubernetes PodSecurityContext with no group 0 (runAsGroup, fsGroup, "
-        "supplementalGroups); root, Unconfined profiles, seLinuxOptions and sysctls need the "
-        "grant; the rest is what the restricted Pod Security Standard allows",
+        "any Kubernetes PodSecurityContext: root, group id 0 (runAsGroup, fsGroup, "
+        "supplementalGroups), Unconfined profiles, seLinuxOptions and sysctls need the grant; "
+        "the rest is what the restricted Pod Security Standard allows",
         ("groupIds",),
         ("podSecurity",),
     ),
@@ -272,8 +272,9 @@ TABLE: tuple[Fields, ...] = (
     Fields(
         ("spec.extraVolumeMounts[].*",),
         GRANTED,
-        "any Kubernetes VolumeMount strictly under the allowed prefixes (normalized), never "
-        "the output volume again; a mount anywhere else needs the grant",
+        "any Kubernetes VolumeMount at a normalized path strictly under the allowed prefixes, "
+        "never at, above, under or beside a path the image or the chart uses, never the output "
+        "volume again; a mount anywhere else needs the grant",
         ("mountPaths", "outputMounts"),
         ("anyMountPath",),
     ),
@@ -309,21 +310,31 @@ def by_path(table: tuple[Fields, ...] = TABLE) -> dict[str, Fields]:
     return out
 
 
-def leaves(schema: Mapping[str, Any], path: str = "spec") -> Iterator[str]:
-    """Every leaf of a structural schema (see the module doc for the path syntax)."""
+def _walk(schema: Mapping[str, Any], path: str) -> Iterator[tuple[str, bool]]:
+    """(leaf, whether it stands for an object's unknown fields) for a structural schema."""
     properties = schema.get("properties") or {}
     for name, child in properties.items():
-        yield from leaves(child, f"{path}.{name}")
+        yield from _walk(child, f"{path}.{name}")
     if schema.get("x-kubernetes-preserve-unknown-fields"):
-        yield path + ANY
+        yield path + ANY, True
     elif properties:
         return
     elif isinstance(schema.get("items"), Mapping):
-        yield from leaves(schema["items"], path + "[]")
+        yield from _walk(schema["items"], path + "[]")
     elif isinstance(schema.get("additionalProperties"), Mapping):
-        yield from leaves(schema["additionalProperties"], path + ANY)
+        yield from _walk(schema["additionalProperties"], path + ANY)
     else:
-        yield path
+        yield path, False
+
+
+def leaves(schema: Mapping[str, Any]) -> list[str]:
+    """Every leaf of the spec schema (see the module doc for the path syntax)."""
+    return [leaf for leaf, _ in _walk(schema, "spec")]
+
+
+def unknown_fields(schema: Mapping[str, Any]) -> list[str]:
+    """The leaves that stand for every key below an object that keeps unknown fields."""
+    return [leaf for leaf, unknown in _walk(schema, "spec") if unknown]
 
 
 def crd_spec_schema(crd: Mapping[str, Any] | None = None) -> Mapping[str, Any]:

@@ -14,12 +14,6 @@ from megdet.controller import fields, policy
 
 ROOT = Path(__file__).resolve().parents[3]
 
-#: Rules and a knob the table names that controller/policy.py does not have yet (the mount,
-#: env, label, annotation and group rules in flight): their test below is an expected failure
-#: until they exist, and fails (strict) the moment they do, to have this list removed.
-PENDING_RULES = {"mountPaths", "envNames", "labelPrefixes", "annotationPrefixes", "groupIds"}
-PENDING_KNOBS = {"anyMountPath"}
-
 
 @pytest.fixture(scope="module")
 def schema():
@@ -73,6 +67,15 @@ def test_the_walk_sees_free_form_objects_and_maps(schema) -> None:
         assert leaf in found, leaf
 
 
+def test_what_a_run_can_put_in_a_free_form_object_is_bounded_by_a_rule(schema) -> None:
+    """A key Kubernetes adds to a Volume, an EnvVar or a PodSecurityContext later needs no new
+    entry: the object's entry covers it, so that entry must name the rules that bound it."""
+    open_objects = fields.unknown_fields(schema)
+    assert "spec.extraVolumes[].*" in open_objects and "spec.nodeSelector.*" not in open_objects
+    table = fields.by_path()
+    assert [p for p in open_objects if not table[p].rules] == []
+
+
 def _rule_names() -> set[str]:
     return {r.name for r in policy.RULES if not r.name.startswith("privileged.")}
 
@@ -81,22 +84,17 @@ def _knobs() -> set[str]:
     return {use.knob for use in policy.KNOB_USES}
 
 
+def _unknown_names(table: tuple[fields.Fields, ...]) -> set[str]:
+    rules = {r for e in table for r in e.rules} - _rule_names()
+    knobs = {k for e in table for k in e.knobs} - _knobs()
+    return rules | {f"privileged.{k}" for k in knobs}
+
+
 def test_every_rule_and_knob_the_table_names_exists() -> None:
-    named_rules = {r for e in fields.TABLE for r in e.rules} - PENDING_RULES
-    named_knobs = {k for e in fields.TABLE for k in e.knobs} - PENDING_KNOBS
-    assert named_rules - _rule_names() == set()
-    assert named_knobs - _knobs() == set()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the mountPaths, envNames, labelPrefixes, annotationPrefixes and groupIds rules and "
-    "the anyMountPath knob are not in controller/policy.py yet; once they are, remove this "
-    "marker and PENDING_RULES/PENDING_KNOBS",
-)
-def test_the_pending_rules_and_knob_exist() -> None:
-    assert _rule_names() >= PENDING_RULES
-    assert _knobs() >= PENDING_KNOBS
+    assert _unknown_names(fields.TABLE) == set()
+    # A name the policy does not have (mistyped, or a rule renamed) is reported.
+    wrong = fields.Fields(("spec.x",), fields.GRANTED, "x", ("mountPath",), ("anyPath",))
+    assert _unknown_names((*fields.TABLE, wrong)) == {"mountPath", "privileged.anyPath"}
 
 
 def test_every_rule_and_knob_of_the_policy_bounds_a_field_it_names() -> None:
