@@ -1,13 +1,16 @@
 """The handlers that keep a run's lifecycle conditions (:mod:`megdet.controller.lifecycle`).
 
-Two sources change them: the pods of the run's job (the scheduler's and the kubelet's
-writes) and the run's own status (the trainer's reports in ``status.progress``, the phase
-the job mirror writes). A kopf index, ``megdet_pods``, keeps every trainer pod's
-:func:`~megdet.controller.lifecycle.pod_summary` by run from the pods' watch (the API server
-selects the run chart's label); an event of a pod or of a run computes the run's lifecycle
-from the run's view and that index, under the run's lock (:class:`StatusWriter`), and
-writes only what differs: nothing at all when nothing does, so the run's own event after a
-write ends there. Level-triggered: a missed event is made good by the next one.
+Three sources change them: the pods of the run's job (the scheduler's and the kubelet's
+writes), Kueue's Workload of the job, and the run's own status (the trainer's reports in
+``status.progress``, the phase the job mirror writes). A kopf index, ``megdet_pods``, keeps
+every trainer pod's :func:`~megdet.controller.lifecycle.pod_summary` by run from the pods'
+watch (the API server selects the run chart's label); another, ``megdet_workloads``, the
+Workloads of jobs by (namespace, job), where Kueue is installed (kopf serves the resources it
+finds at start: without Kueue no job waits for admission). An event of a pod, a Workload or a
+run computes the run's lifecycle from the run's view and those indexes, under the run's lock
+(:class:`StatusWriter`), and writes only what differs: nothing at all when nothing does. A
+run's event is filtered in kopf's loop first (most are the controller's own writes, which
+change nothing more). Level-triggered: a missed event is made good by the next one.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ from megdet.controller.lifecycle import lifecycle_status, pod_summary
 from megdet.controller.pod_problems import PART_OF, run_of_pod
 from megdet.controller.status_writer import StatusWriter
 
-__all__ = ["PODS_INDEX", "LifecycleWatch"]
+__all__ = ["KUEUE", "PODS_INDEX", "WORKLOADS_INDEX", "LifecycleWatch"]
 
 #: The kopf index of the trainer pods' summaries by (namespace, run).
 PODS_INDEX = "megdet_pods"
+#: The kopf index of Kueue's Workloads by (namespace, the job that owns it).
+WORKLOADS_INDEX = "megdet_workloads"
+#: Kueue's Workloads (kopf takes the version the API server prefers).
+KUEUE = ("kueue.x-k8s.io", "workloads")
+#: The job kinds whose Workloads count (a MegDetRun's jobs).
+JOB_KINDS = ("PyTorchJob", "TrainJob")
 
 
 class LifecycleWatch:
@@ -37,9 +46,12 @@ class LifecycleWatch:
     def register(self, registry: kopf.OperatorRegistry) -> None:
         labels = {PART_OF[0]: PART_OF[1]}
         kopf.index("v1", "pods", registry=registry, labels=labels, id=PODS_INDEX)(self.index_pod)
-        kopf.on.event("v1", "pods", registry=registry, labels=labels, id="pods-lifecycle")(
-            self.pod_event
-        )
+        kopf.on.event(
+            "v1", "pods", registry=registry, labels=labels, when=self.pod_would_change,
+            id="pods-lifecycle",
+        )(self.pod_event)  # fmt: skip
+        kopf.index(*KUEUE, registry=registry, id=WORKLOADS_INDEX)(self.index_workload)
+        kopf.on.event(*KUEUE, registry=registry, id="workloads-lifecycle")(self.workload_event)
         kopf.on.event(
             GROUP, VERSION, PLURAL, registry=registry, when=self.would_change, id="run-lifecycle"
         )(self.run_event)
@@ -49,37 +61,67 @@ class LifecycleWatch:
         key = run_of_pod(body)
         return {} if key is None else {key: pod_summary(body)}
 
-    def would_change(self, body: kopf.Body, **kw: Any) -> bool:
-        """Whether the run's event, as delivered, changes its lifecycle (in kopf's loop, pure):
-        most run events are the controller's own writes, which change nothing more."""
-        status = body.get("status") or {}
-        if not status.get("jobUID") or (body.get("metadata") or {}).get("deletionTimestamp"):
-            return False
+    @staticmethod
+    async def index_workload(body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+        owner = _job_owner(body)
+        if owner is None:
+            return {}
         meta = body.get("metadata") or {}
-        pods = _pods(kw.get(PODS_INDEX), meta.get("namespace"), meta.get("name"))
-        if pods is None:
-            return True  # the index changed while read: let the handler look
-        new = lifecycle_status(body, pods, None, self.writer.now())
+        summary = {
+            "metadata": {
+                "creationTimestamp": meta.get("creationTimestamp"),
+                "ownerReferences": [dict(owner)],
+            },
+            "status": {"conditions": list((body.get("status") or {}).get("conditions") or [])},
+        }
+        return {(meta.get("namespace"), owner["name"]): summary}
+
+    def would_change(self, body: kopf.Body, **kw: Any) -> bool:
+        """Whether the run's event, as delivered, changes its lifecycle (in kopf's loop)."""
+        status = body.get("status") or {}
+        meta = body.get("metadata") or {}
+        if not status.get("jobUID") or meta.get("deletionTimestamp"):
+            return False
+        signals = _signals(kw, meta.get("namespace"), meta.get("name"), status)
+        if signals is None:
+            return True  # an index changed while read: let the handler look
+        new = lifecycle_status(body, *signals, self.writer.now())
         return any(new.get(key) != status.get(key) for key in ("conditions", "startup"))
+
+    def pod_would_change(self, body: kopf.Body, **kw: Any) -> bool:
+        """Whether a pod's event changes its run's lifecycle, judged on the run as this process
+        last knew it (:class:`~megdet.controller.status_writer.RunViews`; no view: look)."""
+        key = run_of_pod(body)
+        if key is None:
+            return False
+        view = self.writer.views.lookup(*key, None)
+        return view is None or self.would_change(view, **kw)
 
     def pod_event(self, body: kopf.Body, retry: int, **kw: Any) -> None:
         key = run_of_pod(body)
         if key is not None:
-            self._write(*key, None, retry, kw.get(PODS_INDEX))
+            self._write(*key, None, retry, kw)
+
+    def workload_event(self, body: kopf.Body, retry: int, **kw: Any) -> None:
+        owner = _job_owner(body)
+        if owner is not None:  # the chart names the job after its run (release name)
+            self._write((body.get("metadata") or {}).get("namespace"), owner["name"], None,
+                        retry, kw)  # fmt: skip
 
     def run_event(self, body: kopf.Body, type: str | None, retry: int, **kw: Any) -> None:
-        if type == "DELETED":
-            return
-        meta = body.get("metadata") or {}
-        self._write(meta.get("namespace"), meta.get("name"), meta.get("uid"), retry,
-                    kw.get(PODS_INDEX))  # fmt: skip
+        if type != "DELETED":
+            meta = body.get("metadata") or {}
+            self._write(meta.get("namespace"), meta.get("name"), meta.get("uid"), retry, kw)
 
-    def _write(self, namespace: str, name: str, uid: str | None, retry: int, index: Any) -> None:
+    def _write(
+        self, namespace: str, name: str, uid: str | None, retry: int, kw: Mapping[str, Any]
+    ) -> None:
         def compute(run: Mapping[str, Any]) -> dict[str, Any]:
-            pods = _pods(index, namespace, name)
-            if pods is None:  # changed while read (kopf's loop writes it): the next event
-                return dict(run.get("status") or {})
-            return lifecycle_status(run, pods, None, self.writer.now())
+            status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
+            signals = _signals(kw, namespace, name, status)
+            if signals is None:  # an index changed while read (kopf's loop): the next event
+                return dict(status)
+            return lifecycle_status(run, *signals, self.writer.now())
 
         ref = {
             "apiVersion": f"{GROUP}/{VERSION}",
@@ -89,10 +131,25 @@ class LifecycleWatch:
         self.writer.write(ref, compute, retry)
 
 
-def _pods(index: Any, namespace: str, name: str) -> list[Any] | None:
-    """The run's pod summaries in kopf's index ([] without the index; None if it changed
-    while read)."""
+def _job_owner(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The Workload's controller owner reference when it is a job of a MegDetRun's kinds."""
+    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller") and ref.get("kind") in JOB_KINDS:
+            return ref if isinstance(ref.get("name"), str) else None
+    return None
+
+
+def _signals(
+    kw: Mapping[str, Any], namespace: str, name: str, status: Mapping[str, Any]
+) -> tuple[list[Any], Mapping[str, Any] | None] | None:
+    """The run's pod summaries and its job's Workload (``status.jobName``, owned by the job
+    of uid ``status.jobUID``) from kopf's indexes; None if one changed while read."""
+    pods_index, workloads = kw.get(PODS_INDEX), kw.get(WORKLOADS_INDEX)
+    job, uid = status.get("jobName"), status.get("jobUID")
     try:
-        return list(index.get((namespace, name)) or []) if index is not None else []
+        pods = list(pods_index.get((namespace, name)) or []) if pods_index is not None else []
+        found = list(workloads.get((namespace, job)) or []) if workloads is not None else []
     except RuntimeError:
         return None
+    mine = [w for w in found if w["metadata"]["ownerReferences"][0].get("uid") == uid]
+    return pods, (mine[-1] if mine and uid else None)

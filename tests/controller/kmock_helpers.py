@@ -40,6 +40,7 @@ PYTORCHJOBS = "kubeflow.org/v1/pytorchjobs"
 TRAINJOBS = "trainer.kubeflow.org/v1alpha1/trainjobs"
 RUNTIMES = "trainer.kubeflow.org/v1alpha1/trainingruntimes"
 NETWORKPOLICIES = "networking.k8s.io/v1/networkpolicies"
+WORKLOADS = "kueue.x-k8s.io/v1beta2/workloads"
 PEERINGS = "kopf.dev/v1/clusterkopfpeerings"
 NS_PEERINGS = "kopf.dev/v1/kopfpeerings"  # an operator serving some namespaces peers in each
 PEERING_NAME = "megdet-test"
@@ -61,6 +62,7 @@ RESOURCES: dict[str, dict[str, Any]] = {
     TRAINJOBS: {"kind": "TrainJob", "namespaced": True, "subresources": ["status"]},
     RUNTIMES: {"kind": "TrainingRuntime", "namespaced": True},
     NETWORKPOLICIES: {"kind": "NetworkPolicy", "namespaced": True},
+    WORKLOADS: {"kind": "Workload", "namespaced": True},
     # The progress endpoint (OperatorThread(progress=...)): the CA ConfigMaps, the shared CA
     # Secret, the pods a report's token is bound to (and the active replica's own pod).
     "v1/configmaps": {"kind": "ConfigMap", "namespaced": True},

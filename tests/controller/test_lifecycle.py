@@ -1,6 +1,8 @@
 """The lifecycle conditions (controller/lifecycle.py) from objects in the shapes the API server
-writes them: a PyTorchJob's pods as the scheduler and the kubelet (k8s.io/kubernetes v1.36)
-leave them while they are unschedulable, starting and running; a JobSet pod of a TrainJob;
+writes them (Kueue's message in its own format: kueue v0.19.0
+pkg/scheduler/flavorassigner/flavorassigner.go, "couldn't assign flavors to pod set" and
+"insufficient quota for ..."): a PyTorchJob's pods as the scheduler and the kubelet
+(k8s.io/kubernetes v1.36) leave them while they are unschedulable, starting and running; a JobSet pod of a TrainJob;
 Kueue v0.19's Workload while it waits for quota and once admitted; the trainer's reports in
 status.progress (megdet.progress.to_status of its metrics)."""
 
@@ -298,7 +300,8 @@ PENDING_WORKLOAD = {
                 "status": "False",
                 "reason": "Pending",
                 "message": "couldn't assign flavors to pod set node: insufficient quota for "
-                "nvidia.com/gpu in flavor default-flavor, request > maximum capacity (2 > 1)",
+                "nvidia.com/gpu in flavor default-flavor, previously considered podsets requests "
+                "(0) + current podset request (2) > maximum capacity (1)",
                 "lastTransitionTime": "2026-12-06T08:58:01Z",
                 "observedGeneration": 1,
             }

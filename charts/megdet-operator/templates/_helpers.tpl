@@ -124,6 +124,11 @@ checks them against every API call it makes against kmock). No secrets, no wildc
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# Kueue's Workloads of the runs' jobs, watched, never written: a run waiting for admission says
+# Kueue's reason (condition Admitted, stage Queued). Without Kueue nothing is watched.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch"]
 {{- if .Values.controller.progressEnabled }}
 # Progress reporting (controller/progress.py): the endpoint's CA published in each namespace
 # with runs as the ConfigMap megdet-progress-ca. Watching and updating are limited to that name;
