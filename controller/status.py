@@ -26,6 +26,7 @@ from megdet.controller.job_state import (
     job_state,
     trainjob_progress,
 )
+from megdet.controller.lifecycle import CONDITIONS as LIFECYCLE_CONDITIONS
 from megdet.controller.pod_problems import CONDITION as PODS_STARTED
 from megdet.fabric_report import CONDITION as FABRIC_DEGRADED
 
@@ -63,7 +64,6 @@ __all__ = [
     "finished",
     "had_job",
     "next_status",
-    "progress_patch",
     "refused_at",
     "set_condition",
 ]
@@ -99,7 +99,8 @@ POD_STARTED = "Started"
 #: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
 #: (the controller created, or found, its job), one per mirrored phase, JobPresent (only
 #: once the job has gone), FabricDegraded (from the trainer's reports:
-#: controller/fabric_condition.py) and Resizing (controller/resize.py).
+#: controller/fabric_condition.py), Resizing (controller/resize.py) and the lifecycle's
+#: (controller/lifecycle.py).
 CONDITION_TYPES = (
     "Valid",
     "Created",
@@ -110,6 +111,7 @@ CONDITION_TYPES = (
     PODS_STARTED,
     FABRIC_DEGRADED,
     "Resizing",
+    *LIFECYCLE_CONDITIONS,
 )
 
 
@@ -232,15 +234,6 @@ def conflict_message(kind: str, name: str) -> str:
         f"{kind} {name} already exists and is not owned by this MegDetRun; "
         "the controller never overwrites it: delete or rename that object"
     )
-
-
-def progress_patch(old: Any, new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The merge patch of ``status.progress`` that turns ``old`` into ``new`` (a field ``new``
-    lacks is set to null, which removes it); None when they are equal: nothing to write."""
-    before = old if isinstance(old, Mapping) else {}
-    if dict(before) == dict(new) and (isinstance(old, Mapping) or not new):
-        return None
-    return {**{key: None for key in before if key not in new}, **new}
 
 
 # ------------------------------------------------------------------------------------------

@@ -36,9 +36,17 @@ from megdet.controller.diffbase import StatusDiffBase
 from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, retryable, version_of
 from megdet.controller.lifecycle import stage_of
-from megdet.controller.status import JOB_PRESENT, events, progress_patch
+from megdet.controller.status import JOB_PRESENT, events
 
-__all__ = ["RunLocks", "RunViews", "StatusWriter", "changed_fields", "now_text", "run_meta"]
+__all__ = [
+    "RunLocks",
+    "RunViews",
+    "StatusWriter",
+    "changed_fields",
+    "now_text",
+    "progress_patch",
+    "run_meta",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +74,15 @@ def run_meta(body: Mapping[str, Any]) -> tuple[str, str, str | None, Any]:
     """(namespace, name, uid, generation) of an object."""
     meta = body.get("metadata") or {}
     return meta.get("namespace"), meta.get("name"), meta.get("uid"), meta.get("generation")
+
+
+def progress_patch(old: Any, new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The merge patch of ``status.progress`` that turns ``old`` into ``new`` (a field ``new``
+    lacks is set to null, which removes it); None when they are equal: nothing to write."""
+    before = old if isinstance(old, Mapping) else {}
+    if dict(before) == dict(new) and (isinstance(old, Mapping) or not new):
+        return None
+    return {**{key: None for key in before if key not in new}, **new}
 
 
 def changed_fields(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from kmock_helpers import (
 )
 
 from megdet.controller.job_state import trainjob_progress
-from megdet.controller.status import progress_patch
+from megdet.controller.status_writer import progress_patch
 from megdet.progress import Progress, to_request, to_status
 
 T0 = "2026-12-01T10:00:00Z"
