@@ -1,10 +1,9 @@
 """The lifecycle conditions (controller/lifecycle.py) from objects in the shapes the API server
-writes them (Kueue's message in its own format: kueue v0.19.0
-pkg/scheduler/flavorassigner/flavorassigner.go, "couldn't assign flavors to pod set" and
-"insufficient quota for ..."): a PyTorchJob's pods as the scheduler and the kubelet
-(k8s.io/kubernetes v1.36) leave them while they are unschedulable, starting and running; a JobSet pod of a TrainJob;
-Kueue v0.19's Workload while it waits for quota and once admitted; the trainer's reports in
-status.progress (megdet.progress.to_status of its metrics)."""
+writes them: a PyTorchJob's pods as the scheduler and the kubelet (k8s.io/kubernetes v1.36)
+leave them while they are unschedulable, starting and running; a JobSet pod of a TrainJob;
+Kueue v0.19's Workload while it waits for quota (its message in Kueue's own format: kueue
+v0.19.0 pkg/scheduler/flavorassigner/flavorassigner.go) and once admitted; the trainer's
+reports in status.progress (megdet.progress.to_status of its metrics)."""
 
 from __future__ import annotations
 
@@ -164,6 +163,11 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     assert stage_of(status) == "Initializing"
     assert status["startup"] == {"attempt": 1, "schedulingSeconds": 3}
 
+    def step(status: dict, progress: dict) -> dict:
+        """The lifecycle after the trainer's report ``progress``, the pods as they are."""
+        before = {**run(), "status": {**status, "progress": progress}}
+        return lifecycle_status(before, summaries(master, worker), None, NOW)
+
     # Containers run; no report yet: the world is forming.
     master["status"]["containerStatuses"] = running("2026-12-06T08:59:10Z")
     worker["status"]["containerStatuses"] = running("2026-12-06T08:59:11Z")
@@ -192,9 +196,7 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
         "iteration": 0,
         "maxIter": 30,
     }
-    status = lifecycle_status(
-        {**run(), "status": {**status, "progress": progress}}, summaries(master, worker), None, NOW
-    )
+    status = step(status, progress)
     cond = conditions(status)["Initialized"]
     assert (cond["status"], cond["reason"]) == ("False", "LoadingDataAndModel")
     assert status["startup"]["rendezvousSeconds"] == 9
@@ -205,9 +207,7 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
         "loadedTime": "2026-12-06T08:59:27Z",
         "firstIterationTime": "2026-12-06T08:59:31Z",
     }
-    status = lifecycle_status(
-        {**run(), "status": {**status, "progress": progress}}, summaries(master, worker), None, NOW
-    )
+    status = step(status, progress)
     conds = conditions(status)
     assert (conds["Initialized"]["status"], conds["Initialized"]["reason"]) == ("True", "Loaded")
     assert conds["Initialized"]["lastTransitionTime"] == "2026-12-06T08:59:27Z"
@@ -227,9 +227,7 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     }
 
     progress |= {"stage": "evaluating", "stageTime": "2026-12-06T08:59:50Z", "iteration": 15}
-    status = lifecycle_status(
-        {**run(), "status": {**status, "progress": progress}}, summaries(master, worker), None, NOW
-    )
+    status = step(status, progress)
     assert conditions(status)["Evaluating"]["status"] == "True"
     assert conditions(status)["Evaluating"]["message"] == "evaluating at iteration 15"
     assert stage_of(status) == "Evaluating"
@@ -240,9 +238,7 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
         "evalIteration": 15,
         "ap": 1.5,
     }
-    status = lifecycle_status(
-        {**run(), "status": {**status, "progress": progress}}, summaries(master, worker), None, NOW
-    )
+    status = step(status, progress)
     cond = conditions(status)["Evaluating"]
     assert (cond["status"], cond["reason"], cond["message"]) == (
         "False",

@@ -68,9 +68,11 @@ def run_spec(**extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def queue(kube, ns):
+def queue(kube, ns, controller):
     """Kueue with a ClusterQueue that has no GPUs yet, and a LocalQueue in the namespace."""
-    kube.start_kueue()
+    if kube.start_kueue():
+        # kopf lists the kinds to watch once: the controller watches Workloads from now on.
+        controller.restart()
     apply_objects(
         kube,
         {
@@ -155,6 +157,20 @@ def test_a_queued_run_waits_suspended_until_kueue_admits_it_then_runs_through_jo
     assert get_json(kube, "trainjob", QUEUED, "-n", ns)["spec"]["suspend"] is True
     assert run_phase(kube, ns, QUEUED) == "Suspended"
     assert not pods_of(kube, ns, f"{JOBSET_LABEL}={QUEUED}")
+    # The run says why, in Kueue's words (controller/lifecycle.py): Admitted=False with the
+    # Workload's QuotaReserved reason and message, and the Stage column says Queued.
+    reserved = condition(workload_of(kube, ns, QUEUED), "QuotaReserved")
+    admitted = eventually(
+        lambda: (c := condition(get_json(kube, "mdr", QUEUED, "-n", ns), "Admitted"))
+        and c["message"] == reserved["message"]
+        and c,
+        timeout=30,
+        message="the run's Admitted condition with Kueue's message",
+    )
+    assert (admitted["status"], admitted["reason"]) == ("False", reserved["reason"])
+    assert admitted["lastTransitionTime"] == reserved["lastTransitionTime"]
+    header, row = kube.kubectl("get", "mdr", QUEUED, "-n", ns).stdout.splitlines()[:2]
+    assert row[header.index("STAGE") :].split()[0] == "Queued"  # columns are aligned
 
     # The ClusterQueue gets 16 GPUs: Kueue admits the Workload and resumes the TrainJob, with
     # its flavor's node labels as a runtime patch; Trainer resumes the JobSet; the pods run ...
@@ -165,6 +181,13 @@ def test_a_queued_run_waits_suspended_until_kueue_admits_it_then_runs_through_jo
         timeout=60,
         message="Workload admitted",
     )
+    eventually(
+        lambda: condition(get_json(kube, "mdr", QUEUED, "-n", ns), "Admitted")["status"] == "True",
+        timeout=30,
+        message="the run Admitted",
+    )
+    startup = get_json(kube, "mdr", QUEUED, "-n", ns)["status"]["startup"]
+    assert startup["admissionWaitSeconds"] >= 0
     # Trainer made the JobSet from the runtime, owned by the TrainJob; JobSet's webhook
     # defaulted and admitted it, and its controller made one indexed Job of two pods.
     jobset = eventually(
