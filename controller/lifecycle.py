@@ -176,7 +176,8 @@ def _pods_view(pods: list[Mapping[str, Any]], expected: int) -> dict[str, Any]:
         name = (pod.get("metadata") or {}).get("name")
         containers = (pod.get("status") or {}).get("containerStatuses") or []
         if not containers:
-            out["waiting"] = ("PodInitializing", f"pod {name}: no container created yet")
+            message = f"pod {name}: the kubelet has not reported its containers yet"
+            out["waiting"] = ("WaitingForKubelet", message)
             return out
         for container in containers:
             state = container.get("state") or {}
