@@ -25,7 +25,7 @@ import pytest
 from torch import nn
 
 from megdet.plan import plan_run
-from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, to_status
+from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, STAGES, Progress, to_status
 from tests.tiny_train import train_command
 
 STATUS_PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/r50/status"
@@ -450,6 +450,13 @@ def test_a_two_worker_run_reports_increasing_iterations_and_its_ap(serve, pki, t
     metrics = json.loads((out / "metrics.json").read_text())
     assert last["ap50"] == pytest.approx(metrics["bbox"]["AP50"], abs=1e-4)
     assert last["checkpointIteration"] == 12
+    # The attempt's stages in the order it passed them (a report may replace an unsent one, so
+    # some may be missing), and its moments in order in the last report.
+    order = {stage: i for i, stage in enumerate(STAGES)}
+    seen = [order[s["stage"]] for s in statuses if s["stage"] != "evaluating"]
+    assert seen == sorted(seen) and statuses[0]["stage"] == "loading"
+    assert last["stage"] == "finished"
+    assert last["worldTime"] <= last["loadedTime"] <= last["firstIterationTime"]
 
 
 def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(
