@@ -173,12 +173,14 @@ def next_status(
     of the current phase turns True; those of other mirrored phases that exist turn False
     (they are not added until they first happen, as the Kubeflow operator does).
     """
-    conditions = _phase_conditions(_conditions(old), state, state.phase, now, generation)
-    patch: dict[str, Any] = {"phase": state.phase, "conditions": conditions}
     restarts = count_of(old, "restarts")
     if state.phase == "Restarting" and old.get("phase") != "Restarting":
         restarts += 1
-    patch["restarts"] = restarts
+    if state.phase == "Restarting":  # which restart, of which of the run's jobs
+        why = f"restart {restarts} of attempt {count_of(old, 'attempt') or 1}: {state.message}"
+        state = JobState(state.phase, state.reason, why, state.start_time, state.completion_time)
+    conditions = _phase_conditions(_conditions(old), state, state.phase, now, generation)
+    patch: dict[str, Any] = {"phase": state.phase, "conditions": conditions, "restarts": restarts}
     start = old.get("startTime") or state.start_time
     if start is None and state.phase not in ("Pending", "Suspended"):
         start = now

@@ -170,6 +170,12 @@ def test_next_status_counts_restarts_on_entering_restarting_only() -> None:
     assert status["restarts"] == 2
     kinds = {c["type"]: c["status"] for c in status["conditions"]}
     assert kinds == {"Running": "False", "Restarting": "True"}
+    # The condition says which restart of which attempt (status.attempt: the run's job).
+    restart = next(c for c in status["conditions"] if c["type"] == "Restarting")
+    assert restart["message"] == "restart 2 of attempt 1: pod failed"
+    again = next_status({**status, "phase": "Running", "attempt": 3}, restarting, T1, 1)
+    restart = next(c for c in again["conditions"] if c["type"] == "Restarting")
+    assert restart["message"] == "restart 3 of attempt 3: pod failed"
 
 
 def test_next_status_sets_start_and_completion_times() -> None:
