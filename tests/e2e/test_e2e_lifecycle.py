@@ -101,7 +101,10 @@ def test_a_run_passes_through_its_conditions_in_order_with_their_times(
     kube, train_image, volumes, controller_pod
 ) -> None:
     spec = {k: v for k, v in run_values(train_image).items() if k != "runName"}
-    spec.update(gpus=1, maxIter=10, steps=[8], warmupIters=2)
+    # An evaluation half-way (5 reference iterations: 10 at this batch) and one at the end,
+    # each reported when it starts.
+    overrides = {**spec.get("extraOverrides", {}), "TEST.EVAL_PERIOD": 5}
+    spec.update(gpus=1, maxIter=10, steps=[8], warmupIters=2, extraOverrides=overrides)
     watch = RunWatch(kube, NS, RUN)
     started = time.monotonic()
     try:
