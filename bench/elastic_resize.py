@@ -201,14 +201,19 @@ def print_report(result: dict[str, Any]) -> None:
             f"{r['stop_s']:.1f} s; start (launch to first iteration) {r['start_s']:.0f} s; "
             f"images trained again {r['lost_images']}"
         )
-    for s in result["segments"]:
+    print_segments(result["segments"])
+    if "plot" in result:
+        print(f"  plot: {result['plot']}")
+
+
+def print_segments(segments: list[dict[str, Any]]) -> None:
+    """The run's segments as plan.json records them, one line each."""
+    for s in segments:
         print(
             f"  segment: {s['world_size']} workers, batch {s['global_batch']} "
             f"(accumulation {s['accumulation_steps']}), iterations {s['first_iter']}-"
             f"{s['last_iter']}, images {s['images_start']}-{s['images_end']}"
         )
-    if "plot" in result:
-        print(f"  plot: {result['plot']}")
 
 
 def main(argv: list[str] | None = None) -> int:
