@@ -230,6 +230,12 @@ def test_a_queued_run_waits_suspended_until_kueue_admits_it_then_runs_through_jo
     succeeded = condition(run, "Succeeded")
     assert succeeded["status"] == "True" and succeeded["reason"] == "AllJobsCompleted", run
     assert run["status"]["startTime"] and run["status"]["completionTime"], run["status"]
+    # The run's pods, found by the JobSet's labels, were scheduled (the scheduler's time).
+    scheduled = condition(run, "PodsScheduled")
+    assert scheduled["status"] == "True", run["status"]
+    assert scheduled["message"].startswith("2 pods scheduled: "), scheduled
+    times = [condition(p, "PodScheduled")["lastTransitionTime"] for p in pods]
+    assert scheduled["lastTransitionTime"] == max(times)
     row = kube.kubectl("get", "mdr", QUEUED, "-n", ns).stdout.splitlines()[1].split()
     assert row[:5] == [QUEUED, "Succeeded", "16", "16", "32"]
     # Never refused for good: a TrainJob create that Trainer's webhook answered before its
