@@ -1,7 +1,8 @@
 """The progress endpoint under attack: peak memory under a flood, service during a slowloris.
 
-The endpoint (controller/progress_server.py, with the real hub and the
-real token cache around a fake TokenReview function) runs in a child process of its own, so
+The endpoint (controller/progress_server.py, with the real hub and the tree's real token check:
+around a fake TokenReview function for a tree that sends TokenReviews, with a fake issuer's keys
+and a real signed token for one that verifies tokens itself) runs in a child process of its own, so
 its peak RSS (``ru_maxrss``) is its own; this process attacks it on 127.0.0.1 only, with
 bounded counts and times. Side by side in one invocation:
 
@@ -89,25 +90,52 @@ def _rss_kib(field: str) -> int:
     return 0
 
 
-def _fake_auth(tree: Path) -> Any:
-    """The tree's RunAuthenticator around a fake TokenReview: TOKEN is the pod r1-master-0's,
-    for the run's audience; whatever else the tree's decision asks (the run, the pod's
-    binding) is answered yes. Built from what the tree's dataclass declares."""
+def _fake_auth(tree: Path) -> tuple[Any, str]:
+    """The tree's RunAuthenticator and the token of the pod r1-master-0 for the run's audience.
+    A tree that verifies tokens itself (controller/progress_auth.py: IssuerKeys) gets a fake
+    issuer (an RSA key made here, its discovery document and JWKS) and a real signed token; an
+    older tree a fake TokenReview that knows TOKEN. Whatever else the decision asks (the run,
+    the pod's binding) is answered yes."""
     import dataclasses
     import inspect
     from types import SimpleNamespace
 
     from megdet import progress as protocol
 
-    try:  # one module for both servers' token checks (controller/tokenauth.py)
-        from megdet.controller.tokenauth import RunAuthenticator
-    except ImportError:  # a tree from before
-        from megdet.controller.progress_auth import RunAuthenticator
-
     audience_args = len(inspect.signature(protocol.run_audience).parameters)
 
     def audience(name: str) -> str:
         return protocol.run_audience(*(NS, name, f"uid-{name}")[:audience_args])
+
+    around = {
+        "runs": lambda ns, name: SimpleNamespace(name=name, uid=f"uid-{name}", job=name),
+        "binding": SimpleNamespace(refusal=lambda *a, **k: None),
+    }
+    try:  # a tree that verifies the tokens with the issuer's keys
+        from megdet.controller.progress_auth import IssuerKeys, RunAuthenticator
+    except ImportError:
+        from megdet.controller.tokenauth import RunAuthenticator
+
+        IssuerKeys = None
+    if IssuerKeys is not None:
+        import jwt
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+        issuer = "https://kubernetes.default.svc.cluster.local"
+        documents = {
+            "/.well-known/openid-configuration": {"issuer": issuer, "jwks_uri": issuer + "/k"},
+            "/openid/v1/jwks": {"keys": [{**jwk, "kid": "k1", "use": "sig", "alg": "RS256"}]},
+        }
+        now = int(time.time())
+        claims = {
+            "iss": issuer, "aud": [audience(RUN)], "sub": f"system:serviceaccount:{NS}:default",
+            "exp": now + 86400, "nbf": now, "iat": now,
+            "kubernetes.io": {"namespace": NS, "pod": {"name": f"{RUN}-master-0", "uid": "p"}},
+        }  # fmt: skip
+        token = jwt.encode(claims, key, algorithm="RS256", headers={"kid": "k1"})
+        return RunAuthenticator(IssuerKeys(documents.__getitem__), **around), token
 
     def review(token: str, audiences: list[str]) -> dict[str, Any]:
         if token != TOKEN:
@@ -124,12 +152,9 @@ def _fake_auth(tree: Path) -> Any:
             },
         }
 
-    around = {
-        "runs": lambda ns, name: SimpleNamespace(name=name, uid=f"uid-{name}", job=name),
-        "binding": SimpleNamespace(refusal=lambda *a, **k: None),
-    }
     declared = {f.name for f in dataclasses.fields(RunAuthenticator)}
-    return RunAuthenticator(review, **{k: v for k, v in around.items() if k in declared})
+    auth = RunAuthenticator(review, **{k: v for k, v in around.items() if k in declared})
+    return auth, TOKEN
 
 
 class _Kmock:
@@ -206,10 +231,11 @@ def serve_child(tls: bool, with_kmock: bool) -> None:
 
         cert = ServingCert.generate(["localhost"])
         context, ca = cert.context, cert.ca_pem
-    server = ProgressServer(("127.0.0.1", 0), hub, _fake_auth(tree), context)
+    auth, token = _fake_auth(tree)
+    server = ProgressServer(("127.0.0.1", 0), hub, auth, context)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     kmock_side = _Kmock() if with_kmock else None
-    print(json.dumps({"port": server.server_address[1], "ca": ca}), flush=True)
+    print(json.dumps({"port": server.server_address[1], "ca": ca, "token": token}), flush=True)
     for line in sys.stdin:
         command = line.split()
         if not command:
@@ -223,7 +249,8 @@ def serve_child(tls: bool, with_kmock: bool) -> None:
                 "peak_kib": _rss_kib("VmHWM"),
                 "threads": threading.active_count(),
                 "logged": len(held),
-                "cached": server.auth.cached(),
+                # Verdicts kept per token (a tree without a cache keeps none).
+                "cached": server.auth.cached() if hasattr(server.auth, "cached") else 0,
                 "hub_runs": len(hub.runs),
             }
         elif command[0] == "reconcile" and kmock_side is not None:
@@ -252,7 +279,7 @@ class _Child:
             text=True,
         )
         first = json.loads(self.proc.stdout.readline())  # type: ignore[union-attr]
-        self.port, self.ca = first["port"], first["ca"]
+        self.port, self.ca, self.token = first["port"], first["ca"], first["token"]
 
     def ask(self, command: str) -> dict[str, Any]:
         assert self.proc.stdin and self.proc.stdout
@@ -385,7 +412,9 @@ class Slowloris:
         self.thread.join(30)
 
 
-def reporters(port: int, ca: str, seconds: float, threads: int = 4) -> dict[str, Any]:
+def reporters(
+    port: int, ca: str, seconds: float, threads: int = 4, token: str = TOKEN
+) -> dict[str, Any]:
     """Real reporters for ``seconds``: fresh HTTPS connection per report, accepted token."""
     import http.client
 
@@ -409,7 +438,7 @@ def reporters(port: int, ca: str, seconds: float, threads: int = 4) -> dict[str,
                     "POST",
                     _status_path(RUN),
                     body,
-                    {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+                    {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
                 )
                 result = str(conn.getresponse().status)
                 conn.close()
@@ -440,11 +469,11 @@ def measure(tree: Path | None, args: Any, shim: Path) -> dict[str, Any]:
         child.close()
     child = _Child(tree, tls=True, with_kmock=True, shim=shim)
     try:
-        out["alone"] = reporters(child.port, child.ca, args.seconds)
+        out["alone"] = reporters(child.port, child.ca, args.seconds, token=child.token)
         out["reconcile_alone_s"] = child.ask(f"reconcile {args.runs} quiet")["seconds"]
         for label, sources in (("one_source", 1), ("many_sources", 250)):
             with Slowloris(child.port, args.slow, sources) as attack:
-                out[label] = reporters(child.port, child.ca, args.seconds)
+                out[label] = reporters(child.port, child.ca, args.seconds, token=child.token)
                 out[label]["threads"] = child.ask("stats")["threads"]
                 out[label]["reconcile_s"] = child.ask(f"reconcile {args.runs} {label[:4]}")[
                     "seconds"

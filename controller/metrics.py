@@ -141,9 +141,8 @@ RUN_INFO = Gauge(
 )
 #: Training progress reports to the controller's endpoint (target pytorchjob; progress.py), by
 #: result: accepted, unauthenticated (no token), forbidden (a token not of the run's pods),
-#: invalid (422/411/413), not_found (no such run, or target trainjob), rate_limited (429: too
-#: many TokenReviews from the source address), busy (503: the hub holds its most runs), error
-#: (API failure).
+#: invalid (422/411/413), not_found (no such run, or target trainjob), busy (503: the hub holds
+#: its most runs, or a standby replica), error (API failure, the issuer's keys unreadable).
 PROGRESS_REPORTS = Counter(
     "megdet_controller_progress_reports",
     "Progress reports POSTed to the controller's status endpoint, by result.",

@@ -135,13 +135,19 @@ def build_registry(
         from megdet.controller import progress_ca
         from megdet.controller.progress_hub import register_forget
 
-        # The served runs (uid, job) from the runs' watch: a report costs no read of its run.
-        runs = progress.runs
+        # The served runs (uid, job) and their pods from the watches: a report costs no read.
+        runs, pods = progress.runs, progress.pods
 
         async def note_run(event: Any, body: Any, **_: Any) -> None:
             runs.note(body, deleted=event.get("type") == "DELETED")
 
+        async def note_pod(event: Any, body: Any, **_: Any) -> None:
+            pods.note(body, deleted=event.get("type") == "DELETED")
+
         kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-runs")(note_run)
+        kopf.on.event(
+            "v1", "pods", registry=registry, labels={PART_OF[0]: PART_OF[1]}, id="progress-pods"
+        )(note_pod)
         register_forget(registry, progress.hub)  # a deleted run's progress state goes with it
         if progress.keeper is not None:  # the CA ConfigMap in each run's namespace
             progress_ca.register(registry, progress.keeper)

@@ -1,27 +1,27 @@
-"""Which pod's token may report a run's progress: a pod of the job this controller created.
+"""Which pod's token may report a run's progress: a live pod of the job this controller created.
 
-A token that passes the ``TokenReview`` for the run's audience
-(:func:`megdet.progress.run_audience`, the run's uid in it) says which pod it is bound to
-(``authentication.kubernetes.io/pod-name`` and ``pod-uid``; the API server has checked that
-this pod exists with that uid). The audience alone is no proof: any pod of the namespace may
-ask the kubelet for a token of any audience. So the pod is read once (``get pods``, cached by
-its uid) and must be
+A verified token for the run's audience (:mod:`~megdet.controller.progress_auth`) names the pod
+it is bound to (its ``kubernetes.io`` claim: pod name and uid). The audience alone is no proof:
+any pod of the namespace may ask the kubelet for a token of any audience. So the pod must be
 
 - named as the training operator names the job's pods (``<job>-master-0``,
   ``<job>-worker-<i>``, the index as the operator writes it: ``<job>-worker-01`` is no pod's
   name), within the job's replica counts (``<job>-worker-999`` of a job with
   4 workers is no pod of it), and
-- controlled by the run's job: its controller owner reference is the PyTorchJob named
-  ``status.jobName`` whose uid is ``status.jobUID``, the job this controller created (for a run
-  from before ``jobUID``: the job of that name whose controller reference is the run's uid).
+- live with that uid in the controller's watch of the runs' pods (:class:`PodDirectory`, fed by
+  the pods' watch events: a deleted pod's token stops working when its pod goes), controlled by
+  the run's job: its controller owner reference is the PyTorchJob named ``status.jobName`` whose
+  uid is ``status.jobUID``, the job this controller created (for a run from before ``jobUID``:
+  the job of that name whose controller reference is the run's uid).
 
 What a namespace user who may create pods can still do is in docs/operations.md ("Progress
 reporting", who may report): a pod carrying a copied owner reference under one of the job's
 pod names that no live pod holds, and anything run inside the job's own pods (``kubectl
 exec``).
 
-:class:`RunDirectory` is what the active replica knows of the runs from its watch (uid, job
-name and uid), so that a report costs no read of the run.
+:class:`RunDirectory` is what the controller knows of the runs from their watch (uid, job name
+and uid), so that a report costs no read of the run; the job is read once in a while per run
+(its replica counts).
 """
 
 from __future__ import annotations
@@ -29,14 +29,21 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from megdet.controller.planning import controlled_by
-from megdet.controller.tokenauth import VerdictCache
 
-__all__ = ["JOB_API_VERSION", "PodBinding", "RunDirectory", "RunRef", "kubernetes_readers"]
+__all__ = [
+    "JOB_API_VERSION",
+    "PodBinding",
+    "PodDirectory",
+    "RunDirectory",
+    "RunRef",
+    "kubernetes_job_reader",
+]
 
 #: The job kind whose pods report to this endpoint (target pytorchjob).
 JOB_API_VERSION, JOB_KIND = "kubeflow.org/v1", "PyTorchJob"
@@ -115,79 +122,97 @@ def _controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
+class PodDirectory:
+    """(namespace, pod name) -> (uid, controller owner: kind, apiVersion, name, uid) of every
+    pod the controller watches (the runs' pods), kept from the pods' watch events
+    (:meth:`note`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._pods: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+        namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
+        if not all(isinstance(v, str) and v for v in (namespace, name, uid)):
+            return
+        key = (namespace, name)
+        with self._lock:
+            if deleted:
+                if (known := self._pods.get(key)) is not None and known[0] == uid:
+                    del self._pods[key]
+                return
+            ref = _controller_ref(body) or {}
+            owner = tuple(str(ref.get(k) or "") for k in ("kind", "apiVersion", "name", "uid"))
+            self._pods[key] = (uid, owner)
+
+    def owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
+        """The controller owner of the live pod ``namespace/name`` whose uid is ``uid``."""
+        with self._lock:
+            found = self._pods.get((namespace, name))
+        return found[1] if found is not None and found[0] == uid else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._pods)
+
+
 @dataclass
 class PodBinding:
-    """Whether a token's pod is a pod of the run's job (see the module docstring)."""
+    """Whether a token's pod is a pod of the run's job (see the module docstring): ``pods``
+    from the watch; ``read_job`` for the job's replica counts, kept ``ttl`` seconds per run
+    (at most ``max_entries`` runs)."""
 
-    read_pod: ReadFn
     read_job: ReadFn
+    pods: PodDirectory = field(default_factory=PodDirectory)
     ttl: float = 300.0
     max_entries: int = 4096
     clock: Callable[[], float] = time.monotonic
     reads: int = 0
-    _pods: VerdictCache = field(init=False, repr=False)
-    _jobs: VerdictCache = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        self._pods = VerdictCache(self.max_entries, self.clock)
-        self._jobs = VerdictCache(self.max_entries, self.clock)
+    _jobs: OrderedDict[tuple[str, ...], tuple[float, Any]] = field(
+        init=False, repr=False, default_factory=OrderedDict
+    )
+    _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def refusal(self, namespace: str, run: RunRef, pod_name: str, pod_uid: str) -> str | None:
         """None when the pod ``namespace/pod_name`` with ``pod_uid`` is a pod of ``run``'s job,
-        else why not. Raises what the reads raise (the caller answers 500 and caches nothing)."""
+        else why not. Raises what the job's read raises."""
         job = run.job
         named = re.fullmatch(rf"{re.escape(job)}-{_REPLICA}", pod_name)
         if named is None:
             return f"pod {namespace}/{pod_name} is not named as a pod of job {job}"
         if not pod_uid:
             return "the token names no pod uid"
+        owner = self.pods.owner(namespace, pod_name, pod_uid)
+        if owner is None:
+            return f"pod {namespace}/{pod_name} with uid {pod_uid} is not there"
         found = self._job(namespace, job, run)
         if found is None:
             return f"MegDetRun {run.name} has no job {job} of its own"
         job_uid, replicas = found
         role, _, index_text = named[1].partition("-")
-        index = int(index_text)
-        if index >= replicas.get(role, 0):
+        if int(index_text) >= replicas.get(role, 0):
             return (
                 f"pod {namespace}/{pod_name} is not one of job {job}'s pods "
                 f"({replicas.get(role, 0)} {role} replicas)"
             )
-        owner = self._pod_owner(namespace, pod_name, pod_uid)
-        if owner is None:
-            return f"pod {namespace}/{pod_name} with uid {pod_uid} is not there"
-        kind, api_version, name, uid = owner
-        if (kind, api_version, name, uid) != (JOB_KIND, JOB_API_VERSION, job, job_uid):
+        if owner != (JOB_KIND, JOB_API_VERSION, job, job_uid):
             return (
                 f"pod {namespace}/{pod_name} is not controlled by the run's {JOB_KIND} {job} "
                 f"(uid {job_uid})"
             )
         return None
 
-    def _pod_owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
-        key = VerdictCache.key(uid, namespace, name)
-        now = self.clock()
-        hit = self._pods.get(key, now)
-        if hit is not None:
-            return hit
-        self.reads += 1
-        pod = self.read_pod(namespace, name)
-        meta = (pod or {}).get("metadata") or {}
-        if pod is None or meta.get("uid") != uid:
-            return None  # not cached: the uid was checked by the TokenReview a moment ago
-        ref = _controller_ref(pod) or {}
-        owner = tuple(str(ref.get(k) or "") for k in ("kind", "apiVersion", "name", "uid"))
-        self._pods.put(key, owner, now + self.ttl, allowed=True)
-        return owner
-
     def _job(self, namespace: str, name: str, run: RunRef) -> tuple[str, dict[str, int]] | None:
         """(uid, replicas by role) of the run's job ``name``: the one whose uid is the run's
         ``status.jobUID``, or for a run with none the one the run controls; read once a while
         per run (the replica counts bound the pod names a report may come from)."""
-        key = VerdictCache.key(run.uid, namespace, name, run.job_uid)
+        key = (namespace, name, run.uid, run.job_uid)
         now = self.clock()
-        hit = self._jobs.get(key, now)
-        if hit is not None:
-            return hit
+        with self._lock:
+            hit = self._jobs.get(key)
+            if hit is not None and hit[0] > now:
+                return hit[1]
         self.reads += 1
         job = self.read_job(namespace, name)
         if job is None:
@@ -201,7 +226,11 @@ class PodBinding:
             for role, spec in specs.items()
             if isinstance(role, str) and isinstance(spec, Mapping)
         }
-        self._jobs.put(key, (uid, replicas), now + self.ttl, allowed=True)
+        with self._lock:
+            self._jobs[key] = (now + self.ttl, (uid, replicas))
+            self._jobs.move_to_end(key)
+            while len(self._jobs) > self.max_entries:
+                self._jobs.popitem(last=False)
         return uid, replicas
 
 
@@ -212,25 +241,13 @@ def _count(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def kubernetes_readers(api_client: Any, timeout: float) -> tuple[ReadFn, ReadFn]:
-    """(read a pod, read a PyTorchJob) through the official client; None for 404."""
-    from kubernetes import client as k8s
-
+def kubernetes_job_reader(api_client: Any, timeout: float) -> ReadFn:
+    """Read a PyTorchJob through the official client; None for 404."""
     from megdet.controller.kubeapi import Cluster
 
-    core = k8s.CoreV1Api(api_client)
     cluster = Cluster(api_client, timeout=timeout)
-
-    def read_pod(namespace: str, name: str) -> Mapping[str, Any] | None:
-        try:
-            pod = core.read_namespaced_pod(name, namespace, _request_timeout=timeout)
-        except k8s.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return api_client.sanitize_for_serialization(pod)
 
     def read_job(namespace: str, name: str) -> Mapping[str, Any] | None:
         return cluster.get(JOB_API_VERSION, JOB_KIND, namespace, name)
 
-    return read_pod, read_job
+    return read_job

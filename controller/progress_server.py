@@ -9,9 +9,9 @@ failure. Every report is counted (``megdet_controller_progress_reports_total{res
 Reachable by every pod, so bounded before anything else (docs/operations.md, "Progress
 reporting"): connections, whole-request time and bytes (:mod:`~megdet.controller.http_limits`);
 the path's names to what Kubernetes allows (a namespace is a DNS-1123 label, at most 63
-characters; a run's name a DNS-1123 subdomain, at most 253); TokenReviews per source address
-(429). A request without a well-formed bearer token, or for a path that names no possible run,
-leaves nothing behind: no cache entry, no log entry, no run state. Report values are checked
+characters; a run's name a DNS-1123 subdomain, at most 253). A request without a well-formed
+bearer token, or for a path that names no possible run, leaves nothing behind: no log entry, no
+run state. Report values are checked
 against their ranges (:func:`~megdet.controller.progress_hub.out_of_range`) before the hub
 keeps them: 422 names the field and the range.
 
@@ -20,9 +20,10 @@ runtime-status protocol (``megdet.progress``: the same body, env and token schem
 v2.3.0's status server). :func:`start` serves it (``megdet controller --progress-url``) with
 its neighbours:
 
-- :class:`~megdet.controller.tokenauth.RunAuthenticator`: only the run's own pods may report
-  (a TokenReview of a token bound to the run's audience, its uid in it, and to a pod of the
-  run's job: :mod:`~megdet.controller.progress_binding`), verdicts cached;
+- :class:`~megdet.controller.progress_auth.RunAuthenticator`: only the run's own pods may report
+  (a token the cluster's issuer signed for the run's audience, its uid in it, verified here
+  with the issuer's keys, bound to a live pod of the run's job:
+  :mod:`~megdet.controller.progress_binding`); no API call per report;
 - :mod:`~megdet.controller.progress_hub`: reports -> rate-limited ``status.progress`` writes
   and milestone events, never blocking the request;
 - :mod:`~megdet.controller.progress_ca`: the serving certificate (shared by the replicas
@@ -56,7 +57,13 @@ from megdet.controller.api import GROUP, PLURAL, VERSION
 from megdet.controller.fabric_condition import condition_writer
 from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixin, Limits
 from megdet.controller.kubeapi import Cluster
-from megdet.controller.progress_binding import PodBinding, RunDirectory, kubernetes_readers
+from megdet.controller.progress_auth import IssuerKeys, RunAuthenticator, kubernetes_fetch
+from megdet.controller.progress_binding import (
+    PodBinding,
+    PodDirectory,
+    RunDirectory,
+    kubernetes_job_reader,
+)
 from megdet.controller.progress_ca import (
     CAKeeper,
     ServingCert,
@@ -72,7 +79,7 @@ from megdet.controller.progress_hub import (
     out_of_range,
 )
 from megdet.controller.progress_leader import ACTIVE_LABEL, Always, PodLabel
-from megdet.controller.tokenauth import RunAuthenticator, Verdict, token_review
+from megdet.controller.tokenauth import Verdict
 from megdet.fabric_report import from_metrics
 
 __all__ = [
@@ -103,7 +110,6 @@ RESULTS = (
     "forbidden",
     "invalid",
     "not_found",
-    "rate_limited",
     "busy",
     "error",
 )
@@ -280,9 +286,6 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
         if verdict.status == 500:
             metrics.PROGRESS_REPORTS.labels("error").inc()
             return 500, _status_body(500, "InternalError", verdict.reason)
-        if verdict.status == 429:
-            metrics.PROGRESS_REPORTS.labels("rate_limited").inc()
-            return 429, _status_body(429, "TooManyRequests", verdict.reason)
         if verdict.status == 401:
             # No well-formed token: nothing is remembered of it (not even to log it).
             metrics.PROGRESS_REPORTS.labels("unauthenticated").inc()
@@ -348,8 +351,9 @@ class ProgressService:
     active: Callable[[], bool] = field(default_factory=lambda: Always().active)
     keeper: CAKeeper | None = None
     label: PodLabel | None = None
-    #: The served runs, from their watch (what a report is checked against).
+    #: The served runs and their pods, from their watches (what a report is checked against).
     runs: RunDirectory = field(default_factory=RunDirectory)
+    pods: PodDirectory = field(default_factory=PodDirectory)
     stop_event: threading.Event = field(default_factory=threading.Event)
     #: Whether this replica was the active one at the last look of the leadership thread.
     was_active: bool = False
@@ -478,19 +482,19 @@ def start(
         checkpoint_every=checkpoint_every,
         write_fabric=condition_writer(cluster.get_run, patch_conditions, now_text),
     )
-    # The served runs (uid, job) from the runs' watch: a report costs no read of its run.
-    runs = RunDirectory()
+    # The served runs (uid, job) and their pods from the watches: a report costs no API call.
+    runs, pods = RunDirectory(), PodDirectory()
     auth = RunAuthenticator(
-        token_review(api_client, timeout),
+        IssuerKeys(kubernetes_fetch(api_client, timeout)),
         runs.get,
-        PodBinding(*kubernetes_readers(api_client, timeout)),
+        PodBinding(kubernetes_job_reader(api_client, timeout), pods),
     )
     server = ActiveOnlyServer((addr, port), hub, auth, cert.context, limits=limits)
     server.active = active
     keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem), active)
     keeper.watch(api_client, timeout, list(namespaces or []))
     service = ProgressService(
-        server, hub, cert, active=active, keeper=keeper, label=label, runs=runs
+        server, hub, cert, active=active, keeper=keeper, label=label, runs=runs, pods=pods
     )
     service.start()
     logger.info("progress: serving https://%s:%d (reports every %gs at most)", addr, port, interval)

@@ -1,30 +1,22 @@
-"""Bearer tokens on the controller's HTTPS servers: one cached check, a ``TokenReview`` behind it.
+"""Bearer tokens on the controller's ``/metrics``: one cached check, a ``TokenReview`` behind it.
 
-Both servers take a request's bearer token to the API server with a ``TokenReview``:
+What controller-runtime's ``filters.WithAuthenticationAndAuthorization`` and kube-rbac-proxy do,
+in process (:class:`TokenAuthorizer`): the request's bearer token goes to the API server with a
+``TokenReview``, and the user it names is asked about with a ``SubjectAccessReview`` for the
+non-resource URL (``get /metrics``), so the usual "metrics reader" ClusterRole
+(``nonResourceURLs: ["/metrics"], verbs: ["get"]``) grants it. (The progress endpoint checks its
+pods' tokens itself, with the issuer's keys: :mod:`~megdet.controller.progress_auth`; it shares
+:func:`bearer_token` and :class:`Verdict` with this module.)
 
-- ``/metrics`` (:class:`TokenAuthorizer`): what controller-runtime's
-  ``filters.WithAuthenticationAndAuthorization`` and kube-rbac-proxy do, in process. The user
-  the token names is then asked about with a ``SubjectAccessReview`` for the non-resource URL
-  (``get /metrics``), so the usual "metrics reader" ClusterRole (``nonResourceURLs:
-  ["/metrics"], verbs: ["get"]``) grants it.
-- the progress endpoint (:class:`RunAuthenticator`): only the run's own pods may report. The
-  run must be one the controller serves (``target: pytorchjob``, known from its watch:
-  :class:`~megdet.controller.progress_binding.RunDirectory`; no review otherwise). The token is
-  a projected ServiceAccount token whose audience is the run's, its uid in it
-  (:func:`megdet.progress.run_audience`); the review must say authenticated, list that
-  audience, name a ServiceAccount of the run's namespace and carry the pod the token is bound
-  to (``authentication.kubernetes.io/pod-name`` and ``pod-uid``), and that pod must be one of
-  the run's job (:class:`~megdet.controller.progress_binding.PodBinding`).
-
-Verdicts (:class:`Verdict`): 200 (allowed), 401 (no or malformed token; on ``/metrics`` also
-one the API server rejects), 403 (a valid token without the grant, or not the run's), 429 (too
-many reviews from the client's address), 500 (the API server could not be asked; never
-cached). :class:`CachedCheck` is the one check both use: a malformed token is refused before
-anything is looked up or kept; verdicts are kept by the token's SHA-256 (never the token
-itself) and what was asked, each for its own time (refusals for less, so a new grant takes
-effect soon), in two bounded pools (:class:`VerdictCache`: a flood of bad tokens cannot evict
-a grant), so a client that repeats its request every few seconds costs an API call a minute,
-not one a request; and :class:`SourceLimiter` bounds how many reviews one address may cause.
+Verdicts (:class:`Verdict`): 200 (allowed), 401 (no or malformed token, or one the API server
+rejects), 403 (a valid token without the grant), 429 (too many reviews from the client's
+address), 500 (the API server could not be asked; never cached). :class:`CachedCheck`: a
+malformed token is refused before anything is looked up or kept; verdicts are kept by the
+token's SHA-256 (never the token itself) and what was asked, each for its own time (refusals
+for less, so a new grant takes effect soon), in two bounded pools (:class:`VerdictCache`: a
+flood of bad tokens cannot evict a grant), so a client that repeats its request every few
+seconds costs an API call a minute, not one a request; and :class:`SourceLimiter` bounds how
+many reviews one address may cause.
 """
 
 from __future__ import annotations
@@ -36,22 +28,14 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-from megdet import progress as protocol
-
-if TYPE_CHECKING:
-    from megdet.controller.progress_binding import PodBinding, RunRef
+from typing import Any, Protocol
 
 __all__ = [
     "MAX_TOKEN_LENGTH",
-    "POD_NAME_EXTRA",
-    "POD_UID_EXTRA",
     "AuthError",
     "CachedCheck",
     "KubernetesReviewer",
     "Reviewer",
-    "RunAuthenticator",
     "SourceLimiter",
     "TokenAuthorizer",
     "User",
@@ -66,10 +50,6 @@ logger = logging.getLogger(__name__)
 #: Longest bearer token looked at: a ServiceAccount JWT is 1-2 KB; a longer one is refused
 #: as malformed without asking the API server.
 MAX_TOKEN_LENGTH = 16 * 1024
-#: TokenReview ``status.user.extra`` key naming the pod a bound token belongs to.
-POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
-#: ... and its uid (the API server checked that the pod with this name has this uid).
-POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 
 
 def bearer_token(authorization: str | None) -> str | None:
@@ -404,63 +384,3 @@ class KubernetesReviewer:
                 "spec": spec}  # fmt: skip
         status = _call(self._authz.create_subject_access_review, body, self._timeout).status
         return bool(status and status.allowed), (status.reason or "") if status else ""
-
-
-# -- the progress endpoint --------------------------------------------------------------------
-
-#: (namespace, name) -> the served run, or None (not a ``target: pytorchjob`` run known here).
-RunLookupFn = Callable[[str, str], "RunRef | None"]
-
-
-@dataclass
-class RunAuthenticator(CachedCheck):
-    """Token -> :class:`Verdict` for one run's progress (:class:`CachedCheck`'s cache, per token
-    and run uid); 401 only without a token at all."""
-
-    review: TokenReviewFn
-    runs: RunLookupFn
-    binding: PodBinding
-    allow_ttl: float = field(default=300.0, kw_only=True)
-    max_entries: int = field(default=4096, kw_only=True)
-
-    def check(
-        self, authorization: str | None, namespace: str, name: str, source: str = ""
-    ) -> Verdict:
-        token = bearer_token(authorization)
-        if token is None:
-            return Verdict(401, "no bearer token")
-        run = self.runs(namespace, name)
-        if run is None:  # nothing asked, nothing cached
-            return Verdict(403, f"no MegDetRun {namespace}/{name} with target pytorchjob")
-        scope = (namespace, name, run.uid)
-        return self.verdict(token, scope, source, lambda: self._decide(token, namespace, run))
-
-    def _decide(self, token: str, namespace: str, run: RunRef) -> Verdict:
-        audience = protocol.run_audience(namespace, run.name, run.uid)
-        try:
-            status = self.review(token, [audience]) or {}
-        except Exception as err:
-            logger.error("progress: TokenReview failed: %s: %s", type(err).__name__, err)
-            return Verdict(500, "the token could not be reviewed")
-        if not status.get("authenticated"):
-            return Verdict(403, f"token not valid for audience {audience}")
-        if audience not in (status.get("audiences") or []):
-            return Verdict(403, f"token audiences do not include {audience}")
-        user = status.get("user") or {}
-        username = str(user.get("username") or "")
-        if not username.startswith(f"system:serviceaccount:{namespace}:"):
-            return Verdict(403, f"{username or 'the user'} is not a ServiceAccount of {namespace}")
-        extra = user.get("extra") or {}
-        pods, uids = extra.get(POD_NAME_EXTRA) or [], extra.get(POD_UID_EXTRA) or []
-        if not pods:
-            return Verdict(403, "the token is not bound to a pod")
-        pod = str(pods[0])
-        try:
-            refusal = self.binding.refusal(namespace, run, pod, str(uids[0]) if uids else "")
-        except Exception as err:
-            logger.error("progress: reading pod %s/%s: %s: %s", namespace, pod,
-                         type(err).__name__, err)  # fmt: skip
-            return Verdict(500, "the token's pod could not be read")
-        if refusal is not None:
-            return Verdict(403, refusal)
-        return Verdict(200, "the run's pod", pod)

@@ -225,6 +225,7 @@ async def apply(api: Any, body: dict[str, Any]) -> None:
         "PyTorchJob": "pytorchjobs",
         "TrainJob": "trainjobs",
         "TrainingRuntime": "trainingruntimes",
+        "Pod": "pods",
     }[body["kind"]]
     prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
     resp = await api.post(f"{prefix}/namespaces/{meta['namespace']}/{plural}", json=body)

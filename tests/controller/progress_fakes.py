@@ -1,22 +1,35 @@
-"""Fakes for the progress endpoint's token decision (controller/tokenauth.py and
-progress_binding.py): a TokenReview that answers as the API server does for pod-bound tokens,
-and a namespace of runs, jobs and pods as the training operator makes them."""
+"""Fakes for the progress endpoint's token decision (controller/progress_auth.py and
+progress_binding.py): the cluster's service-account issuer (its discovery document, its JWKS,
+and tokens signed as the API server signs a pod's projected token), and a namespace of runs,
+jobs and pods as the training operator makes them."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
 from megdet import progress as protocol
+from megdet.controller.progress_auth import (
+    DISCOVERY_PATH,
+    JWKS_PATH,
+    IssuerKeys,
+    RunAuthenticator,
+)
 from megdet.controller.progress_binding import (
     JOB_API_VERSION,
     JOB_KIND,
     PodBinding,
+    PodDirectory,
     RunRef,
 )
-from megdet.controller.tokenauth import POD_NAME_EXTRA, POD_UID_EXTRA
 
 NS = "vision"
+ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
 def run_uid(run: str) -> str:
@@ -31,48 +44,89 @@ def pod_uid(pod: str) -> str:
     return f"pod-uid-{pod}"
 
 
-class FakeReview:
-    """TokenReview as the API server answers it: a token is valid only for its own audience;
-    each token names its ServiceAccount namespace and the pod (name, uid) it is bound to."""
+#: One RSA key for the whole session (making one costs ~0.1 s).
+_RSA = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+
+
+def public_jwk(key: Any, kid: str) -> dict[str, Any]:
+    """The JWK the API server publishes for a signing key."""
+    if isinstance(key, rsa.RSAPrivateKey):
+        found, alg = jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()), "RS256"
+    else:
+        found, alg = jwt.algorithms.ECAlgorithm.to_jwk(key.public_key()), "ES256"
+    return {**json.loads(found), "kid": kid, "use": "sig", "alg": alg}
+
+
+class FakeIssuer:
+    """The cluster's service-account issuer as the API server serves it: its discovery document
+    and JWKS (:meth:`fetch`, counted in ``fetches``), and :meth:`mint`, a token as the kubelet
+    gets one for a pod (signed with the key ``kid``)."""
 
     def __init__(self) -> None:
-        # token -> (audience, namespace, pod name, pod uid)
-        self.tokens: dict[str, tuple[str, str, str | None, str]] = {}
-        self.calls = 0
+        self.signing = {"k1": _RSA}
+        self.published = ["k1"]
+        self.fetches: list[str] = []
+        self.fail = False
+
+    def fetch(self, path: str) -> Mapping[str, Any]:
+        self.fetches.append(path)
+        if self.fail:
+            raise OSError("connection refused")
+        if path == DISCOVERY_PATH:
+            # jwks_uri as --service-account-jwks-uri may set it: a host the controller need not
+            # reach (the keys are read from the API server's own JWKS_PATH).
+            return {"issuer": ISSUER, "jwks_uri": "https://oidc.example.com/keys"}
+        if path == JWKS_PATH:
+            return {"keys": [public_jwk(self.signing[k], k) for k in self.published]}
+        raise OSError(f"404 {path}")
+
+    def rotate(self, kid: str = "k2") -> None:
+        """A new signing key, published next to the old one (as the API server does)."""
+        self.signing[kid] = ec.generate_private_key(ec.SECP256R1())
+        self.published.append(kid)
+
+    def keys(self, clock: Callable[[], float] = time.monotonic) -> IssuerKeys:
+        return IssuerKeys(self.fetch, clock=clock)
 
     def mint(
         self,
-        token: str,
+        label: str,
         run: str,
         namespace: str = NS,
         pod: str | None = None,
         *,
         uid: str | None = None,
         bound_uid: str | None = None,
+        audience: str | None = None,
+        kid: str = "k1",
+        issuer: str = ISSUER,
+        expires_in: int = 3600,
+        not_before: int = 0,
+        sa_namespace: str | None = None,
     ) -> str:
-        """A token for ``run``'s audience (its uid: ``uid``, default :func:`run_uid`) bound to
-        ``pod`` (default ``<run>-worker-0``) whose uid is ``bound_uid`` (default
-        :func:`pod_uid`)."""
+        """A token for ``run``'s audience (its uid: ``uid``, default :func:`run_uid`; or
+        ``audience``) bound to ``pod`` (default ``<run>-worker-0``; "" for none) whose uid is
+        ``bound_uid`` (default :func:`pod_uid`). ``label`` names it in test ids only."""
         pod = pod if pod is not None else f"{run}-worker-0"
-        audience = protocol.run_audience(namespace, run, uid or run_uid(run))
-        bound = pod_uid(pod) if bound_uid is None else bound_uid
-        self.tokens[token] = (audience, namespace, pod, bound)
-        return token
-
-    def __call__(self, token: str, audiences: list[str]) -> Mapping[str, Any]:
-        self.calls += 1
-        found = self.tokens.get(token)
-        if found is None or found[0] not in audiences:
-            return {"authenticated": False, "error": "invalid bearer token"}
-        audience, namespace, pod, uid = found
-        extra = {POD_NAME_EXTRA: [pod]} if pod else {}
-        if pod and uid:
-            extra[POD_UID_EXTRA] = [uid]
-        return {
-            "authenticated": True,
-            "audiences": [audience],
-            "user": {"username": f"system:serviceaccount:{namespace}:default", "extra": extra},
+        audience = audience or protocol.run_audience(namespace, run, uid or run_uid(run))
+        sa_ns = sa_namespace or namespace
+        now = int(time.time())
+        bound: dict[str, Any] = {"namespace": sa_ns, "serviceaccount": {"name": "default"}}
+        if pod:
+            bound["pod"] = {"name": pod, "uid": pod_uid(pod) if bound_uid is None else bound_uid}
+        claims = {
+            "iss": issuer,
+            "aud": [audience],
+            "sub": f"system:serviceaccount:{sa_ns}:default",
+            "exp": now + expires_in,
+            "iat": now,
+            "nbf": now + not_before,
+            "jti": label,
+            "kubernetes.io": bound,
         }
+        key = self.signing[kid]
+        alg = "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
+        return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid})
 
 
 def job(run: str, namespace: str = NS, *, uid: str | None = None, owner: str | None = None,
@@ -129,9 +183,10 @@ def pod(name: str, job_name: str, namespace: str = NS, *, uid: str | None = None
 
 class FakeNamespace:
     """Runs, jobs and pods. ``every_run``: any name is a served run with uid
-    :func:`run_uid` whose job is :func:`job` (100 workers) and whose pods are ``<run>-master-0``
-    and ``<run>-worker-<i>`` (i < 100), each with :func:`pod_uid`; otherwise only what was put
-    in."""
+    :func:`run_uid` whose job is :func:`job` (100 workers) and whose live pods are
+    ``<run>-master-0`` and ``<run>-worker-<i>`` (i < 100), each with :func:`pod_uid`; otherwise
+    only what was put in. It stands for the pods' watch (:meth:`owner`, looked up in
+    ``reads`` as ("pod", ...): no API call) and the job's read (("job", ...))."""
 
     def __init__(self, every_run: bool = True) -> None:
         self.every_run = every_run
@@ -147,16 +202,20 @@ class FakeNamespace:
             return RunRef(name=name, uid=run_uid(name), job_name=name, job_uid=job_uid(name))
         return None
 
-    def read_pod(self, namespace: str, name: str) -> Mapping[str, Any] | None:
+    def owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
+        """:meth:`PodDirectory.owner` over the pods there are."""
         self.reads.append(("pod", namespace, name))
-        if (namespace, name) in self.pods:
-            return self.pods[namespace, name]
-        if self.every_run:
+        found = self.pods.get((namespace, name))
+        if found is None and self.every_run:
             base, _, index = name.rpartition("-")
             run, _, role = base.rpartition("-")
             if role in ("master", "worker") and index.isdigit() and int(index) < 100:
-                return pod(name, run, namespace)
-        return None
+                found = pod(name, run, namespace)
+        if found is None:
+            return None
+        directory = PodDirectory()
+        directory.note(found)
+        return directory.owner(namespace, name, uid)
 
     def read_job(self, namespace: str, name: str) -> Mapping[str, Any] | None:
         self.reads.append(("job", namespace, name))
@@ -166,9 +225,11 @@ class FakeNamespace:
 
     def binding(self, clock: Callable[[], float] | None = None) -> PodBinding:
         options = {"clock": clock} if clock is not None else {}
-        return PodBinding(self.read_pod, self.read_job, **options)
+        return PodBinding(self.read_job, self, **options)  # type: ignore[arg-type]
 
-    def auth_parts(self, clock: Callable[[], float] | None = None) -> tuple[Any, PodBinding]:
-        """(runs lookup, pod binding): the two arguments RunAuthenticator takes after the
-        review."""
-        return self.run, self.binding(clock)
+    def authenticator(
+        self, issuer: FakeIssuer, clock: Callable[[], float] | None = None
+    ) -> RunAuthenticator:
+        """The endpoint's authenticator over this namespace and ``issuer``."""
+        keys = issuer.keys(clock) if clock is not None else issuer.keys()
+        return RunAuthenticator(keys, self.run, self.binding(clock))

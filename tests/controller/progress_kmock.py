@@ -1,5 +1,6 @@
-"""kmock helpers for the progress endpoint: an operator that serves it, TokenReviews answered
-as the API server does, a run whose job has a pod, a report POSTed over HTTPS."""
+"""kmock helpers for the progress endpoint: an operator that serves it, the cluster's issuer
+discovery and keys served as the API server serves them, a run whose job has a pod, a report
+POSTed over HTTPS."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 import http.client
 import json
 import ssl
-import uuid
 from typing import Any
 
 import kmock as kmock_lib
@@ -22,9 +22,10 @@ from kmock_helpers import (
     run_body,
     run_status,
 )
+from progress_fakes import FakeIssuer
 
 from megdet import progress as protocol
-from megdet.controller.tokenauth import POD_NAME_EXTRA, POD_UID_EXTRA
+from megdet.controller.pod_problems import PART_OF
 
 OPS = "ops"
 SECRET = f"{OPS}/megdet-operator-progress-ca"
@@ -58,40 +59,17 @@ async def start_progress_operator(
     return op
 
 
-def review_tokens(api: Any, tokens: dict[str, tuple[str, str, str]]) -> None:
-    """Answer TokenReviews as the API server does: token -> (audience, pod name, pod uid)."""
+def serve_issuer(api: Any, issuer: FakeIssuer) -> None:
+    """Serve ``issuer``'s discovery document and JWKS at the API server's paths."""
 
     async def react(request: Any) -> Any:
-        if not (request.method == "POST" and request.url.path.endswith("/tokenreviews")):
+        if request.method != "GET":
             raise NotImplementedError
-        spec = (request.data or {}).get("spec") or {}
-        found = tokens.get(spec.get("token"))
-        if found is None or found[0] not in (spec.get("audiences") or []):
-            status: dict[str, Any] = {"authenticated": False}
-        else:
-            audience, pod, uid = found
-            status = {
-                "authenticated": True,
-                "audiences": [audience],
-                "user": {
-                    "username": f"system:serviceaccount:{NAMESPACE}:default",
-                    "extra": {POD_NAME_EXTRA: [pod], POD_UID_EXTRA: [uid]},
-                },
-            }
-        return {
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenReview",
-            "spec": spec,
-            "status": status,
-        }
+        try:
+            return issuer.fetch(request.url.path)
+        except OSError:
+            raise NotImplementedError from None
 
-    def unique_name(request: Any) -> None:
-        # kmock stores every POST before a reaction answers: a TokenReview (no name) would
-        # collide with the previous one (409); the API server stores none.
-        if request.url.path.endswith("/tokenreviews") and isinstance(request.data, dict):
-            request.data.setdefault("metadata", {})["name"] = uuid.uuid4().hex
-
-    api.before_write.append(unique_name)
     api << react
 
 
@@ -119,7 +97,7 @@ async def apost(op: OperatorThread, token: str, run: str, iteration: int) -> tup
     return await asyncio.to_thread(post, op, token, run, iteration)
 
 
-async def run_with_pod(api: Any, name: str, tokens: dict[str, tuple[str, str, str]]) -> str:
+async def run_with_pod(api: Any, name: str, issuer: FakeIssuer) -> str:
     """A pytorchjob run, its job (made by the active replica), and a pod of that job as the
     training operator makes it; returns a token bound to that pod for the run's audience."""
     await apply(api, run_body(name))
@@ -133,6 +111,7 @@ async def run_with_pod(api: Any, name: str, tokens: dict[str, tuple[str, str, st
             "name": pod_name,
             "namespace": NAMESPACE,
             "uid": f"pod-uid-{name}",
+            "labels": {PART_OF[0]: PART_OF[1]},
             "ownerReferences": [
                 {
                     "apiVersion": "kubeflow.org/v1",
@@ -144,8 +123,7 @@ async def run_with_pod(api: Any, name: str, tokens: dict[str, tuple[str, str, st
             ],
         },
     }
-    put(api, "v1/pods", NAMESPACE, pod)
+    await apply(api, pod)  # through the API: the controller's pods watch sees it
+    uid = obj(api, "v1/pods", NAMESPACE, pod_name)["metadata"]["uid"]
     run_uid = get(api, RUNS, name)["metadata"]["uid"]
-    token = f"token-{name}"
-    tokens[token] = (protocol.run_audience(NAMESPACE, name, run_uid), pod_name, f"pod-uid-{name}")
-    return token
+    return issuer.mint(f"token-{name}", name, NAMESPACE, pod_name, uid=run_uid, bound_uid=uid)

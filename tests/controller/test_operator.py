@@ -41,7 +41,8 @@ from kmock_helpers import (
     start_operator,
     stop_operator,
 )
-from progress_kmock import apost, review_tokens, run_with_pod, start_progress_operator
+from progress_fakes import FakeIssuer
+from progress_kmock import apost, run_with_pod, serve_issuer, start_progress_operator
 
 from megdet.controller.progress_ca import CA_CONFIG_MAP, CA_KEY
 
@@ -155,8 +156,8 @@ def granted(values: dict[str, Any]) -> set[Permission]:
         if doc
         and doc.get("kind") in ("ClusterRole", "Role")
         # The run rules: the ClusterRole or Roles named after the release, and the progress
-        # endpoint's (TokenReviews; the shared CA Secret and its pod label in the release
-        # namespace). The metrics server's TokenReview/SubjectAccessReview role, the
+        # endpoint's (the issuer's discovery URLs; the shared CA Secret and its pod label in the
+        # release namespace). The metrics server's TokenReview/SubjectAccessReview role, the
         # user-facing megdet-edit/-view and the scrapers' reader role are checked in
         # tests/operator_chart/test_operator_chart_roles.py and against a real API server in
         # tests/e2e/test_e2e_metrics_auth.py.
@@ -166,14 +167,24 @@ def granted(values: dict[str, Any]) -> set[Permission]:
         (role["metadata"].get("namespace") if role["kind"] == "Role" else None, group, res, verb)
         for role in roles
         for rule in role["rules"]
-        for group in rule["apiGroups"]
-        for res in rule["resources"]
+        for group, res in [
+            *((g, r) for g in rule.get("apiGroups", []) for r in rule.get("resources", [])),
+            *((NON_RESOURCE, url) for url in rule.get("nonResourceURLs", [])),
+        ]
         for verb in rule["verbs"]
     }
 
 
+#: The "group" of a non-resource URL's permission (namespace None, the URL as the resource).
+NON_RESOURCE = "nonResourceURL"
+#: The non-resource URLs the controller reads (the progress endpoint's issuer keys).
+NON_RESOURCE_URLS = ("/.well-known/openid-configuration", "/openid/v1/jwks")
+
+
 def permission(request: Any) -> Permission | None:
     """(namespace, apiGroup, resource[/subresource], verb) of a request; None for discovery."""
+    if request.url.path in NON_RESOURCE_URLS:
+        return None, NON_RESOURCE, request.url.path, request.method.lower()
     found = _PATH.match(request.url.path)
     if found is None or (found["core"] is None and found["group"] is None):
         return None
@@ -222,13 +233,13 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
             "kind": "ClusterKopfPeering",
             "metadata": {"name": PEERING_NAME},
         }
-    tokens: dict[str, tuple[str, str, str]] = {}
-    review_tokens(cluster, tokens)
+    issuer = FakeIssuer()
+    serve_issuer(cluster, issuer)
     op = await start_progress_operator(cluster, 1, PEERING_NAME, namespaces=namespaces)
     try:
         # Everything the controller does: create (both targets), refuse, mirror, suspend, delete;
         # serve a progress report (its pod read), write back an edited CA ConfigMap.
-        token = await run_with_pod(cluster, "pj", tokens)
+        token = await run_with_pod(cluster, "pj", issuer)
         assert (await apost(op, token, "pj", 10))[0] == 200
         await eventually(lambda: (get(cluster, RUNS, "pj").get("status") or {}).get("progress"))
         ca = op.progress_service.cert.ca_pem
@@ -356,8 +367,8 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
     }
     assert deleted == {("pytorchjobs", "pe"), ("trainjobs", "te")}
     if namespaces:
-        # No cluster-wide grant but the progress endpoint's TokenReview (a cluster-scoped API);
-        # the release namespace ("ops") holds only its CA Secret and the pod label.
-        assert {grant[0] for grant in grants if grant[2] != "tokenreviews"} == {NAMESPACE, "ops"}
+        # No cluster-wide grant but the progress endpoint's issuer discovery (non-resource
+        # URLs); the release namespace ("ops") holds only its CA Secret and the pod label.
+        assert {grant[0] for grant in grants if grant[1] != NON_RESOURCE} == {NAMESPACE, "ops"}
         assert {grant[2] for grant in grants if grant[0] == "ops"} == {"secrets", "pods"}
         assert ("kopf.dev", "kopfpeerings", "patch") in {call[1:] for call in used}

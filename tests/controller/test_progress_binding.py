@@ -1,16 +1,17 @@
 """The progress endpoint's token decision: a token is the run's only when its
 audience names the run's uid and the pod it is bound to is a pod of the job this controller
-created for the run. Fake TokenReview and reads (tests/controller/progress_fakes.py); the real
-API server's answers are in tests/e2e/test_e2e_progress_ha.py."""
+created for the run, live in the pods' watch. A fake issuer and namespace
+(tests/controller/progress_fakes.py); the real API server's tokens are in
+tests/e2e/test_e2e_progress_ha.py."""
 
 from __future__ import annotations
 
 import pytest
-from progress_fakes import NS, FakeNamespace, FakeReview, job, job_uid, pod, pod_uid, run_uid
+from progress_fakes import NS, FakeIssuer, FakeNamespace, job, job_uid, pod, pod_uid, run_uid
 
 from megdet import progress as protocol
-from megdet.controller.progress_binding import RunDirectory, RunRef
-from megdet.controller.tokenauth import RunAuthenticator
+from megdet.controller.progress_auth import RunAuthenticator
+from megdet.controller.progress_binding import PodDirectory, RunDirectory, RunRef
 
 
 class Clock:
@@ -29,9 +30,9 @@ def world():
     ns.jobs[NS, "victim"] = job("victim")
     for name in ("victim-master-0", "victim-worker-0"):
         ns.pods[NS, name] = pod(name, "victim")
-    review = FakeReview()
+    review = FakeIssuer()
     clock = Clock()
-    auth = RunAuthenticator(review, *ns.auth_parts(clock), clock=clock)
+    auth = ns.authenticator(review, clock)
     return ns, review, auth, clock
 
 
@@ -85,7 +86,6 @@ def test_a_pod_beyond_the_jobs_replicas_is_refused_even_with_the_jobs_owner_refe
     status, reason = check(auth, review.mint("t", "victim", pod="victim-worker-999"))
     assert status == 403 and "not one of job victim's pods (1 worker replicas)" in reason
     assert check(auth, review.mint("m1", "victim", pod="victim-master-1"))[0] == 403
-    assert ("pod", NS, "victim-worker-999") not in ns.reads  # refused before the pod is read
 
 
 # The training operator names a job's pods <job>-<replica type, lowercase>-<index>, the index
@@ -134,38 +134,38 @@ def test_the_pod_must_be_the_one_the_token_is_bound_to(world) -> None:
 def test_a_run_created_again_refuses_the_old_runs_tokens(world) -> None:
     ns, review, auth, _clock = world
     old = review.mint("old-run", "victim")
-    assert check(auth, old)[0] == 200  # granted, and cached
+    assert check(auth, old)[0] == 200
     # The run is deleted and created again under the same name: a new uid and a new job.
     ns.runs[NS, "victim"] = RunRef("victim", "uid-victim-2", "victim", "job-uid-victim-2")
     ns.jobs[NS, "victim"] = job("victim", uid="job-uid-victim-2", owner="uid-victim-2")
     ns.pods[NS, "victim-worker-0"] = pod("victim-worker-0", "victim", uid="pod-2",
                                          owner_uid="job-uid-victim-2")  # fmt: skip
     status, reason = check(auth, old)
-    assert status == 403 and "status/uid-victim-2" in reason  # the cached grant is not used
+    assert status == 403 and "status/uid-victim-2" in reason  # the new run's audience
     new = review.mint("new-run", "victim", uid="uid-victim-2", bound_uid="pod-2")
     assert check(auth, new)[0] == 200
     assert protocol.run_audience(NS, "victim", "uid-victim-2").endswith("/status/uid-victim-2")
 
 
-def test_an_unknown_run_costs_no_review_and_no_read(world) -> None:
+def test_an_unknown_run_costs_no_key_read_and_no_lookup(world) -> None:
     ns, review, auth, _clock = world
     token = review.mint("ghost", "ghost", pod="ghost-worker-0")
     for _ in range(3):
         assert check(auth, token, run="ghost")[0] == 403
-    assert review.calls == 0 and ns.reads == []
-    assert auth.cached() == 0  # nothing kept for it either
+    assert review.fetches == [] and ns.reads == []
 
 
-def test_a_pod_is_read_once_for_all_its_tokens(world) -> None:
-    """The kubelet rotates the projected token: each new token costs a TokenReview, not another
-    read of the pod (cached by the pod's uid)."""
+def test_reports_cost_no_api_call_but_the_keys_once_and_the_job_once_a_while(world) -> None:
+    """The kubelet rotates the projected token: each new token is verified with the keys read
+    at the first one, its pod looked up in the watch; the job is read once per ttl."""
     ns, review, auth, clock = world
     for i in range(5):
         assert check(auth, review.mint(f"rotated-{i}", "victim"))[0] == 200
-    assert [r for r in ns.reads if r[0] == "pod"] == [("pod", NS, "victim-worker-0")]
-    clock.now += 301  # past the cache's time: read again
+    assert len(review.fetches) == 2  # the discovery document and the JWKS, once
+    assert [r for r in ns.reads if r[0] == "job"] == [("job", NS, "victim")]
+    clock.now += 301  # past the job's time: read again
     assert check(auth, review.mint("later", "victim"))[0] == 200
-    assert len([r for r in ns.reads if r[0] == "pod"]) == 2
+    assert len([r for r in ns.reads if r[0] == "job"]) == 2 and len(review.fetches) == 2
 
 
 def test_a_run_without_job_uid_takes_the_job_it_controls(world) -> None:
@@ -189,10 +189,10 @@ def test_a_read_that_fails_is_500_and_not_cached(world) -> None:
     def broken(namespace: str, name: str):
         raise OSError("connection refused")
 
-    auth.binding.read_pod = broken
+    auth.binding.read_job = broken
     token = review.mint("t", "victim")
     assert check(auth, token)[0] == 500
-    auth.binding.read_pod = ns.read_pod
+    auth.binding.read_job = ns.read_job
     assert check(auth, token)[0] == 200
 
 
@@ -219,3 +219,31 @@ def test_run_directory_follows_the_watch() -> None:
     assert runs.get(NS, "r") is None and len(runs) == 0
     runs.note({"metadata": {"name": "no-uid", "namespace": NS}})
     assert len(runs) == 0
+
+
+def test_pod_directory_follows_the_watch() -> None:
+    """A pod's token binds while the pod is live with the token's uid: a deleted pod's token
+    stops working when the watch says so; a late DELETED of a replaced pod changes nothing."""
+    pods = PodDirectory()
+    first = pod("victim-worker-0", "victim", uid="p1")
+    pods.note(first)
+    owner = ("PyTorchJob", "kubeflow.org/v1", "victim", job_uid("victim"))
+    assert pods.owner(NS, "victim-worker-0", "p1") == owner
+    assert pods.owner(NS, "victim-worker-0", "p2") is None  # another pod's uid
+    pods.note(pod("victim-worker-0", "victim", uid="p2"))  # replaced under the same name
+    pods.note(first, deleted=True)  # the old one's late DELETED
+    assert pods.owner(NS, "victim-worker-0", "p2") == owner and len(pods) == 1
+    pods.note(pod("victim-worker-0", "victim", uid="p2"), deleted=True)
+    assert pods.owner(NS, "victim-worker-0", "p2") is None and len(pods) == 0
+    pods.note({"metadata": {"name": "no-uid", "namespace": NS}})
+    assert len(pods) == 0
+
+
+def test_a_deleted_pods_token_is_refused(world) -> None:
+    """Nothing is cached per token: the pod's deletion takes effect at the next report."""
+    ns, review, auth, _clock = world
+    token = review.mint("w", "victim")
+    assert check(auth, token)[0] == 200
+    del ns.pods[NS, "victim-worker-0"]
+    status, reason = check(auth, token)
+    assert status == 403 and "is not there" in reason

@@ -1,4 +1,4 @@
-"""The controller's progress endpoint (controller/progress.py) with a fake TokenReview: the auth
+"""The controller's progress endpoint (controller/progress_server.py) with a fake issuer: the auth
 matrix over real HTTPS, the payload checks, rate-limited status writes counted with an injected
 clock, and the per-run event budget. No API server: tests/e2e/test_progress.py has the real one."""
 
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from progress_fakes import FakeNamespace, FakeReview, pod_uid
+from progress_fakes import FakeIssuer, FakeNamespace
 
 from megdet import progress as protocol
 from megdet.controller import metrics
@@ -19,7 +19,6 @@ from megdet.controller.planning import plan_children
 from megdet.controller.progress_ca import ServingCert, service_hosts
 from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
-from megdet.controller.tokenauth import RunAuthenticator
 
 NS = "vision"
 
@@ -82,8 +81,8 @@ def endpoint(cert):
     clock = Clock()
     api = FakeAPI({(NS, "r1"): run_obj("r1"), (NS, "r2"): run_obj("r2"),
                    (NS, "tj"): run_obj("tj", "trainjob")})  # fmt: skip
-    review = FakeReview()
-    auth = RunAuthenticator(review, *FakeNamespace().auth_parts(clock), clock=clock)
+    review = FakeIssuer()
+    auth = FakeNamespace().authenticator(review)
     hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
     server = ProgressServer(("127.0.0.1", 0), hub, auth, cert.context, clock=clock)
     import threading
@@ -121,10 +120,8 @@ def test_auth_matrix(endpoint) -> None:
     body = report(10)
     own = review.mint("tok-r1", "r1")
     other = review.mint("tok-r2", "r2")
-    forged_audience = "tok-wrong-aud"
     elsewhere = "trainer.kubeflow.org/v1alpha1/whatever"
-    review.tokens[forged_audience] = (elsewhere, NS, "r1-worker-0", pod_uid("r1-worker-0"))
-    other_ns = review.mint("tok-other-ns", "r1", namespace="elsewhere")
+    forged_audience = review.mint("tok-wrong-aud", "r1", audience=elsewhere)
     no_pod = review.mint("tok-no-pod", "r1", pod="")
     stray_pod = review.mint("tok-stray", "r1", pod="stray")
     gone_pod = review.mint("tok-gone", "r1", pod="deleted-pod")
@@ -134,12 +131,9 @@ def test_auth_matrix(endpoint) -> None:
     assert post("r1", body, "not-a-token")[0] == 403
     assert post("r1", body, forged_audience)[0] == 403
     assert post("r1", body, other)[0] == 403  # another run's (valid) token
-    # The review is audience-bound, so a token for r1 minted as if in another namespace is
-    # still not for this run's audience; and one that claims the right audience but names
-    # another namespace's ServiceAccount is refused on the username.
-    r1_pod = "r1-worker-0"
-    audience = protocol.run_audience(NS, "r1", "uid-r1")
-    review.tokens[other_ns] = (audience, "elsewhere", r1_pod, pod_uid(r1_pod))
+    # A token for r1's audience of another namespace's ServiceAccount (and pod) is refused on
+    # its kubernetes.io claims.
+    other_ns = review.mint("tok-other-ns", "r1", sa_namespace="elsewhere")
     assert post("r1", body, other_ns)[0] == 403
     assert post("r1", body, no_pod)[0] == 403  # not bound to a pod
     # Pods not named as the training operator names r1's: refused without reading a pod.
@@ -159,23 +153,12 @@ def test_auth_matrix(endpoint) -> None:
     assert r1_patch["progress"]["iteration"] == 10 and r1_patch["progress"]["percent"] == 1
 
 
-def test_verdicts_are_cached_per_token_and_expire(endpoint) -> None:
-    post, review, _api, _hub, clock, auth = endpoint
-    token = review.mint("tok-cache", "r1")
+def test_reports_read_the_issuers_keys_once(endpoint) -> None:
+    """No API call per report: the discovery document and JWKS are read at the first token."""
+    post, review, _api, _hub, _clock, _auth = endpoint
     for i in range(5):
-        assert post("r1", report(i), token)[0] == 200
-    assert review.calls == 1
-    clock.now += auth.allow_ttl + 1
-    assert post("r1", report(6), token)[0] == 200
-    assert review.calls == 2
-
-
-def test_cache_is_bounded() -> None:
-    review = FakeReview()
-    auth = RunAuthenticator(review, *FakeNamespace().auth_parts(), max_entries=3)
-    for i in range(10):
-        auth.check(f"Bearer {review.mint(f't{i}', 'r1')}", NS, "r1")
-    assert auth.cached() == 3
+        assert post("r1", report(i), review.mint(f"tok-{i}", "r1"))[0] == 200
+    assert review.fetches == ["/.well-known/openid-configuration", "/openid/v1/jwks"]
 
 
 def test_unknown_run_404_trainjob_run_404_bad_payload_422(endpoint) -> None:
@@ -183,10 +166,10 @@ def test_unknown_run_404_trainjob_run_404_bad_payload_422(endpoint) -> None:
     ghost = review.mint("tok-ghost", "ghost", pod="r1-worker-0")
     assert post("ghost", report(1), ghost)[0] == 403  # r1's pod: refused before the run lookup
     # The pod's name is checked first, without reading it: r1's pod is not ghost's.
-    auth_ok = RunAuthenticator(review, *FakeNamespace().auth_parts())
-    assert auth_ok.check("Bearer tok-ghost", NS, "ghost").status == 403
-    review.mint("tok-ghost3", "ghost", pod="ghost-master-0")
-    assert auth_ok.check("Bearer tok-ghost3", NS, "ghost").status == 200
+    auth_ok = FakeNamespace().authenticator(review)
+    assert auth_ok.check(f"Bearer {ghost}", NS, "ghost").status == 403
+    ghost3 = review.mint("tok-ghost3", "ghost", pod="ghost-master-0")
+    assert auth_ok.check(f"Bearer {ghost3}", NS, "ghost").status == 200
     with pytest.raises(UnknownRun):
         hub.report(NS, "ghost", {"iteration": 1})
     with pytest.raises(UnknownRun, match="trainjob"):

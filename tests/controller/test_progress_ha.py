@@ -26,12 +26,13 @@ from kmock_helpers import (
     run_status,
     stop_operator,
 )
+from progress_fakes import FakeIssuer
 from progress_kmock import (
     OPS,
     apost,
     obj,
-    review_tokens,
     run_with_pod,
+    serve_issuer,
     start_progress_operator,
 )
 
@@ -55,8 +56,8 @@ async def test_two_replicas_share_the_ca_only_the_active_one_serves_and_failover
         "kind": "ClusterKopfPeering",
         "metadata": {"name": PEERING_NAME},
     }
-    tokens: dict[str, tuple[str, str, str]] = {}
-    review_tokens(cluster, tokens)
+    issuer = FakeIssuer()
+    serve_issuer(cluster, issuer)
     leader = await start_progress_operator(cluster, 200, PEERING_NAME)
     follower = await start_progress_operator(cluster, 100, PEERING_NAME)
     try:
@@ -69,7 +70,7 @@ async def test_two_replicas_share_the_ca_only_the_active_one_serves_and_failover
             lambda: leader.leadership.active() and not follower.leadership.active(),
             message="the higher priority to be the active replica",
         )
-        token = await run_with_pod(cluster, "r", tokens)
+        token = await run_with_pod(cluster, "r", issuer)
         await eventually(lambda: obj(cluster, "v1/configmaps", NAMESPACE, CA_CONFIG_MAP))
         assert obj(cluster, "v1/configmaps", NAMESPACE, CA_CONFIG_MAP)["data"][CA_KEY] == ca
 
@@ -111,9 +112,9 @@ async def test_two_replicas_share_the_ca_only_the_active_one_serves_and_failover
 async def test_an_edited_or_deleted_ca_config_map_is_written_back(cluster) -> None:
     op = await start_progress_operator(cluster)
     try:
-        tokens: dict[str, tuple[str, str, str]] = {}
-        review_tokens(cluster, tokens)
-        await run_with_pod(cluster, "r", tokens)
+        issuer = FakeIssuer()
+        serve_issuer(cluster, issuer)
+        await run_with_pod(cluster, "r", issuer)
         ca = op.progress_service.cert.ca_pem
         config = lambda: obj(cluster, "v1/configmaps", NAMESPACE, CA_CONFIG_MAP)  # noqa: E731
         await eventually(lambda: (config() or {}).get("data", {}).get(CA_KEY) == ca)

@@ -1,10 +1,12 @@
 """The progress endpoint cannot be used to take the controller down:
-names bounded to what Kubernetes allows, nothing remembered for a request without a token,
-every cache and set bounded, TokenReviews rate-limited per source, grants never evicted by
-refusals, report values checked against their ranges, a refused status write dropped.
+names bounded to what Kubernetes allows, nothing remembered for a request without a token or
+with a forged one, the issuer's keys read at most once a period however many made-up key ids
+come, every set bounded, report values checked against their ranges, a refused status write
+dropped. (/metrics keeps its TokenReview cache and per-source limiter: their bounds are
+tested here too.)
 
-The token decision itself (audience, pod binding) is faked here (``_decide``), so these tests
-exercise only what lies around it: tests/controller/test_progress_endpoint.py has the
+The token check is the real one over a fake issuer and namespace
+(tests/controller/progress_fakes.py): tests/controller/test_progress_binding.py has the
 decision, tests/e2e/test_progress.py the real API server."""
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
+import jwt
 import pytest
+from progress_fakes import FakeIssuer, FakeNamespace
 
 from megdet import progress as protocol
 from megdet.controller import metrics
-from megdet.controller.progress_binding import RunRef
+from megdet.controller.progress_auth import REFRESH_SECONDS, RunAuthenticator
 from megdet.controller.progress_hub import (
     MAX_INT64,
     HubFull,
@@ -29,13 +33,7 @@ from megdet.controller.progress_hub import (
     out_of_range,
 )
 from megdet.controller.progress_server import MAX_LOGGED, ProgressServer, run_of_path
-from megdet.controller.tokenauth import (
-    MAX_TOKEN_LENGTH,
-    RunAuthenticator,
-    SourceLimiter,
-    Verdict,
-    VerdictCache,
-)
+from megdet.controller.tokenauth import MAX_TOKEN_LENGTH, SourceLimiter, Verdict, VerdictCache
 
 NS = "vision"
 
@@ -49,28 +47,20 @@ class Clock:
 
 
 class Authenticator(RunAuthenticator):
-    """The real cache and limiter around a fake decision: ``good`` tokens are their run's."""
+    """The real check over a fake issuer and namespace; a token named in ``good`` stands for the
+    pod token of its run (minted by the issuer)."""
 
-    def __init__(self, good: Mapping[str, str], **kwargs: Any) -> None:
-        super().__init__(
-            review=self._no_review,
-            runs=lambda namespace, name: RunRef(name=name, uid=f"uid-{name}"),
-            binding=None,  # never asked: _decide is the fake's
-            **kwargs,
-        )
-        self.good = dict(good)
-        self.decisions = 0
+    def __init__(self, good: Mapping[str, str], clock: Clock) -> None:
+        self.issuer = FakeIssuer()
+        namespace = FakeNamespace()
+        super().__init__(self.issuer.keys(clock), namespace.run, namespace.binding(clock))
+        self.minted = {label: self.issuer.mint(label, run) for label, run in good.items()}
 
-    @staticmethod
-    def _no_review(token: str, audiences: list[str]) -> Mapping[str, Any]:
-        raise AssertionError("the fake decides without a TokenReview")
-
-    def _decide(self, token: str, namespace: str, run: RunRef) -> Verdict:
-        self.decisions += 1
-        name = run.name
-        if self.good.get(token) == name:
-            return Verdict(200, "the run's pod", f"{name}-worker-0")
-        return Verdict(403, "not this run's token")
+    def check(self, authorization: str | None, *args: Any, **kwargs: Any) -> Verdict:
+        scheme, _, label = (authorization or "").partition(" ")
+        if label in self.minted:
+            authorization = f"{scheme} {self.minted[label]}"
+        return super().check(authorization, *args, **kwargs)
 
 
 class FakeAPI:
@@ -108,10 +98,10 @@ def body(iteration: int = 10, **metrics_: str) -> bytes:
     return json.dumps(req).encode()
 
 
-def make(clock: Clock, good: Mapping[str, str] | None = None, **auth_kwargs: Any):
+def make(clock: Clock, good: Mapping[str, str] | None = None):
     api = FakeAPI({(NS, "r1"): run_obj("r1"), (NS, "r2"): run_obj("r2")})
     hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
-    auth = Authenticator(good or {}, clock=clock, **auth_kwargs)
+    auth = Authenticator(good or {}, clock)
     # Not started: handle() is called directly (the HTTP plumbing: test_http_limits.py).
     server = ProgressServer(("127.0.0.1", 0), hub, auth, None, clock=clock)
     return server, hub, auth, api
@@ -149,7 +139,7 @@ def test_paths_are_bounded_to_kubernetes_names() -> None:
 
 def test_a_flood_without_tokens_remembers_nothing() -> None:
     """20,000 POSTs with long random names and no, malformed or oversized tokens: every
-    structure of the endpoint stays empty, and no token is reviewed."""
+    structure of the endpoint stays empty, and the issuer's keys are never read."""
     clock = Clock()
     server, hub, auth, _api = make(clock)
     rng = random.Random(22)
@@ -163,19 +153,20 @@ def test_a_flood_without_tokens_remembers_nothing() -> None:
         code, _ = server.handle(path, authorization, "2", io.BytesIO(b"{}"))
         assert code in (401, 404)
     assert server.logged == {}
-    assert auth.cached() == 0 and auth.decisions == 0
-    assert len(auth.limiter) == 0
+    assert auth.issuer.fetches == []
     assert hub.runs == {}
     after = metrics.sample("megdet_controller_progress_reports_total", {"result": "not_found"})
     assert after - before > 0  # invalid paths are counted, not remembered
 
 
 def test_a_flood_of_random_tokens_stays_bounded_and_keeps_the_grants() -> None:
-    """Random well-formed tokens for valid names from many addresses: reviews are limited per
-    address (429), refusals kept in their own bounded pool and log set, grants never evicted."""
+    """Random well-formed tokens for valid names from many addresses: all refused (403) without
+    an API call (none decodes as a JWT), nothing kept per token, the log set bounded, and the
+    run's own pod still reports."""
     clock = Clock()
-    server, hub, auth, _api = make(clock, {"good": "r1"}, max_entries=64, review_burst=5)
+    server, hub, auth, _api = make(clock, {"good": "r1"})
     assert post(server, protocol.run_status_path(NS, "r1"), "good", body(), "10.0.0.1")[0] == 200
+    reads = len(auth.issuer.fetches)
     rng = random.Random(7)
     codes: dict[int, int] = {}
     for i in range(20_000):
@@ -184,37 +175,37 @@ def test_a_flood_of_random_tokens_stays_bounded_and_keeps_the_grants() -> None:
         token = random_name(rng, 40)
         code, _ = post(server, protocol.run_status_path(NS, name), token, b"{}", f"10.1.{i % 50}.1")
         codes[code] = codes.get(code, 0) + 1
-    assert set(codes) == {403, 429}
-    # At most a burst per address, plus what 20 s of refill at 1/s gives each of 50 addresses.
-    assert auth.decisions <= 1 + 50 * (5 + 21)
-    allowed, denied = auth._cache.sizes()
-    assert allowed == 1 and denied <= 64
+    assert set(codes) == {403}
+    assert len(auth.issuer.fetches) == reads == 2
     assert len(server.logged) <= MAX_LOGGED
-    assert len(auth.limiter) <= auth.limiter.max_sources
     assert set(hub.runs) == {(NS, "r1")}
-    decisions = auth.decisions
     assert post(server, protocol.run_status_path(NS, "r1"), "good", body(11), "10.0.0.1")[0] == 200
-    assert auth.decisions == decisions  # the grant was still cached: no new review
 
 
-def test_reviews_are_rate_limited_per_source_address() -> None:
+def test_made_up_key_ids_read_the_keys_at_most_once_a_period() -> None:
+    """Signed-looking tokens naming key ids the issuer never had: each costs a look in the
+    keys held; the keys are read again at most once every REFRESH_SECONDS (a key rotated in is
+    found then), so a flood cannot turn into a flood of reads of the API server."""
     clock = Clock()
-    server, _hub, auth, _api = make(clock, {"good": "r1"}, review_burst=3, reviews_per_second=0.5)
-    path = protocol.run_status_path(NS, "r2")
-    before = metrics.sample("megdet_controller_progress_reports_total", {"result": "rate_limited"})
-    codes = [post(server, path, f"bad-{i}", b"{}", "10.0.0.9")[0] for i in range(5)]
-    assert codes == [403, 403, 403, 429, 429]
-    code, status = post(server, path, "bad-x", b"{}", "10.0.0.9")
-    assert code == 429 and status["reason"] == "TooManyRequests"
-    # Another address is not held back by this one; a cached verdict costs no token at all.
-    assert post(server, path, "bad-y", b"{}", "10.0.0.10")[0] == 403
-    assert post(server, path, "bad-0", b"{}", "10.0.0.9")[0] == 403  # cached refusal
-    clock.now += 2  # refilled: one more review
-    assert post(server, path, "bad-z", b"{}", "10.0.0.9")[0] == 403
-    assert post(server, path, "bad-w", b"{}", "10.0.0.9")[0] == 429
-    after = metrics.sample("megdet_controller_progress_reports_total", {"result": "rate_limited"})
-    assert after - before == 4
-    assert auth.decisions == 5
+    server, _hub, auth, _api = make(clock, {"good": "r1"})
+    path = protocol.run_status_path(NS, "r1")
+    assert post(server, path, "good", body(), "10.0.0.1")[0] == 200
+    forged = [jwt.encode({"sub": "x"}, "k" * 32, algorithm="HS256", headers={"kid": f"kid-{i}"})
+              for i in range(1000)]  # fmt: skip
+    for i, token in enumerate(forged):
+        clock.now += 0.01  # 10 s in all
+        assert post(server, path, token, b"{}", f"10.2.{i % 50}.1")[0] == 403
+    assert len(auth.issuer.fetches) == 2  # read once, at the good token
+    clock.now += REFRESH_SECONDS
+    for token in forged[:100]:
+        assert post(server, path, token, b"{}", "10.2.0.1")[0] == 403
+    assert len(auth.issuer.fetches) == 4  # once more for the whole next period
+    # A rotated-in key: found at the next read.
+    auth.issuer.rotate("k2")
+    rotated = auth.issuer.mint("rot", "r1", kid="k2")
+    assert post(server, path, rotated, body(12), "10.0.0.1")[0] == 403  # within the period
+    clock.now += REFRESH_SECONDS
+    assert post(server, path, rotated, body(12), "10.0.0.1")[0] == 200
 
 
 def test_refusals_never_evict_grants() -> None:

@@ -22,7 +22,7 @@ EXPECTED_RULES = {
     ("", "events"): {"create"},
     # The runs' pods, read only: watched for why they cannot start (PodsStarted); the pod a
     # progress report's token is bound to, read.
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"list", "watch"},
     # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace and
     # watched (by that name) to write it back.
     ("", "configmaps"): {"create"},

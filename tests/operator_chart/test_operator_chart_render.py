@@ -32,7 +32,7 @@ def test_defaults_render_the_controller_objects_and_nothing_optional() -> None:
             # admission policy with its binding.
             *("ConfigMap", "ClusterRole", "ValidatingAdmissionPolicy"),
             "ValidatingAdmissionPolicyBinding",
-            # controller.progressEnabled: the progress endpoint's TokenReview right, its rights
+            # controller.progressEnabled: the progress endpoint's issuer-discovery right, its rights
             # in the release namespace (the shared CA Secret, the active replica's pod label)
             # and its Service.
             *("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service"),

@@ -207,3 +207,30 @@ def test_metrics_role_names_fit_and_stay_distinct_for_a_long_release() -> None:
         if r["metadata"]["name"].endswith(("-metrics-auth", "-metrics-reader"))
     ]
     assert len(names) == len(set(names)) == 3 and all(len(n) <= 63 for n in names), names
+
+
+# --- controller.progressEnabled ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "values", [{}, {"controller": {"watchNamespaces": ["vision"]}}], ids=["all", "watchNamespaces"]
+)
+def test_progress_gives_the_controller_the_issuer_discovery_urls_and_no_token_reviews(values):
+    """The endpoint verifies the pods' tokens with the issuer's keys (progress_auth.py): get on
+    the discovery document and the JWKS, cluster-wide (non-resource URLs), bound to the
+    controller's ServiceAccount; no TokenReview right for it."""
+    rendered = render({**values, "metrics": {"secure": False}})
+    role = rendered.named("ClusterRole", f"{RELEASE}-progress")
+    assert rules(role) == {
+        ("nonResourceURL", "/.well-known/openid-configuration"): {"get"},
+        ("nonResourceURL", "/openid/v1/jwks"): {"get"},
+    }
+    binding = rendered.named("ClusterRoleBinding", f"{RELEASE}-progress")
+    account = rendered.one("ServiceAccount")["metadata"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    docs = rendered.of_kind("ClusterRole") + rendered.of_kind("Role")
+    granted = {key for doc in docs for key in rules(doc)}
+    assert ("authentication.k8s.io", "tokenreviews") not in granted

@@ -120,10 +120,11 @@ checks them against every API call it makes against kmock). No secrets, no wildc
   verbs: ["create"]
 # The runs' trainer pods (label app.kubernetes.io/part-of=megdet), watched, never written: why
 # a pod cannot start (the kubelet's reason) goes to its run's PodsStarted condition. The
-# progress endpoint reads the pod a report's token is bound to (controller/progress_binding.py).
+# progress endpoint finds the pod a report's token is bound to in this watch
+# (controller/progress_binding.py): no pod is read.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 # Kueue's Workloads of the runs' jobs, watched, never written: a run waiting for admission says
 # Kueue's reason (condition Admitted, stage Queued). Without Kueue nothing is watched.
 - apiGroups: ["kueue.x-k8s.io"]
