@@ -51,7 +51,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "e2e"))
+# The e2e tests' modules, and the tests' own (test_e2e_real_training imports try_locally).
+sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests")]
 
 from e2e_helpers import (  # noqa: E402  (tests/e2e is not a package)
     CONTROLLER_USER,
