@@ -109,8 +109,12 @@ class PodWatch:
 
     def _run(self, api) -> None:
         while not self._stopped:
-            for event in self._watch.stream(api.list_namespaced_pod, NS):
-                self._record(event)
+            try:
+                for event in self._watch.stream(api.list_namespaced_pod, NS):
+                    self._record(event)
+            except Exception as err:  # a dropped connection: watch again (the list re-adds)
+                print(f"elastic_real_node: pod watch: {err}; watching again", file=sys.stderr)
+                time.sleep(0.5)
 
     def _record(self, event: dict[str, Any]) -> None:
         now = time.time()
