@@ -1,4 +1,8 @@
-"""The users' own command for real: `helm install` of the run chart on the real node.
+"""The users' own command for real: `helm install` of the run chart on the real node, with
+README.md's "Try it locally" commands, read from the README (tests/try_locally.py): its storage
+(the `volumes` fixture), its run chart (the first test) and its operator and MegDetRun (the
+controller pod's test) are run as written, against this session's cluster, and the images go
+into the node the way `make cluster` loads them (megdet.cluster.local_images).
 
 The training image this machine built (``megdet.image.build``'s ``train-ci``: the Dockerfile's
 ``train`` stage from package registries) is imported into the real node's containerd; the
@@ -22,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import try_locally
 import yaml
 from e2e_helpers import (
     E2E_ROOT,
+    ROOT,
     apply_objects,
     eventually,
     get_json,
@@ -34,11 +40,14 @@ from e2e_helpers import (
     pods_of,
 )
 
-from megdet.cluster.node import NODE_NAME, ctr, import_image, pod_placement
+from megdet.cluster.local_images import link_clients, load_images
+from megdet.cluster.node import NODE_NAME, ctr, pod_placement
 from megdet.trainer.evaluation import METRICS_FILE
 from megdet.trainer.ownership import STAMP_FILE
 
-NS = "real-train"
+#: README.md's local example: its storage (namespace, claims), run values and MegDetRun.
+EXAMPLE = ROOT / "examples" / "local"
+NS = next(yaml.safe_load_all((EXAMPLE / "volumes.yaml").read_text()))["metadata"]["name"]
 RELEASE = "tiny"
 #: The image's user (Dockerfile: USER 10001); a hostPath volume gets no fsGroup, so the output
 #: folder belongs to it as it would on an NFS export made for the run.
@@ -52,14 +61,28 @@ pytestmark = [pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
-def train_image(real_node) -> str:
-    """The e2e variant of the training image, built (or found, by its inputs' digest) and put
-    into the real node's containerd."""
+def train_image(kube, real_node) -> str:
+    """The e2e variant of the training image and the controller image (`make suite-images`),
+    built (or found, by their inputs' digest) and put into the real node's containerd by what
+    `make cluster` runs; the README's values name the training image."""
     from megdet.image.build import build
 
-    archive = build("train-ci")
-    names = import_image(real_node.socket, archive, timeout=1800)
-    return names[0]
+    variants = ("train-ci", "controller")
+    for variant in variants:
+        build(variant)
+    said: list[str] = []
+    names = load_images(kube, variants, echo=said.append, timeout=1800)
+    print("\n".join(said))
+    image = next(n for n in names if n.startswith("ghcr.io/megdet/megdet:"))
+    assert any(line.startswith(("loaded ", "ghcr.io")) and image in line for line in said), said
+    # `make cluster` again (or `make cluster-images`) leaves an image the node holds as it is.
+    again: list[str] = []
+    load_images(kube, ["controller"], echo=again.append)
+    assert f"already on {NODE_NAME}" in again[0], again
+    link_clients(kube)
+    readme = yaml.safe_load((EXAMPLE / "values.yaml").read_text())["image"]
+    assert f"{readme['repository']}:{readme['tag']}" == image, "README's values name another image"
+    return image
 
 
 def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
@@ -111,8 +134,29 @@ def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def volumes(kube, real_node) -> Iterator[dict[str, Path]]:
-    """The shapes dataset and an empty output folder, each on a PersistentVolume."""
-    yield from shapes_volumes(kube, NS)
+    """The shapes dataset and an empty output folder, each on a PersistentVolume: README's
+    storage commands, as written (their folders are fixed paths under /tmp)."""
+    pvs = [d for d in yaml.safe_load_all((EXAMPLE / "volumes.yaml").read_text()) if
+           d["kind"] == "PersistentVolume"]  # fmt: skip
+    paths = {pv["spec"]["claimRef"]["name"]: Path(pv["spec"]["hostPath"]["path"]) for pv in pvs}
+    folders = {path.parent for path in paths.values()}
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    for command in try_locally.paragraphs()["storage"]:
+        try_locally.run(command, kube.root)
+    eventually(
+        lambda: all(
+            get_json(kube, "pvc", claim, "-n", NS)["status"].get("phase") == "Bound"
+            for claim in paths
+        ),
+        message="both claims bound to their volumes",
+    )
+    yield paths
+    kube.kubectl("delete", "namespace", NS, "--wait=false", check=False)
+    kube.kubectl("delete", "pv", *(pv["metadata"]["name"] for pv in pvs), "--wait=false",
+                 check=False)  # fmt: skip
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def shapes_volumes(kube, ns: str) -> Iterator[dict[str, Path]]:
@@ -143,37 +187,14 @@ def shapes_volumes(kube, ns: str) -> Iterator[dict[str, Path]]:
 
 
 def run_values(image: str) -> dict[str, Any]:
-    """The chart's values for the tiny run on the real node."""
+    """The chart's values for the tiny run on the real node: README's (examples/local), with
+    ``image``."""
+    values = yaml.safe_load((EXAMPLE / "values.yaml").read_text())
     repository, tag = image.rsplit(":", 1)
-    placement = pod_placement()
-    return {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "runName": RELEASE,
-        "gpus": 2,
-        "gpusPerNode": 1,
-        "imagesPerGpu": 2,
-        "referenceBatch": 4,
-        "baseLr": 0.01,
-        "maxIter": MAX_ITER,
-        "steps": [20],
-        "warmupIters": 5,
-        "config": "megdet_tiny_cpu.yaml",
-        "numWorkers": 0,
-        "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": 10, "SEED": 7},
-        "dataset": {
-            "claimName": "data",
-            "trainJson": "train.json",
-            "trainImages": "train",
-            "valJson": "val.json",
-            "valImages": "val",
-        },
-        "output": {"claimName": "output"},
-        "shm": {"sizeLimit": "256Mi"},
-        "resources": {"qos": "Burstable", "cpu": "500m", "memory": "2Gi"},
-        "terminationGracePeriodSeconds": 60,
-        "nodeSelector": placement["nodeSelector"],
-        "tolerations": placement["tolerations"],
-    }
+    values["image"] = {**values["image"], "repository": repository, "tag": tag}
+    assert values["runName"] == RELEASE and values["maxIter"] == MAX_ITER
+    assert {k: values[k] for k in pod_placement()} == pod_placement()
+    return values
 
 
 def job_condition(kube, ns: str, name: str) -> str | None:
@@ -184,17 +205,16 @@ def job_condition(kube, ns: str, name: str) -> str | None:
     return None
 
 
-def test_helm_install_trains_on_the_real_node_to_succeeded(
-    kube, train_image, volumes, tmp_path
-) -> None:
+def test_helm_install_trains_on_the_real_node_to_succeeded(kube, train_image, volumes) -> None:
     # One run shows two things: the release starts on 1 GPU, is uninstalled after a checkpoint
     # (the kubelet's SIGTERM: the trainer saves where it stops), and is installed again with
     # gpus 2 over the same output volume; the trainer continues it at equal images seen, and the
-    # second job trains to Succeeded on two real pods.
+    # second job trains to Succeeded on two real pods. The second install, its wait, logs and
+    # report are README's run-chart commands as written; the first is README's install on 1 GPU.
     run_dir = volumes["output"] / RELEASE
-    values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({**run_values(train_image), "gpus": 1}))
-    helm(kube, "install", RELEASE, "charts/megdet", "-n", NS, "-f", str(values))
+    install, *after = try_locally.paragraphs()["run chart"]
+    assert install.startswith(f"helm install {RELEASE} charts/megdet -n {NS} "), install
+    try_locally.run(f"{install} --set gpus=1", kube.root)
     first = get_json(kube, "pytorchjobs", "-n", NS)["items"][0]["metadata"]["name"]
     # Batch 2 on 1 GPU: the checkpoint period of 10 reference iterations is 20 of these.
     eventually(
@@ -207,14 +227,17 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(
         lambda: not pods_of(kube, NS, f"training.kubeflow.org/job-name={first}"),
         timeout=300, message="the 1-GPU run's pods gone",
     )  # fmt: skip
-    values.write_text(yaml.safe_dump(run_values(train_image)))
-    helm(kube, "install", RELEASE, "charts/megdet", "-n", NS, "-f", str(values))
+    try_locally.run(install, kube.root)
     job = get_json(kube, "pytorchjobs", "-n", NS)["items"][0]["metadata"]["name"]
 
-    def finished() -> str | None:
-        return job_condition(kube, NS, job)
+    def failed() -> str | None:
+        return job_condition(kube, NS, job) == "Failed" and f"the job {job} failed"
 
-    outcome = eventually(finished, timeout=1200, interval=5, message="the job to finish")
+    try:
+        said, problem = [try_locally.run(c, kube.root, 1200, failed).stdout for c in after], ""
+    except AssertionError as err:
+        said, problem = [], str(err)
+    outcome = job_condition(kube, NS, job)
     pods = pods_of(kube, NS, f"training.kubeflow.org/job-name={job}")
     logs = {
         p["metadata"]["name"]: kube.kubectl(
@@ -222,7 +245,7 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(
         ).stdout
         for p in pods
     }
-    assert outcome == "Succeeded", json.dumps(logs, indent=1)[-6000:]
+    assert outcome == "Succeeded" and not problem, problem + json.dumps(logs, indent=1)[-6000:]
 
     # Two real pods on the real node, admitted under `restricted` and run by the kubelet.
     assert sorted(p["metadata"]["labels"]["training.kubeflow.org/replica-type"] for p in pods) == [
@@ -243,6 +266,9 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(
     # `kubectl logs` of the Master shows the loss; the run's files are on the output volume.
     master_log = logs[f"{job}-master-0"]
     assert "total_loss" in master_log, master_log[-3000:]
+    # README's `kubectl logs | grep` showed loss lines, and `megdet report` the run's AP.
+    assert [c for c in after if c.startswith("kubectl logs")] and "total_loss" in "".join(said)
+    assert "AP" in said[-1] and after[-1].startswith(".venv/bin/megdet report"), said[-1]
     assert (run_dir / "model_final.pth").stat().st_size > 0
     metrics = json.loads((run_dir / METRICS_FILE).read_text())
     ap = metrics["bbox"]["AP"]
@@ -265,32 +291,20 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(
     assert (run_dir / STAMP_FILE).is_file()
 
 
-#: What the platform team changes to run the operator on the real node: the controller image
-#: built here, placement on the node, and the node's taint among the keys runs may tolerate.
-RUN = "tiny-mdr"
+#: README's MegDetRun (examples/local/megdetrun.yaml).
+RUN = yaml.safe_load((EXAMPLE / "megdetrun.yaml").read_text())["metadata"]["name"]
 
 
 @pytest.fixture(scope="module")
-def controller_pod(kube, real_node, controller, operator_chart, tmp_path_factory):
+def controller_pod(kube, real_node, controller, operator_chart, train_image):
     """The operator chart's controller as a real pod on the real node (not the host process the
-    other e2e tests use, which is stopped meanwhile): `helm upgrade` with the controller image
-    built here; rolled back afterwards."""
-    from megdet.image.build import build
-
-    (image,) = import_image(real_node.socket, build("controller"), timeout=600)[:1]
-    repository, tag = image.rsplit(":", 1)
-    placement = pod_placement()
-    values = tmp_path_factory.mktemp("operator") / "values.yaml"
-    values.write_text(
-        yaml.safe_dump(
-            {
-                "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-                "replicaCount": 1,
-                **placement,
-                "policy": {"tolerationKeys": ["nvidia.com/gpu", "megdet.io/real-node"]},
-            }
-        )
-    )
+    other e2e tests use, which is stopped meanwhile): README's `helm upgrade --install` with
+    examples/local/operator-values.yaml (what the platform team changes to run the operator on
+    the real node: the controller image built here, loaded by `train_image` as `make cluster`
+    loads it, placement on the node, the node's taint among the keys runs may tolerate); rolled
+    back afterwards."""
+    install = try_locally.paragraphs()["operator"][0]
+    assert install.startswith(f"helm upgrade --install {operator_chart} charts/megdet-operator ")
     history = json.loads(
         helm(kube, "history", operator_chart, "-n", "megdet-system", "-o", "json").stdout
     )
@@ -301,10 +315,7 @@ def controller_pod(kube, real_node, controller, operator_chart, tmp_path_factory
         "label", "namespace", "megdet-system", "pod-security.kubernetes.io/enforce=restricted"
     )
     try:
-        helm(
-            kube, "upgrade", operator_chart, "charts/megdet-operator", "-n", "megdet-system",
-            "--reuse-values", "-f", str(values), "--wait", "--timeout=300s", timeout=360,
-        )  # fmt: skip
+        try_locally.run(install, kube.root, timeout=420)
         pods = pods_of(kube, "megdet-system", "app.kubernetes.io/name=megdet-operator")
         yield next(p for p in pods if p["spec"].get("nodeName") == NODE_NAME)
     finally:
@@ -336,8 +347,20 @@ def test_a_megdetrun_trains_through_the_controller_pod(
         "--", "cat", "/proc/1/maps",
     ).stdout  # fmt: skip
     assert "libjemalloc.so.2" in maps
-    spec = {k: v for k, v in run_values(train_image).items() if k != "runName"}
-    apply_objects(kube, mdr(RUN, NS, spec))
+    # README's MegDetRun: its spec is README's run values (with the image built here).
+    example = yaml.safe_load((EXAMPLE / "megdetrun.yaml").read_text())
+    assert example["metadata"]["namespace"] == NS
+    assert example["spec"] == {k: v for k, v in run_values(train_image).items() if k != "runName"}
+
+    def failed() -> str | None:
+        phase = get_json(kube, "mdr", RUN, "-n", NS)["status"]["phase"]
+        return phase == "Failed" and f"the run {RUN} failed"
+
+    said = [
+        try_locally.run(command, kube.root, 1200, failed).stdout
+        for command in try_locally.paragraphs()["operator"][1:]
+    ]
+    assert RUN in said[-1] and "Succeeded" in said[-1], said[-1]  # `kubectl get mdr -n ...`
 
     def progress() -> dict[str, Any]:
         run = get_json(kube, "mdr", RUN, "-n", NS)
