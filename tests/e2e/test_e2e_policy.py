@@ -58,6 +58,13 @@ def ns(kube, operator_chart):
         "subjects": [{"kind": "User", "name": TRUSTED, "apiGroup": "rbac.authorization.k8s.io"}],
     }  # fmt: skip
     apply_objects(kube, role, authors, grant)
+    # The API server loads a new ValidatingAdmissionPolicy and its binding asynchronously:
+    # until it has, a run outside the policy is admitted. Wait for a known refusal.
+    probe = mdr("policy-loaded", name, {"gpus": 8, "image": {"repository": "docker.io/x/y"}})
+    eventually(
+        lambda: not create_as(kube, AUTHOR, probe)[0],
+        message="the admission policy in force",
+    )
     return name
 
 
@@ -98,7 +105,7 @@ CASES: dict[str, dict[str, Any]] = {
     "kueue": {"kueue": {"queueName": "team-a"}},
     # Each gap the policy closes, refused, and its safe side, accepted.
     "apparmor-unconfined": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "unconfined"}},
-    "apparmor-localhost": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "localhost/train", "example.com/team": "a"}},
+    "apparmor-localhost": {"podAnnotations": {"container.apparmor.security.beta.kubernetes.io/pytorch": "localhost/train", "user.megdet.io/team": "a"}},
     "apparmor-profile": {"podSecurityContext": {"runAsNonRoot": True, "appArmorProfile": {"type": "Unconfined"}}},
     "seccomp-annotation": {"podAnnotations": {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"}},
     "multus-default": {"podAnnotations": {"v1.multus-cni.io/default-network": "kube-system/flat"}},
@@ -122,6 +129,10 @@ CASES: dict[str, dict[str, Any]] = {
     "reserved-preferred": {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "In", "values": ["x"]}]}}]}}},
     "avoid-reserved": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [{"key": "node-role.kubernetes.io/control-plane", "operator": "DoesNotExist"}]}]}, "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}}]}}},
     "pod-affinity-only": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}},
+    "label-outside": {"podLabels": {"app": "database"}},
+    "label-inside": {"podLabels": {"user.megdet.io/team": "a"}},
+    "annotation-outside": {"podAnnotations": {"sidecar.istio.io/inject": "true"}},
+    "group-zero": {"podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 0}},
 }  # fmt: skip
 
 
@@ -155,6 +166,7 @@ def test_the_server_and_the_controller_give_one_verdict_in_the_same_words(kube, 
         "spec.gang.queue",
         "spec.nccl.ib.memlock",
         "spec.podAnnotations",
+        "spec.podLabels",
         "spec.network.multusNetworks",
         "spec.extraVolumeMounts",
         "spec.gpuResource",
@@ -251,7 +263,7 @@ def test_a_run_the_policy_no_longer_allows_can_be_suspended_labelled_and_deleted
             message=f"the job's suspend {suspend}",
         )
     # Any other change, even by the user holding the grant: the policy as it is now.
-    edit = patch_as(kube, TRUSTED, ns, "hostnet", {"podLabels": {"team": "vision"}})
+    edit = patch_as(kube, TRUSTED, ns, "hostnet", {"podLabels": {"user.megdet.io/team": "vision"}})
     assert edit.returncode != 0
     assert "policy.privileged.hostNetwork: false" in edit.stderr
     # suspend with another change in the same request is that other change.
@@ -280,7 +292,7 @@ def test_every_spec_update_is_checked_against_the_policy_but_suspend(kube, ns) -
         mounts = [{"name": "output", "mountPath": "/mnt/o", "subPath": "victim"}]
         edit = patch_as(kube, AUTHOR, ns, "updated", {"extraVolumeMounts": mounts})
         assert edit.returncode != 0 and "policy.outputMounts: false" in edit.stderr
-        edit = patch_as(kube, AUTHOR, ns, "updated", {"podLabels": {"team": "a"}})
+        edit = patch_as(kube, AUTHOR, ns, "updated", {"podLabels": {"user.megdet.io/team": "a"}})
         assert edit.returncode == 0, edit.stderr
         edit = patch_as(kube, AUTHOR, ns, "updated", {"runPolicy": {"suspend": True}})
         assert edit.returncode == 0, edit.stderr
