@@ -42,7 +42,6 @@ __all__ = [
     "Verdict",
     "VerdictCache",
     "bearer_token",
-    "token_review",
 ]
 
 logger = logging.getLogger(__name__)
@@ -252,26 +251,6 @@ class AuthError(Exception):
     """The API server could not be asked (network, timeout, the controller lacks RBAC)."""
 
 
-#: (token, audiences) -> the TokenReview's ``status`` as a plain dict; raises AuthError.
-TokenReviewFn = Callable[[str, list[str]], Mapping[str, Any]]
-
-
-def token_review(api_client: Any, timeout: float) -> TokenReviewFn:
-    """The ``TokenReview`` through the Kubernetes client (``create`` on
-    ``authentication.k8s.io/tokenreviews``); ``audiences`` [] asks for the API server's own."""
-    from kubernetes import client as k8s
-
-    authn = k8s.AuthenticationV1Api(api_client)
-
-    def review(token: str, audiences: list[str]) -> Mapping[str, Any]:
-        spec: dict[str, Any] = {"token": token, **({"audiences": audiences} if audiences else {})}
-        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec}
-        result = _call(authn.create_token_review, body, timeout)
-        return api_client.sanitize_for_serialization(result.status) or {}
-
-    return review
-
-
 def _call(method: Callable[..., Any], body: dict[str, Any], timeout: float) -> Any:
     from kubernetes.client.exceptions import ApiException
 
@@ -349,20 +328,24 @@ class TokenAuthorizer(CachedCheck):
 
 
 class KubernetesReviewer:
-    """TokenReview (:func:`token_review`) and SubjectAccessReview through the Kubernetes
-    Python client: needs ``create`` on ``authentication.k8s.io/tokenreviews`` and
+    """TokenReview and SubjectAccessReview through the Kubernetes Python client: needs
+    ``create`` on ``authentication.k8s.io/tokenreviews`` and
     ``authorization.k8s.io/subjectaccessreviews`` (the operator chart's ``-metrics-auth``
     ClusterRole)."""
 
     def __init__(self, api_client: Any, timeout: float = 10.0) -> None:
         from kubernetes import client as k8s
 
-        self._review = token_review(api_client, timeout)
+        self._api = api_client
+        self._authn = k8s.AuthenticationV1Api(api_client)
         self._authz = k8s.AuthorizationV1Api(api_client)
         self._timeout = timeout
 
     def authenticate(self, token: str) -> User | None:
-        status = self._review(token, [])
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token}}  # fmt: skip
+        result = _call(self._authn.create_token_review, body, self._timeout)
+        status = self._api.sanitize_for_serialization(result.status) or {}
         user = status.get("user")
         if not status.get("authenticated") or not isinstance(user, Mapping):
             return None

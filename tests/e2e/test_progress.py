@@ -1,6 +1,7 @@
 """Progress reporting on the real control plane (target pytorchjob): tokens minted with the
 TokenRequest API for the run's audience and bound to the run's (kwok) pod, POSTed to the
-controller's HTTPS endpoint, checked by a real TokenReview under the chart's RBAC; the run's
+controller's HTTPS endpoint, verified by the controller with the cluster's own issuer keys
+(its OIDC discovery document and JWKS, read under the chart's RBAC); the run's
 status.progress, `kubectl get mdr` columns and Events; a forged report; a controller restart
 (the CA stays). Two replicas, failover and a re-created run: tests/e2e/test_e2e_progress_ha.py."""
 
