@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import cel
-from cel.stdlib import EXTENSIONS
-
 if TYPE_CHECKING:
+    import cel
+
     from megdet.controller.policy import Policy
 
 __all__ = ["Rule", "cel_join", "cel_quote", "context", "evaluate", "read_fields"]
 
 #: The functions of Kubernetes' CEL strings library the rules call, which the Rust interpreter
 #: lacks (``cel.stdlib`` writes them in Python).
-_STRING_FUNCTIONS: dict[str, Callable[..., Any]] = {
-    name: EXTENSIONS["strings"][name] for name in ("split", "join", "trim")
-}
+_STRING_FUNCTIONS = ("split", "join", "trim")
 
 
 @dataclass(frozen=True)
@@ -65,6 +62,10 @@ def cel_join(expr: str) -> str:
 
 @functools.cache
 def _program(text: str) -> cel.Program:
+    # Imported here: the controller extra's package; the training image builds the `megdet`
+    # command (which lists the controller's subcommands) without it.
+    import cel
+
     return cel.compile(text)
 
 
@@ -97,9 +98,12 @@ def context(
     given: the ones the rules read) and ``variables``."""
     if fields is not None and isinstance(spec, Mapping):
         spec = {k: v for k, v in spec.items() if k in fields}
+    import cel
+    from cel.stdlib import EXTENSIONS
+
     ctx = cel.Context({"s": _plain(spec), "variables": dict(values)})
-    for name, function in _STRING_FUNCTIONS.items():
-        ctx.add_function(name, function)
+    for name in _STRING_FUNCTIONS:
+        ctx.add_function(name, EXTENSIONS["strings"][name])
     return ctx
 
 
