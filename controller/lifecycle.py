@@ -247,6 +247,11 @@ def lifecycle_status(
         put(INITIALIZED, False, *view["waiting"])
     elif view.get("startedTime"):
         _trainer_conditions(put, progress, view["startedTime"], facts)
+    now_on = {c.get("type"): c.get("status") for c in conditions}
+    if "False" in (now_on.get(PODS_SCHEDULED), now_on.get(INITIALIZED)):
+        for kind in (TRAINING, EVALUATING):  # a restarted job's pods start again
+            if now_on.get(kind) == "True":
+                put(kind, False, "AttemptStarting", "this attempt's pods are starting")
     out = {**old, "conditions": conditions}
     startup = _startup(old, facts)
     if startup:

@@ -255,6 +255,46 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     assert stage_of(done) == "Succeeded"
 
 
+def test_a_restarted_jobs_new_pods_end_training_until_this_attempt_trains():
+    """The job restarted its pods (Running again): the old attempt's report does not count,
+    Training turns False and the stage is Initializing until this attempt's first iteration."""
+    training = {
+        "type": "Training",
+        "status": "True",
+        "reason": "FirstIteration",
+        "message": "first iteration done",
+        "lastTransitionTime": "2026-12-06T08:00:09Z",
+    }
+    old = run(
+        phase="Running",
+        conditions=[training],
+        progress={
+            "stage": "training",
+            "worldTime": "2026-12-06T08:00:00Z",
+            "loadedTime": "2026-12-06T08:00:05Z",
+            "firstIterationTime": "2026-12-06T08:00:09Z",
+        },
+    )
+    master = pod(
+        "tiny-master-0",
+        scheduled=scheduled("2026-12-06T08:59:02Z"),
+        containers=running("2026-12-06T08:59:10Z"),
+    )
+    worker = pod(
+        "tiny-worker-0",
+        scheduled=scheduled("2026-12-06T08:59:03Z"),
+        containers=running("2026-12-06T08:59:11Z"),
+    )
+    status = lifecycle_status(old, summaries(master, worker), None, NOW)
+    conds = conditions(status)
+    assert conds["Initialized"]["reason"] == "Rendezvous"
+    assert (conds["Training"]["status"], conds["Training"]["reason"]) == (
+        "False",
+        "AttemptStarting",
+    )
+    assert stage_of(status) == "Initializing"
+
+
 def test_pods_of_another_job_count_for_nothing():
     other = pod("tiny-master-0", scheduled=UNSCHEDULABLE)
     other["metadata"]["ownerReferences"][0]["uid"] = "someone-elses"
