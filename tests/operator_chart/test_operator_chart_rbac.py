@@ -23,6 +23,8 @@ EXPECTED_RULES = {
     # The runs' pods, read only: watched for why they cannot start (PodsStarted); the pod a
     # progress report's token is bound to, read.
     ("", "pods"): {"list", "watch"},
+    # Kueue's Workloads of the runs' jobs, read only: a queued run's Admitted condition.
+    ("kueue.x-k8s.io", "workloads"): {"list", "watch"},
     # Progress reporting: the endpoint's CA, published as one ConfigMap name per namespace and
     # watched (by that name) to write it back.
     ("", "configmaps"): {"create"},
