@@ -81,10 +81,9 @@ class RunDirectory:
         self._lock = threading.Lock()
 
     def note(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
-        namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
-        if not all(isinstance(v, str) and v for v in (namespace, name, uid)):
+        if (identity := _identity(body)) is None:
             return
+        namespace, name, uid = identity
         spec = body.get("spec") if isinstance(body.get("spec"), Mapping) else {}
         status = body.get("status") if isinstance(body.get("status"), Mapping) else {}
         key = (namespace, name)
@@ -107,6 +106,13 @@ class RunDirectory:
     def __len__(self) -> int:
         with self._lock:
             return len(self._runs)
+
+
+def _identity(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) of a watched object, None when one of them is missing."""
+    meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+    found = (meta.get("namespace"), meta.get("name"), meta.get("uid"))
+    return found if all(isinstance(v, str) and v for v in found) else None  # type: ignore[return-value]
 
 
 def _text(value: Any) -> str:
@@ -132,10 +138,9 @@ class PodDirectory:
         self._lock = threading.Lock()
 
     def note(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
-        namespace, name, uid = meta.get("namespace"), meta.get("name"), meta.get("uid")
-        if not all(isinstance(v, str) and v for v in (namespace, name, uid)):
+        if (identity := _identity(body)) is None:
             return
+        namespace, name, uid = identity
         key = (namespace, name)
         with self._lock:
             if deleted:

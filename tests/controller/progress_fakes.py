@@ -32,6 +32,16 @@ NS = "vision"
 ISSUER = "https://kubernetes.default.svc.cluster.local"
 
 
+class Clock:
+    """A clock the test moves (``now``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def run_uid(run: str) -> str:
     return f"uid-{run}"
 

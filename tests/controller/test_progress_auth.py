@@ -14,7 +14,7 @@ import json
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
-from progress_fakes import NS, FakeIssuer, FakeNamespace, public_jwk
+from progress_fakes import NS, Clock, FakeIssuer, FakeNamespace, public_jwk
 
 from megdet.controller.progress_auth import LEEWAY_SECONDS, RETRY_SECONDS, IssuerKeys
 
@@ -28,14 +28,6 @@ def hmac_signed(claims: dict, secret: bytes) -> str:
     head = part(json.dumps({"alg": "HS256", "kid": "k1", "typ": "JWT"}).encode())
     signed = f"{head}.{part(json.dumps(claims).encode())}"
     return f"{signed}.{part(hmac.new(secret, signed.encode(), hashlib.sha256).digest())}"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture()

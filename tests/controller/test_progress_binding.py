@@ -7,19 +7,21 @@ tests/e2e/test_e2e_progress_ha.py."""
 from __future__ import annotations
 
 import pytest
-from progress_fakes import NS, FakeIssuer, FakeNamespace, job, job_uid, pod, pod_uid, run_uid
+from progress_fakes import (
+    NS,
+    Clock,
+    FakeIssuer,
+    FakeNamespace,
+    job,
+    job_uid,
+    pod,
+    pod_uid,
+    run_uid,
+)
 
 from megdet import progress as protocol
 from megdet.controller.progress_auth import RunAuthenticator
 from megdet.controller.progress_binding import PodDirectory, RunDirectory, RunRef
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture()

@@ -20,6 +20,20 @@ from megdet.cli import build_parser
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 
 
+def assert_granted_to_the_controller(rendered, role: dict) -> None:
+    """The ClusterRoleBinding of ``role``'s name binds it to the controller's ServiceAccount."""
+    binding = rendered.named("ClusterRoleBinding", role["metadata"]["name"])
+    account = rendered.one("ServiceAccount")["metadata"]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+
+
 def rules(role: dict) -> dict[tuple[str, str], set[str]]:
     out: dict[tuple[str, str], set[str]] = {}
     for rule in role["rules"]:
@@ -103,16 +117,7 @@ def test_secure_metrics_give_the_controller_review_rights_cluster_wide(values) -
         ("authentication.k8s.io", "tokenreviews"): {"create"},
         ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
     }
-    binding = rendered.named("ClusterRoleBinding", f"{RELEASE}-metrics-auth")
-    account = rendered.one("ServiceAccount")["metadata"]
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": role["metadata"]["name"],
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-    ]
+    assert_granted_to_the_controller(rendered, role)
     reader = rendered.named("ClusterRole", f"{RELEASE}-metrics-reader")
     assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
 
@@ -225,12 +230,7 @@ def test_progress_gives_the_controller_the_issuer_discovery_urls_and_no_token_re
         ("nonResourceURL", "/.well-known/openid-configuration"): {"get"},
         ("nonResourceURL", "/openid/v1/jwks"): {"get"},
     }
-    binding = rendered.named("ClusterRoleBinding", f"{RELEASE}-progress")
-    account = rendered.one("ServiceAccount")["metadata"]
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-    ]
+    assert_granted_to_the_controller(rendered, role)
     docs = rendered.of_kind("ClusterRole") + rendered.of_kind("Role")
     granted = {key for doc in docs for key in rules(doc)}
     assert ("authentication.k8s.io", "tokenreviews") not in granted
