@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from progress_fakes import FakeIssuer, FakeNamespace
+from progress_fakes import Clock, FakeIssuer, FakeNamespace
 
 from megdet import progress as protocol
 from megdet.controller import metrics
@@ -21,14 +21,6 @@ from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
 
 NS = "vision"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class FakeAPI:

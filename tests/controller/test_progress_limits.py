@@ -19,7 +19,7 @@ from typing import Any
 
 import jwt
 import pytest
-from progress_fakes import FakeIssuer, FakeNamespace
+from progress_fakes import Clock, FakeIssuer, FakeNamespace
 
 from megdet import progress as protocol
 from megdet.controller import metrics
@@ -36,14 +36,6 @@ from megdet.controller.progress_server import MAX_LOGGED, ProgressServer, run_of
 from megdet.controller.tokenauth import MAX_TOKEN_LENGTH, SourceLimiter, Verdict, VerdictCache
 
 NS = "vision"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Authenticator(RunAuthenticator):
