@@ -174,8 +174,9 @@ def first_line(path: str, words: str, after: float = 0.0) -> float | None:
     return next((t for t, text in log_lines(path) if words in text and t >= after), None)
 
 
-#: The trainer's own lines: detectron2's ``[mm/dd hh:mm:ss] logger LEVEL: ...`` format.
-_TRAINER_LINE = re.compile(r"^\[\d\d/\d\d \d\d:\d\d:\d\d\] ")
+#: The trainer's own lines on stdout: detectron2's ``[mm/dd hh:mm:ss logger]: ...``, with the
+#: level first from WARNING up.
+_TRAINER_LINE = re.compile(r"^(?:[A-Z]+ )?\[\d\d/\d\d \d\d:\d\d:\d\d ")
 
 
 def trainer_lines(path: str) -> list[tuple[float, str]]:
@@ -238,6 +239,7 @@ def change(kube, pods: PodWatch, folder: Path, kind: str, gpus: int | None) -> d
         raise SystemExit(f"elastic_real_node: no SIGTERM checkpoint in {old_master['log']}")
     write = controller_writes(kube, "delete" if kind == "resize" else "patch", patched)
     started = trainer_lines(master["log"])[0][0]
+    launched = first_line(master["log"], "megdet launch: world size")
     first_iter = first_line(master["log"], "Starting training from iteration")
     parts = {
         "react": write[0] - patched,
@@ -254,6 +256,8 @@ def change(kube, pods: PodWatch, folder: Path, kind: str, gpus: int | None) -> d
         "total": sum(parts.values()),
         "patch_to_first_iteration": first_iter - patched,
         "pods_created_after_s": min(p["added"] for p in new.values()) - (resumed or down),
+        # Of the rendezvous: the launcher's torchrun line to the trainer's first line.
+        "torchrun_to_trainer_s": started - launched if launched else None,
     }
     if resumed is not None:
         result["away"] = resumed - down
@@ -369,7 +373,8 @@ def print_report(result: dict[str, Any]) -> None:
         label = "suspend+resume" if c["kind"] == "suspend" else f"resize to {c['gpus']}"
         cells = [f"{c['parts'][n]:.1f}" for n in names]
         print(f"  {label} | " + " | ".join(cells) + f" | {c['total']:.1f} | {c['lost_images']}")
-        extra = {k: c[k] for k in ("away", "job_created_after_s", "pods_created_after_s") if k in c}
+        keys = ("away", "job_created_after_s", "pods_created_after_s", "torchrun_to_trainer_s")
+        extra = {k: c[k] for k in keys if k in c}
         print(f"    {json.dumps({k: round(v, 2) if v else v for k, v in extra.items()})}")
     print_segments(result["segments"])
 
