@@ -344,6 +344,8 @@ def run(workdir: Path, archive: Path | None = None) -> dict[str, Any]:
             )  # fmt: skip
         finally:
             pods.stop()
+            # The watch's record stays beside the log streams, a failed run's too.
+            (workdir / "pods.json").write_text(json.dumps(pods.snapshot(), indent=1))
         plan = json.loads((folder / "plan.json").read_text())
         segments = plan["segments"]
         for n, item in enumerate(changes):
