@@ -194,7 +194,8 @@ TABLE: tuple[Fields, ...] = (
     Fields(
         ("spec.serviceAccountName",),
         BOUNDED,
-        "the pods' identity (its token is not mounted)",
+        "the pods' identity (no token for the API server is mounted: only the progress "
+        "endpoint's, whose audience the API server refuses)",
         ("serviceAccounts",),
     ),
     Fields(
