@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from megdet.monitoring.efficiency import EFFICIENCY_KEY, RECORDS
-from megdet.monitoring.efficiency import GROUP as EFFICIENCY_GROUP
+from megdet.monitoring.records import EFFICIENCY_KEY, RECORDS
+from megdet.monitoring.records import GROUP as EFFICIENCY_GROUP
 
 __all__ = ["ALERTS", "GROUPS", "Alert", "prometheusrule_template", "runbook_anchor"]
 

@@ -21,15 +21,12 @@ and unit-tested with promtool on synthetic series (tests/monitoring/recording_ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from grafana_foundation_sdk.builders import table
 from grafana_foundation_sdk.models.dashboard import DataTransformerConfig
 
 from megdet.monitoring.panels import (
     DATASOURCE,
     NAMESPACES,
-    POD_SUFFIX,
     RATE,
     RUN,
     RUN_PODS,
@@ -38,61 +35,9 @@ from megdet.monitoring.panels import (
     query,
     timeseries_panel,
 )
+from megdet.monitoring.records import ACTIVITY, GROUP, IMAGES_PER_GPU, SCALING
 
-__all__ = [
-    "EFFICIENCY_KEY",
-    "GROUP",
-    "RECORDED_METRICS",
-    "RECORDS",
-    "Record",
-    "fleet_efficiency_panels",
-    "gpu_panels",
-]
-
-#: The rules' section in the operator chart's ``alerts`` values (``enabled``, ``lookback``).
-EFFICIENCY_KEY = "efficiency"
-#: The PrometheusRule group that holds the recording rules.
-GROUP = "megdet-efficiency"
-
-IMAGES_PER_GPU = "namespace_run:megdet_train_images_per_gpu:rate5m"
-SINGLE_NODE = "namespace_run:megdet_train_images_per_gpu_single_node:rate5m"
-SCALING = "namespace_run:megdet_train_scaling_efficiency:ratio"
-ACTIVITY = "namespace_run:megdet_gpu_activity:avg"
-
-_BY = "(namespace, run)"
-
-
-@dataclass(frozen=True)
-class Record:
-    """One recording rule; ``<<name>>`` in ``expr`` is ``.Values.alerts.efficiency.<name>``."""
-
-    record: str
-    expr: str
-
-
-RECORDS: tuple[Record, ...] = (
-    Record(
-        IMAGES_PER_GPU,
-        f"sum by {_BY} (rate(megdet_train_images_total[5m]))\n"
-        f"/ on {_BY} max by {_BY} (megdet_train_world_size)",
-    ),
-    Record(
-        SINGLE_NODE,
-        f"{IMAGES_PER_GPU}\nand on {_BY} (max by {_BY} (megdet_train_nodes) == 1)",
-    ),
-    Record(
-        SCALING,
-        f"{IMAGES_PER_GPU}\n/ on {_BY} max_over_time({SINGLE_NODE}[<<lookback>>])",
-    ),
-    Record(
-        ACTIVITY,
-        f"avg by {_BY} (label_replace(DCGM_FI_PROF_GR_ENGINE_ACTIVE, "
-        f'"run", "$1", "pod", "(.+)-{POD_SUFFIX}"))\n'
-        f"and on {_BY} megdet_train_run_info",
-    ),
-)
-#: The series the recording rules write (dashboards may read them).
-RECORDED_METRICS: frozenset[str] = frozenset(r.record for r in RECORDS)
+__all__ = ["fleet_efficiency_panels", "gpu_panels"]
 
 
 def gpu_panels(ids: Ids) -> list[Panel]:

@@ -18,6 +18,8 @@ from grafana_foundation_sdk.models.dashboard import (
     VariableSort,
 )
 
+from megdet.monitoring.pods import POD_SUFFIX
+
 __all__ = [
     "DATASOURCE",
     "NAMESPACES",
@@ -47,8 +49,6 @@ RUN = 'namespace="$namespace", run="$run"'
 # dcgm-exporter labels a GPU's series with the pod that holds it (pod, namespace). A run's pods
 # are named after the run: PyTorchJob <run>-master-0 / <run>-worker-N; TrainJob (JobSet)
 # <run>-node-<job>-<index>-<suffix>. Spelled out so run "coco" does not match "coco-big"'s pods.
-#: What follows the run's name in its pods' names (the recording rules strip it to find the run).
-POD_SUFFIX = "((master|worker)-[0-9]+|node-[0-9]+-[0-9]+-[a-z0-9]+)"
 RUN_POD_NAMES = f"$run-{POD_SUFFIX}"
 RUN_PODS = f'namespace="$namespace", pod=~"{RUN_POD_NAMES}"'
 # The fleet dashboard's namespace variable is multi-valued ("All" = ".*").

@@ -31,6 +31,9 @@ IMAGES = {
 #: Files no image runs: development tools with their own [dev] packages.
 DEV_TOOLS = {
     "monitoring/dashboards.py": "make dashboards (grafana-foundation-sdk)",
+    "monitoring/fleet.py": "make dashboards (grafana-foundation-sdk)",
+    "monitoring/efficiency.py": "make dashboards (grafana-foundation-sdk)",
+    "monitoring/panels.py": "make dashboards (grafana-foundation-sdk)",
     "monitoring/queries.py": "the monitoring tests' PromQL checks (promql-parser)",
 }
 #: Installed by the Dockerfile from [tool.megdet], not from a pin list.

@@ -16,9 +16,9 @@ import yaml
 from monitoring_helpers import ROOT, render_operator, rule_groups, rules_by_alert
 
 from megdet.monitoring.alerts import ALERTS, GROUPS
-from megdet.monitoring.efficiency import EFFICIENCY_KEY, RECORDS
-from megdet.monitoring.efficiency import GROUP as EFFICIENCY_GROUP
 from megdet.monitoring.queries import EXTERNAL_METRICS, metric_names
+from megdet.monitoring.records import EFFICIENCY_KEY, RECORDS
+from megdet.monitoring.records import GROUP as EFFICIENCY_GROUP
 from megdet.monitoring.registry import exported_metric_names
 from tests.prometheus_harness import promtool
 

@@ -16,7 +16,6 @@ import pytest
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR, stale_files
 from megdet.monitoring.dashboards import DASHBOARDS, RUN_POD_NAMES, render
-from megdet.monitoring.efficiency import RECORDED_METRICS, RECORDS
 from megdet.monitoring.queries import (
     EXTERNAL_METRICS,
     PROMETHEUS_METRICS,
@@ -26,6 +25,7 @@ from megdet.monitoring.queries import (
     substitute,
     variable_queries,
 )
+from megdet.monitoring.records import RECORDED_METRICS, RECORDS
 from megdet.monitoring.registry import exported_metric_names
 
 # Grafana's interval built-ins, replaced so the PromQL parses; $namespace/$run stay as text.

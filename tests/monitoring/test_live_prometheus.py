@@ -36,7 +36,6 @@ from monitoring_helpers import rule_groups, rules_by_alert
 
 from megdet.monitoring.__main__ import DASHBOARD_DIR
 from megdet.monitoring.dashboards import DASHBOARDS
-from megdet.monitoring.efficiency import IMAGES_PER_GPU, RECORDED_METRICS, SCALING
 from megdet.monitoring.queries import (
     EXTERNAL_METRICS,
     dashboard_queries,
@@ -44,6 +43,7 @@ from megdet.monitoring.queries import (
     substitute,
     variable_queries,
 )
+from megdet.monitoring.records import IMAGES_PER_GPU, RECORDED_METRICS, SCALING
 from tests.prometheus_harness import PrometheusError, PrometheusServer, free_port, promtool
 
 pytestmark = pytest.mark.slow

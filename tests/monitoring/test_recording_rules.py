@@ -11,14 +11,14 @@ import pytest
 import yaml
 from monitoring_helpers import render_operator, rule_groups, rules_by_record
 
-from megdet.monitoring.efficiency import (
+from megdet.monitoring.queries import EXTERNAL_METRICS, metric_names
+from megdet.monitoring.records import (
     GROUP,
     RECORDED_METRICS,
     RECORDS,
     SCALING,
     SINGLE_NODE,
 )
-from megdet.monitoring.queries import EXTERNAL_METRICS, metric_names
 from megdet.monitoring.registry import exported_metric_names
 from tests.prometheus_harness import promtool
 
