@@ -63,6 +63,8 @@ STAGES = (
     "Initializing",
     "Training",
     "Evaluating",
+    "Finishing",
+    "Running",
     "Restarting",
     "Suspended",
     "Succeeded",
@@ -322,11 +324,13 @@ def stage_of(status: Mapping[str, Any]) -> str | None:
         return "Evaluating"
     if holds(TRAINING, "True"):
         return "Training"
+    if (conds.get(TRAINING) or {}).get("reason") == "TrainingFinished":
+        return "Finishing"  # the trainer is done; the job is not Succeeded yet
     if holds(PODS_SCHEDULED, "False"):
         return "Scheduling"
     if holds(INITIALIZED, "False") or holds(INITIALIZED, "True"):
         return "Initializing"
-    return "Pending"
+    return str(phase) if phase in ("Pending", "Running") else "Pending"
 
 
 #: ``status.startup``'s fields and what each measures.

@@ -247,6 +247,12 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     )
     assert stage_of(status) == "Training"
 
+    # The trainer ran its last iteration and evaluation; the job has not succeeded yet.
+    progress |= {"stage": "finished", "stageTime": "2026-12-06T09:00:10Z"}
+    finishing = step(status, progress)
+    assert conditions(finishing)["Training"]["reason"] == "TrainingFinished"
+    assert stage_of(finishing) == "Finishing"
+
     # The job succeeded: training is over; the pods' conditions stand as they were.
     done = lifecycle_status({**run(), "status": {**status, "phase": "Succeeded"}}, [], None, NOW)
     assert conditions(done)["Training"]["reason"] == "Succeeded"
@@ -390,6 +396,8 @@ def test_the_stage_follows_the_phase_where_the_job_decides():
     assert stage_of({"phase": "Invalid"}) == "Invalid"
     assert stage_of({}) is None
     assert stage_of({"phase": "Pending", "conditions": []}) == "Pending"
+    # A job that runs, of which nothing more is known (no pods in the watch, no report).
+    assert stage_of({"phase": "Running", "conditions": []}) == "Running"
 
 
 def test_a_run_without_its_job_or_being_deleted_is_left_alone():

@@ -176,6 +176,9 @@ def test_a_run_passes_through_its_conditions_in_order_with_their_times(
     stages = [s for i, s in enumerate(stages) if s and (i == 0 or s != stages[i - 1])]
     print(f"stages: {stages}")
     assert stages[-1] == "Succeeded" and "Training" in stages and "Initializing" in stages
+    # Once it trained, the stage never goes back to a step before training.
+    after = stages[stages.index("Training") :]
+    assert not {"Pending", "Scheduling", "Initializing"} & set(after), stages
     header, row = kube.kubectl("get", "mdr", RUN, "-n", NS).stdout.splitlines()[:2]
     assert row[header.index("STAGE") :].split()[0] == "Succeeded"  # columns are aligned
     kube.kubectl("delete", "mdr", RUN, "-n", NS, "--wait=false", check=False)
