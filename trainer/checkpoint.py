@@ -14,7 +14,8 @@ it is not a file this trainer wrote. Only weights loaded with ``trusted=True``
 (``MEGDET.ALLOW_UNSAFE_WEIGHTS`` or :data:`~megdet.trainer.config.TRUSTED_WEIGHTS`) go
 through detectron2's own loaders (pickle for ``.pkl``, full unpickling for PyTorch files); a
 trusted name's local file (iopath's download or cache) only if its SHA-256 is the one pinned
-in ``trainer/weights_pin.py``, checked before anything is unpickled.
+in ``trainer/weights_pin.py``, checked before anything is unpickled; a trusted name with no
+pinned hash is downloaded into a private folder instead (never from a cache).
 The checkpoints the trainer writes hold tensors, ints, floats, strings, None, lists and dicts
 (model and optimizer state, ``iteration``, the LR scheduler's ``base_lrs``/``last_epoch``,
 the AMP scaler's numbers), all loadable weights-only without any allow-listed class.
@@ -35,7 +36,12 @@ import torch
 from detectron2.checkpoint import DetectionCheckpointer
 
 from megdet.trainer.config import ALLOWED_WEIGHTS, ConfigError, is_url, unsafe_weights_reason
-from megdet.trainer.weights_pin import PINNED_WEIGHTS, pin_problem
+from megdet.trainer.weights_pin import (
+    PINNED_WEIGHTS,
+    WeightsDownloadError,
+    pin_problem,
+    private_download,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +219,15 @@ class AtomicCheckpointer(DetectionCheckpointer):
         files are refused and PyTorch files are read weights-only (UnsafeCheckpointError).
         """
         self._weights_key, self._trusted = key, trusted
-        self._pinned = path if path in PINNED_WEIGHTS else ""
         try:
+            if trusted and path in PINNED_WEIGHTS and PINNED_WEIGHTS[path] is None:
+                # No hash to check a cached file against: never read a cache (weights_pin).
+                with private_download(path) as local:
+                    return self.load(str(local), checkpointables=[])
+            self._pinned = path if path in PINNED_WEIGHTS else ""
             return self.load(path, checkpointables=[])
+        except WeightsDownloadError as err:
+            raise ConfigError(f"{key}: {err}") from None
         finally:
             self._weights_key, self._trusted, self._pinned = "", False, ""
 

@@ -1,13 +1,20 @@
-"""Trusted weights are pinned by SHA-256: the local file iopath resolves a trusted name to is
-hashed and refused before it is unpickled unless its hash is the pinned one (trainer/
-weights_pin.py). The files here really run code when unpickled (they write a marker file), so
-a check that let one through fails the test."""
+"""Trusted weights (trainer/weights_pin.py): a pinned name's local file (iopath's download or
+cache) is hashed and refused before it is unpickled unless its hash is the pinned one; a name
+with no pinned hash is never read from a cache, but downloaded from its own URL into a private
+folder. The planted files here really run code when unpickled (they write a marker file), so a
+check that let one through fails the test."""
 
 from __future__ import annotations
 
 import hashlib
+import http.server
+import logging
+import os
 import pickle
+import stat
+import threading
 
+import numpy as np
 import pytest
 from torch import nn
 
@@ -77,17 +84,109 @@ def test_a_file_with_another_hash_is_refused_before_it_is_unpickled(tmp_path, ca
     assert marker.exists()
 
 
-def test_a_trusted_name_with_no_pinned_hash_is_refused(tmp_path, cached, monkeypatch):
-    from megdet.trainer.checkpoint import UnsafeCheckpointError
+@pytest.fixture()
+def served(tmp_path, monkeypatch):
+    """A local HTTP server serving ``served/R-50.pkl`` (safe weights for nn.Linear(3, 2)),
+    which R50's official URL is mapped to; yields (folder, url, requested paths)."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    weights = {"weight": np.full((2, 3), 7.0, np.float32), "bias": np.zeros(2, np.float32)}
+    (folder / "R-50.pkl").write_bytes(pickle.dumps({"model": weights, "__author__": "test"}))
+    requested = []
 
-    local, marker, _ = cached
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(folder), **kwargs)
+
+        def do_GET(self):
+            requested.append(self.path)
+            if self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", f"https://127.0.0.1:{port}/R-50.pkl")
+                self.end_headers()
+                return
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}/R-50.pkl"
+    monkeypatch.setattr(weights_pin, "official_url", lambda name: url if name == R50 else "")
     monkeypatch.setitem(weights_pin.PINNED_WEIGHTS, R50, None)
-    with pytest.raises(UnsafeCheckpointError) as err:
+    yield folder, url, requested
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_official_url_is_detectron2s_https_mapping() -> None:
+    """iopath's mapping of detectron2:// (detectron2/utils/file_io.py, Detectron2Handler)."""
+    assert weights_pin.official_url(R50) == (
+        "https://dl.fbaipublicfiles.com/detectron2/ImageNetPretrained/MSRA/R-50.pkl"
+    )
+    for name in TRUSTED_WEIGHTS:
+        assert weights_pin.official_url(name).startswith("https://"), name
+
+
+def test_an_unpinned_name_is_downloaded_privately_not_read_from_the_cache(
+    tmp_path, cached, served, monkeypatch, caplog
+):
+    local, marker, resolved = cached
+    folder, url, requested = served
+    seen = []
+    sha256_of = weights_pin.sha256_of
+
+    def spy(path):
+        parent = os.path.dirname(path)
+        seen.append((str(path), parent, stat.S_IMODE(os.stat(parent).st_mode)))
+        return sha256_of(path)
+
+    monkeypatch.setattr(weights_pin, "sha256_of", spy)
+    ckpt = _checkpointer(tmp_path)
+    with caplog.at_level(logging.WARNING, logger=weights_pin.__name__):
+        ckpt.load_weights(R50, trusted=True)
+    # The served file is what was loaded; the planted cache file was never resolved nor run.
+    assert (ckpt.model.weight == 7.0).all() and requested == ["/R-50.pkl"]
+    assert not marker.exists() and R50 not in resolved
+    # Hashed in a fresh folder only its owner can open, removed after loading.
+    [(path, parent, mode)] = seen
+    assert path != str(local) and mode == 0o700 and not os.path.exists(parent)
+    found = hashlib.sha256((folder / "R-50.pkl").read_bytes()).hexdigest()
+    [line] = [r.getMessage() for r in caplog.records if r.name == weights_pin.__name__]
+    assert f"downloaded from {url} into a private folder" in line
+    assert f"SHA-256 {found}" in line and f"PINNED_WEIGHTS[{R50!r}] = {found!r}" in line
+
+
+def test_a_failed_download_names_the_url_and_leaves_no_folder(tmp_path, served, monkeypatch):
+    from megdet.trainer.config import ConfigError
+
+    folder, url, _ = served
+    (folder / "R-50.pkl").unlink()
+    made = []
+    mkdtemp = weights_pin.tempfile.mkdtemp
+    monkeypatch.setattr(
+        weights_pin.tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1]
+    )
+    with pytest.raises(ConfigError) as err:
         _checkpointer(tmp_path).load_weights(R50, key="--weights", trusted=True)
-    message = str(err.value)
-    found = hashlib.sha256(local.read_bytes()).hexdigest()
-    assert message.startswith(f"--weights: {R50!r} is refused: no SHA-256 is pinned for it")
-    assert f"{local} (SHA-256 {found})" in message and not marker.exists()
+    assert str(err.value) == (
+        f"--weights: {R50!r} could not be downloaded from {url}: HTTP Error 404: File not found"
+    )
+    assert made and not os.path.exists(made[0])
+
+
+def test_a_download_is_not_redirected_to_another_scheme(tmp_path, served, monkeypatch):
+    from megdet.trainer.config import ConfigError
+
+    _, url, requested = served
+    moved = url.replace("/R-50.pkl", "/moved")
+    monkeypatch.setattr(weights_pin, "official_url", lambda name: moved)
+    with pytest.raises(ConfigError) as err:
+        _checkpointer(tmp_path).load_weights(R50, trusted=True)
+    assert "redirected to https://127.0.0.1:" in str(err.value) and requested == ["/moved"]
 
 
 def test_other_weights_are_not_hashed(tmp_path, monkeypatch):
