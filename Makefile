@@ -79,11 +79,12 @@ suite-images: setup
 # install trained to Succeeded); the other six (marker real_pods: the controller as a pod, the
 # stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker) take about 15-20 min more
 # on 2 cores, so they have this target (docs/cluster.md, "What make test runs on the node"),
-# with an elastic MegDetRun resized 2 -> 1 -> 2 GPUs while it trains (test_e2e_elastic.py) and
-# a MegDetRun that Kueue preempts and admits again (test_e2e_preemption.py).
+# with an elastic MegDetRun resized 2 -> 1 -> 2 GPUs while it trains (test_e2e_elastic.py),
+# a MegDetRun that Kueue preempts and admits again (test_e2e_preemption.py) and one whose
+# lifecycle conditions are recorded from a watch (test_e2e_lifecycle.py).
 test-real-pods: suite-deps
 	$(PYTEST) tests/e2e/test_e2e_real_training.py tests/e2e/test_e2e_elastic.py \
-		tests/e2e/test_e2e_preemption.py
+		tests/e2e/test_e2e_preemption.py tests/e2e/test_e2e_lifecycle.py
 
 # The MegDetRun CRD on the older kube-apiserver (kubernetes_previous, pinned in pyproject.toml):
 # a second Kubernetes build of about 20 minutes on 2 cores, for a CRD that changes rarely; run it
