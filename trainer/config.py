@@ -308,9 +308,10 @@ def _check_files(path: Path, granted: bool, seen: tuple[str, ...] = ()) -> None:
 
 #: MODEL.WEIGHTS values loaded without MEGDET.ALLOW_UNSAFE_WEIGHTS although they are URLs of
 #: pickle files: the ImageNet weights the shipped configs start from (megdet_R50_FPN_1x.yaml),
-#: from detectron2's model zoo (https://dl.fbaipublicfiles.com/detectron2/), each only if its
-#: downloaded file has the SHA-256 pinned in trainer/weights_pin.py (checked before it is
-#: unpickled); any other URL or pickle needs the key.
+#: from detectron2's model zoo (https://dl.fbaipublicfiles.com/detectron2/): a name with a
+#: SHA-256 pinned in trainer/weights_pin.py only if its file has that hash (checked before it
+#: is unpickled), one with none downloaded from that host into a private folder, never from a
+#: cache; any other URL or pickle needs the key.
 TRUSTED_WEIGHTS = frozenset(PINNED_WEIGHTS)
 
 #: File endings detectron2's DetectionCheckpointer._load_file reads with pickle (.pkl), or with

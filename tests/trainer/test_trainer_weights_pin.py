@@ -52,6 +52,14 @@ def cached(tmp_path, monkeypatch):
     return local, marker, resolved
 
 
+@pytest.fixture()
+def own_log_handlers(monkeypatch):
+    """No stream handler left by an earlier in-process ``megdet train`` (detectron2's
+    setup_logger binds the stdout that test captured, since closed) on the loggers it sets up."""
+    for name in ("detectron2", "fvcore", "megdet"):
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
+
+
 def _checkpointer(tmp_path):
     from megdet.trainer.checkpoint import AtomicCheckpointer
 
@@ -132,7 +140,7 @@ def test_the_official_url_is_detectron2s_https_mapping() -> None:
 
 
 def test_an_unpinned_name_is_downloaded_privately_not_read_from_the_cache(
-    tmp_path, cached, served, monkeypatch, caplog
+    tmp_path, cached, served, monkeypatch, caplog, captured_warnings
 ):
     local, marker, resolved = cached
     folder, url, requested = served
@@ -146,7 +154,7 @@ def test_an_unpinned_name_is_downloaded_privately_not_read_from_the_cache(
 
     monkeypatch.setattr(weights_pin, "sha256_of", spy)
     ckpt = _checkpointer(tmp_path)
-    with caplog.at_level(logging.WARNING, logger=weights_pin.__name__):
+    with captured_warnings(weights_pin.__name__):
         ckpt.load_weights(R50, trusted=True)
     # The served file is what was loaded; the planted cache file was never resolved nor run.
     assert (ckpt.model.weight == 7.0).all() and requested == ["/R-50.pkl"]
@@ -203,7 +211,7 @@ def test_other_weights_are_not_hashed(tmp_path, monkeypatch):
 
 
 def test_megdet_train_exits_2_naming_the_file_and_both_hashes(
-    tmp_path, cached, shapes, capsys, monkeypatch
+    tmp_path, cached, shapes, capsys, monkeypatch, own_log_handlers
 ):
     from megdet.cli import main
 
@@ -223,3 +231,26 @@ def test_megdet_train_exits_2_naming_the_file_and_both_hashes(
     assert f"megdet train: error: MODEL.WEIGHTS: {R50!r} is refused: its local file {local}" in err
     assert f"SHA-256 {found}, expected {expected}" in err
     assert not marker.exists()
+
+
+def test_megdet_train_exits_2_naming_the_url_it_could_not_download(
+    tmp_path, served, shapes, capsys, own_log_handlers
+):
+    from megdet.cli import main
+
+    folder, url, requested = served
+    (folder / "R-50.pkl").unlink()
+    argv = ["train", "--config", "megdet_tiny_cpu", "--output", str(tmp_path / "out"),
+            "--train-json", str(shapes["train_json"]),
+            "--train-images", str(shapes["train_images"]), "MODEL.WEIGHTS", R50]  # fmt: skip
+    try:
+        code = main(argv)
+    except SystemExit as exit_info:
+        code = exit_info.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert (
+        f"megdet train: error: MODEL.WEIGHTS: {R50!r} could not be downloaded from {url}: "
+        "HTTP Error 404: File not found" in err
+    )
+    assert requested == ["/R-50.pkl"]
