@@ -135,7 +135,8 @@ def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def volumes(kube, real_node) -> Iterator[dict[str, Path]]:
     """The shapes dataset and an empty output folder, each on a PersistentVolume: README's
-    storage commands, as written (their folders are fixed paths under /tmp)."""
+    storage commands, as written (their folders are fixed paths under /var/lib, which only root
+    can write, so no other user can plant a link there first)."""
     pvs = [d for d in yaml.safe_load_all((EXAMPLE / "volumes.yaml").read_text()) if
            d["kind"] == "PersistentVolume"]  # fmt: skip
     paths = {pv["spec"]["claimRef"]["name"]: Path(pv["spec"]["hostPath"]["path"]) for pv in pvs}
