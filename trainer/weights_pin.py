@@ -103,7 +103,13 @@ def private_download(name: str) -> Iterator[Path]:
     """The unpinned trusted ``name`` downloaded from :func:`official_url` into a new folder
     only this process's user can open (mode 0700), removed on exit; its SHA-256 is logged."""
     url = official_url(name)
-    folder = Path(tempfile.mkdtemp(prefix="megdet-weights-"))
+    try:
+        folder = Path(tempfile.mkdtemp(prefix="megdet-weights-"))
+    except OSError as err:
+        raise WeightsDownloadError(
+            f"{name!r} could not be downloaded from {url}: no private folder could be made in "
+            f"{tempfile.gettempdir()} (TMPDIR): {err}"
+        ) from None
     try:
         local = folder / url.rsplit("/", 1)[-1]
         try:

@@ -186,6 +186,21 @@ def test_a_failed_download_names_the_url_and_leaves_no_folder(tmp_path, served, 
     assert made and not os.path.exists(made[0])
 
 
+def test_no_writable_temporary_folder_is_an_error_naming_it(tmp_path, served, monkeypatch):
+    from megdet.trainer.config import ConfigError
+
+    _, url, requested = served
+    missing = tmp_path / "no-such-tmp"
+    monkeypatch.setattr(weights_pin.tempfile, "tempdir", str(missing))
+    with pytest.raises(ConfigError) as err:
+        _checkpointer(tmp_path).load_weights(R50, trusted=True)
+    assert str(err.value).startswith(
+        f"MODEL.WEIGHTS: {R50!r} could not be downloaded from {url}: no private folder could "
+        f"be made in {missing} (TMPDIR): "
+    )
+    assert requested == []
+
+
 def test_a_download_is_not_redirected_to_another_scheme(tmp_path, served, monkeypatch):
     from megdet.trainer.config import ConfigError
 
