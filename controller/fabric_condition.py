@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from megdet.controller.conditions import set_condition
 from megdet.fabric_report import CONDITION, FabricReport, condition, from_metrics
 
 __all__ = ["condition_writer", "trainjob_fabric", "with_fabric"]
@@ -47,8 +48,6 @@ def with_fabric(
     generation: Any,
 ) -> list[dict[str, Any]]:
     """``conditions`` with ``FabricDegraded`` as ``report`` says (unchanged without one)."""
-    from megdet.controller.status import set_condition  # status reads this module
-
     verdict = None if report is None else condition(report)
     if verdict is None:
         return [dict(c) for c in conditions]

@@ -24,16 +24,16 @@ import kopf
 
 from megdet.controller.api import (
     DROPPED_VALUES,
-    KIND,
     OWNED_KINDS,
-    RUN_API_VERSION,
     SUSPEND_PATH,
     TARGET_BY_KIND,
 )
+from megdet.controller.conditions import had_job
+from megdet.controller.job_state import TERMINAL_PHASES
+from megdet.controller.ownership import controlled_by, is_runs_job, run_owner
 from megdet.controller.problems import InvalidRunError, Problem
 from megdet.controller.progress_ca import CA_CONFIG_MAP
 from megdet.controller.render import RenderedRun, default_renderer, render_run
-from megdet.controller.status import TERMINAL_PHASES, had_job
 
 __all__ = [
     "DIGEST_ANNOTATION",
@@ -205,56 +205,6 @@ def with_run_env(spec: Any, name: str, uid: Any) -> Any:
     if isinstance(uid, str) and uid:
         env.insert(0, {"name": RUN_ENV[0], "value": uid})
     return {**spec, "extraEnv": [*extra, *env]}
-
-
-def _refs(obj: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    refs = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
-    return [r for r in refs if isinstance(r, Mapping)] if isinstance(refs, list) else []
-
-
-def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
-    """Whether the MegDetRun with ``uid`` is ``obj``'s controller: the owner reference that
-    :func:`kopf.adopt` writes (``controller: true``). Another object may name the run as a
-    plain owner; that does not make it the run's."""
-    return uid is not None and any(
-        ref.get("uid") == uid and ref.get("controller") is True and ref.get("kind") == KIND
-        for ref in _refs(obj)
-    )
-
-
-def is_runs_job(job: Mapping[str, Any], uid: str | None, status: Any) -> bool:
-    """Whether ``job`` is the job the MegDetRun with ``uid`` has: controlled by it and, once
-    the run's status records one, the very object the controller created (``status.jobUID``).
-
-    A controller reference is no proof: anyone who may create jobs in the namespace can write
-    one naming the run (say, under the name of its job after the training operator's TTL
-    deleted it). The uid is: the API server assigns it. Before a uid is recorded (the answer
-    to the controller's create was lost, or a run from before ``jobUID`` existed), and while a
-    resize replaces the recorded job (``status.resize``), a job the run controls is taken as
-    its own once, and its uid recorded from then on.
-    """
-    if not controlled_by(job, uid):
-        return False
-    recorded = status.get("jobUID") if isinstance(status, Mapping) else None
-    if not recorded or (job.get("metadata") or {}).get("uid") == recorded:
-        return True
-    # A resize stops the recorded job and creates the next: until the next one's uid is
-    # recorded, a job the run controls is that one (controller/resize.py).
-    resize = status.get("resize")
-    return isinstance(resize, Mapping) and resize.get("jobUID") == recorded
-
-
-def run_owner(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The MegDetRun controller reference of ``obj``, if it has one."""
-    for ref in _refs(obj):
-        if (
-            ref.get("kind") == KIND
-            and ref.get("apiVersion") == RUN_API_VERSION
-            and ref.get("controller") is True
-        ):
-            return ref
-    return None
 
 
 def expected_job_name(run: Mapping[str, Any]) -> str | None:

@@ -18,18 +18,23 @@ import functools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import cel
-
-    from megdet.controller.policy import Policy
 
 __all__ = ["Rule", "cel_join", "cel_quote", "context", "evaluate", "read_fields"]
 
 #: The functions of Kubernetes' CEL strings library the rules call, which the Rust interpreter
 #: lacks (``cel.stdlib`` writes them in Python).
 _STRING_FUNCTIONS = ("split", "join", "trim")
+
+
+class Policy(Protocol):
+    """What a rule reads of :class:`megdet.controller.policy.Policy` (which imports this
+    module): its chart-values form."""
+
+    def values(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import kopf
 
+from megdet.controller.conditions import set_condition
 from megdet.controller.job_state import TERMINAL_PHASES, count_of
 from megdet.plan import plan_continuation
 
@@ -127,8 +128,6 @@ def wanted(run: Mapping[str, Any], planned: Planned, job: Mapping[str, Any]) -> 
 
 
 def _set_condition(status: Mapping[str, Any], *args: Any, now: str, gen: Any) -> list[Any]:
-    from megdet.controller.status import set_condition
-
     return set_condition(list(status.get("conditions") or []), *args, now, gen)
 
 

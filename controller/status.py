@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from megdet.controller.conditions import condition_of, had_job, set_condition
+from megdet.controller.fabric_condition import trainjob_fabric, with_fabric
 from megdet.controller.job_state import (
     ACTIVE_PHASES,
     TERMINAL_PHASES,
@@ -26,9 +28,10 @@ from megdet.controller.job_state import (
     job_state,
     trainjob_progress,
 )
-from megdet.controller.lifecycle import CONDITIONS as LIFECYCLE_CONDITIONS
+from megdet.controller.ownership import is_runs_job
 from megdet.controller.pod_problems import CONDITION as PODS_STARTED
-from megdet.fabric_report import CONDITION as FABRIC_DEGRADED
+from megdet.controller.resize import events as resize_events
+from megdet.controller.resize import with_segments
 
 if TYPE_CHECKING:
     from megdet.controller.planning import Planned
@@ -36,7 +39,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CHILDREN_READY",
     "CHILD_REFUSED",
-    "CONDITION_TYPES",
     "FOREIGN_JOB",
     "JOB_DELETED",
     "JOB_PRESENT",
@@ -96,72 +98,6 @@ POLICY_DENIED = "PolicyDenied"
 #: Reason of ``PodsStarted=True`` (:data:`PODS_STARTED`, added False with the kubelet's reason,
 #: e.g. ``ErrImageNeverPull``, when a pod of the run's job cannot start: see :class:`PodStart`).
 POD_STARTED = "Started"
-#: Every condition type a MegDetRun can carry: Valid (the spec passed validation), Created
-#: (the controller created, or found, its job), one per mirrored phase, JobPresent (only
-#: once the job has gone), FabricDegraded (from the trainer's reports:
-#: controller/fabric_condition.py), Resizing (controller/resize.py) and the lifecycle's
-#: (controller/lifecycle.py).
-CONDITION_TYPES = (
-    "Valid",
-    "Created",
-    *ACTIVE_PHASES,
-    JOB_PRESENT,
-    CHILDREN_READY,
-    FOREIGN_JOB,
-    PODS_STARTED,
-    FABRIC_DEGRADED,
-    "Resizing",
-    *LIFECYCLE_CONDITIONS,
-)
-
-
-def set_condition(
-    conditions: Sequence[Mapping[str, Any]],
-    kind: str,
-    status: bool,
-    reason: str,
-    message: str,
-    now: str,
-    generation: int | None,
-) -> list[dict[str, Any]]:
-    """Conditions with ``kind`` set; ``lastTransitionTime`` moves only when its status flips."""
-    text = "True" if status else "False"
-    out: list[dict[str, Any]] = []
-    found = False
-    for cond in conditions:
-        if cond.get("type") != kind:
-            out.append(dict(cond))
-            continue
-        found = True
-        same = cond.get("status") == text
-        out.append(
-            _condition(
-                kind,
-                text,
-                reason,
-                message,
-                cond.get("lastTransitionTime") if same else now,
-                generation,
-            )
-        )
-    if not found:
-        out.append(_condition(kind, text, reason, message, now, generation))
-    return out
-
-
-def _condition(
-    kind: str, status: str, reason: str, message: str, when: Any, generation: int | None
-) -> dict[str, Any]:
-    cond = {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": when,
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
 
 
 def next_status(
@@ -189,25 +125,6 @@ def next_status(
     if state.phase in TERMINAL_PHASES:
         patch["completionTime"] = old.get("completionTime") or state.completion_time or now
     return patch
-
-
-def condition_of(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    """The condition of type ``kind`` in a run's status, if any."""
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for cond in conditions if isinstance(conditions, list) else []:
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond
-    return None
-
-
-def had_job(status: Mapping[str, Any]) -> bool:
-    """Whether the controller created (or found) this run's job once: ``Created=True``.
-
-    Such a run never gets a second job: if the job is gone, it was deleted (the operator's
-    ``ttlSecondsAfterFinished`` or a ``kubectl delete``), see :class:`JobGone`.
-    """
-    created = condition_of(status, "Created")
-    return created is not None and created.get("status") == "True"
 
 
 def refused_at(status: Mapping[str, Any]) -> Any:
@@ -363,10 +280,6 @@ def _changes(
     now: str,
     gen: Any,
 ) -> dict[str, Any]:
-    from megdet.controller.fabric_condition import trainjob_fabric, with_fabric
-    from megdet.controller.planning import is_runs_job  # planning reads this module
-    from megdet.controller.resize import with_segments
-
     conditions = _conditions(old)
     match decision:
         case SpecInvalid(problems, reason, keep_phase):
@@ -660,7 +573,6 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
             text = f"phase {was or 'None'} -> {phase}" + (f": {message}" if message else "")
             kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"
             out.insert(0, Event(kind, phase, text[:1000], "phase"))
-    from megdet.controller.resize import events as resize_events
 
     out += [Event("Normal", r, m[:1000], "resize") for r, m in resize_events(old, new)]
     return out

@@ -10,5 +10,7 @@ modules are the ones in the folder above. This package holds:
 - :mod:`~megdet.controller.offline.schema` (what the API server does with that schema:
   default, validate, run CEL) and :mod:`~megdet.controller.offline.validation` (every check a
   spec goes through, in the cluster's order);
-- :mod:`~megdet.controller.offline.cli`: ``megdet validate`` and ``megdet render``.
+- :mod:`~megdet.controller.offline.cli`: ``megdet validate`` and ``megdet render``, reading
+  runs through :mod:`~megdet.controller.offline.documents`; ``megdet render --pods`` is
+  :mod:`~megdet.controller.offline.pods`.
 """

@@ -33,6 +33,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from megdet.controller.api import KIND, OWNED_KINDS
+from megdet.controller.offline.documents import (
+    owned_objects,
+    print_objects,
+    read_documents,
+    report_input_errors,
+    report_invalid,
+)
 
 __all__ = ["RENDERED_KINDS", "PodsError", "job_pods", "run_render_pods"]
 
@@ -169,14 +176,6 @@ def run_render_pods(args: Any) -> int:
     """``megdet render --pods``: 0 printed, 1 an invalid MegDetRun, 2 bad input."""
     import sys
 
-    from megdet.controller.offline.cli import (
-        _owned_objects,
-        _report_input_errors,
-        print_objects,
-        read_documents,
-        report_invalid,
-    )
-
     if args.owner_uid is not None:
         print(
             "megdet render: error: --pods and --owner-uid: a pod's owner is its job, whose uid "
@@ -185,7 +184,7 @@ def run_render_pods(args: Any) -> int:
         )
         return 2
     documents, errors = read_documents(args.file, also=RENDERED_KINDS)
-    _report_input_errors("render", errors)
+    report_input_errors("render", errors)
     if errors:
         return 2
     if report_invalid(d for d in documents if d.body.get("kind") == KIND):
@@ -194,7 +193,7 @@ def run_render_pods(args: Any) -> int:
     rendered: dict[str, list[dict[str, Any]]] = {}  # per file: a TrainJob and its runtime
     for doc in documents:
         if doc.body.get("kind") == KIND:
-            pods += job_pods(_owned_objects(doc, None), doc.namespace)
+            pods += job_pods(owned_objects(doc, None), doc.namespace)
         else:
             rendered.setdefault(doc.source, []).append(doc.body)
     for source, objects in rendered.items():
