@@ -31,7 +31,9 @@ from megdet.controller.kubeapi import (
     JobRefused,
     KindNotServed,
     RefusalHeals,
+    api_call,
     classify_refusal,
+    retry_later,
 )
 from megdet.controller.planning import (
     Invalid,
@@ -61,6 +63,7 @@ from megdet.controller.pod_problems import (
 from megdet.controller.policy import Policy
 from megdet.controller.policy import check as check_policy
 from megdet.controller.progress_hub import Milestones
+from megdet.controller.recheck import SUSPEND_DIFF, rechecks_policy
 from megdet.controller.render import forget_run as forget_render
 from megdet.controller.status import (
     CHILD_REFUSED,
@@ -82,7 +85,7 @@ from megdet.controller.status import (
     had_job,
     refused_at,
 )
-from megdet.controller.status_writer import StatusWriter, diff_touches, now_text, raiser, run_meta
+from megdet.controller.status_writer import StatusWriter, diff_touches, now_text, run_meta
 
 __all__ = ["OUTPUTS_INDEX", "Reconciler"]
 
@@ -164,9 +167,6 @@ class Reconciler:
         #: these runs' started pods reach :meth:`pod_event` (a string per stuck run, no pods).
         self.stuck: dict[tuple[str, str], str] = {}
 
-    def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
-        return self.writer.api_call(what, call, retry)
-
     # -- reconcile: create, resume, update ---------------------------------------------------
 
     def reconcile(self, body: kopf.Body, reason: Any, diff: Any, retry: int, **kw: Any) -> None:
@@ -208,9 +208,10 @@ class Reconciler:
 
         wanted = decision.job
         kind, job_name = wanted["kind"], wanted["metadata"]["name"]
-        job = self.api_call(
+        job = api_call(
             f"get {kind} {job_name}",
             lambda: self.cluster.get(wanted["apiVersion"], kind, namespace, job_name),
+            self.backoff,
             retry,
         )
         ours = job is not None and is_runs_job(job, uid, seen)
@@ -240,7 +241,7 @@ class Reconciler:
                     self._sync_suspend(decision, job, retry)  # suspend always goes through
                 return
         if job is not None and resize.is_stopped_job(seen, job):
-            resize.restop(self.writer, self.cluster, job, retry)
+            resize.restop(self.backoff, self.cluster, job, retry)
             return  # its DELETED event creates the next job
         gpus = None if job is None else resize.wanted(run, decision, job)
         if job is not None and gpus is not None:
@@ -444,10 +445,10 @@ class Reconciler:
             refusal = classify_refusal(found, err, generation, verb="update")
             if refusal is not None:
                 raise refusal from err
-            self.api_call(f"update {found['kind']} {meta['name']}", raiser(err), retry)
+            retry_later(f"update {found['kind']} {meta['name']}", err, self.backoff, retry)
             raise
         except Exception as err:
-            self.api_call(f"update {found['kind']} {meta['name']}", raiser(err), retry)
+            retry_later(f"update {found['kind']} {meta['name']}", err, self.backoff, retry)
             raise
 
     def _delete_unplanned(
@@ -465,29 +466,32 @@ class Reconciler:
                 diff is not None and not diff_touches(diff, path)
             ):
                 continue
-            found = self.api_call(
+            found = api_call(
                 f"get {kind} {name}",
                 lambda a=api_version, k=kind: self.cluster.get(a, k, namespace, name),
+                self.backoff,
                 retry,
             )
             if found is None or not controlled_by(found, uid):
                 continue
             found_uid = (found.get("metadata") or {}).get("uid")
-            self.api_call(
+            api_call(
                 f"delete {kind} {name}",
                 lambda a=api_version, k=kind, u=found_uid: self.cluster.delete(
                     a, k, namespace, name, u
                 ),
+                self.backoff,
                 retry,
             )
 
     def _get(self, obj: Mapping[str, Any], retry: int) -> dict[str, Any] | None:
         meta = obj["metadata"]
-        return self.api_call(
+        return api_call(
             f"get {obj['kind']} {meta['name']}",
             lambda: self.cluster.get(
                 obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]
             ),
+            self.backoff,
             retry,
         )
 
@@ -502,7 +506,7 @@ class Reconciler:
             if refusal is not None:
                 raise refusal from err
             if err.status != 409:
-                self.api_call(f"create {obj['kind']} {obj_name}", raiser(err), retry)
+                retry_later(f"create {obj['kind']} {obj_name}", err, self.backoff, retry)
             # Someone (an earlier try whose answer was lost, or another object) holds the name.
             found = self._get(obj, retry)
             if found is None:
@@ -511,7 +515,7 @@ class Reconciler:
                 ) from err
             return found
         except Exception as err:
-            self.api_call(f"create {obj['kind']} {obj_name}", raiser(err), retry)
+            retry_later(f"create {obj['kind']} {obj_name}", err, self.backoff, retry)
             raise
         if obj["kind"] in TARGET_BY_KIND:
             metrics.JOBS_CREATED.labels(namespace, TARGET_BY_KIND[obj["kind"]]).inc()
@@ -522,7 +526,7 @@ class Reconciler:
         if suspend_of(job) == wanted:
             return job
         meta = job["metadata"]
-        return self.api_call(
+        return api_call(
             f"suspend {job['kind']} {meta['name']}",
             lambda: self.cluster.patch(
                 job["apiVersion"],
@@ -531,6 +535,7 @@ class Reconciler:
                 meta["name"],
                 suspend_patch(job["kind"], wanted),
             ),
+            self.backoff,
             retry,
         )
 
@@ -627,8 +632,8 @@ class Reconciler:
     def _finish_resize(self, namespace: str, name: str, uid: str | None) -> None:
         """Create the job of a resize whose stopped job is gone (controller/resize.py)."""
         resize.finish(
-            lambda: self.api_call(
-                "get run", lambda: self.cluster.get_run(namespace, name), retry=0
+            lambda: api_call(
+                "get run", lambda: self.cluster.get_run(namespace, name), self.backoff, 0
             ),
             lambda run, retry: self._reconcile(run, "resize", None, retry, None),
             uid,
@@ -729,41 +734,3 @@ class Reconciler:
     def index_outputs(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], OutputClaim]:
         """The ``megdet_outputs`` index: runs by output folder."""
         return output_claim(body)
-
-
-#: The kopf diff path of a run's suspend flag.
-SUSPEND_DIFF = ("spec", "runPolicy", "suspend")
-
-
-def rechecks_policy(seen: Mapping[str, Any], reason: str, diff: Any) -> bool:
-    """Whether a run whose job exists is checked against the policy again: on a spec change
-    other than suspend alone (its owner may always suspend and resume it; labels and
-    annotations are no spec change), and while the run is denied (until a spec inside the
-    policy, or a looser policy, clears it)."""
-    if (condition_of(seen, "Valid") or {}).get("reason") == POLICY_DENIED:
-        return True
-    if reason != "update":
-        return False
-    return any(
-        tuple(path)[:1] == ("spec",) and not _suspend_alone(tuple(path), old, new)
-        for _op, path, old, new in diff or ()
-    )
-
-
-def _suspend_alone(path: tuple[str, ...], old: Any, new: Any) -> bool:
-    """Whether one kopf diff item changes the suspend flag and nothing else (an item above
-    it, such as adding ``spec.runPolicy``, carries the values below its path)."""
-    if path[: len(SUSPEND_DIFF)] == SUSPEND_DIFF:
-        return True
-    if SUSPEND_DIFF[: len(path)] != path:
-        return False
-    rest = SUSPEND_DIFF[len(path) :]
-
-    def without_suspend(value: Any, keys: tuple[str, ...]) -> Any:
-        if not isinstance(value, Mapping):
-            return value
-        if len(keys) == 1:
-            return {k: v for k, v in value.items() if k != keys[0]}
-        return {**value, keys[0]: without_suspend(value.get(keys[0]), keys[1:])}
-
-    return without_suspend(old or {}, rest) == without_suspend(new or {}, rest)

@@ -39,6 +39,7 @@ import kopf
 
 from megdet.controller.conditions import set_condition
 from megdet.controller.job_state import TERMINAL_PHASES, count_of
+from megdet.controller.kubeapi import Backoff, api_call
 from megdet.plan import plan_continuation
 
 if TYPE_CHECKING:
@@ -165,17 +166,17 @@ def start(
     written = writer.write(run, compute, retry, kind)
     if written is None or not is_stopped_job(written[1], job):
         return  # the run is gone, or another resize is under way
-    restop(writer, cluster, job, retry)
+    restop(writer.backoff, cluster, job, retry)
 
 
-def restop(writer: Any, cluster: Any, job: Mapping[str, Any], retry: int) -> None:
+def restop(backoff: Backoff, cluster: Any, job: Mapping[str, Any], retry: int) -> None:
     """Delete the job a recorded resize stops (that incarnation, in the foreground), unless it
     is being deleted already; also for a controller that stopped between the status write
     and the delete."""
     meta = job["metadata"]
     if meta.get("deletionTimestamp"):
         return  # its DELETED event finishes the resize
-    writer.api_call(
+    api_call(
         f"delete {job['kind']} {meta['name']}",
         lambda: cluster.delete(
             job["apiVersion"],
@@ -185,6 +186,7 @@ def restop(writer: Any, cluster: Any, job: Mapping[str, Any], retry: int) -> Non
             meta.get("uid"),
             propagation="Foreground",
         ),
+        backoff,
         retry,
     )
 

@@ -33,8 +33,9 @@ from megdet.controller import metrics
 from megdet.controller.api import GROUP, PLURAL, TARGET_BY_KIND, VERSION
 from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.diffbase import StatusDiffBase
+from megdet.controller.job_cache import version_of
 from megdet.controller.job_state import TERMINAL_PHASES
-from megdet.controller.kubeapi import Backoff, Cluster, retryable, version_of
+from megdet.controller.kubeapi import Backoff, Cluster, api_call, retry_later
 from megdet.controller.lifecycle import stage_of
 from megdet.controller.status import JOB_PRESENT, events
 
@@ -149,15 +150,6 @@ def diff_touches(diff: Iterable[Any], path: tuple[str, ...]) -> bool:
         if tuple(field_path[:n]) == path[:n]:
             return True
     return False
-
-
-def raiser(err: BaseException) -> Callable[[], Any]:
-    """A call that raises ``err`` (to sort an error already caught through :meth:`api_call`)."""
-
-    def call() -> Any:
-        raise err
-
-    return call
 
 
 def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -298,18 +290,6 @@ class StatusWriter:
         #: their index on the operator's registry; until then every write reads the run).
         self.views = RunViews()
 
-    def api_call(self, what: str, call: Callable[[], Any], retry: int) -> Any:
-        """``call()``; a retryable failure becomes kopf.TemporaryError (counted as an error)."""
-        try:
-            return call()
-        except Exception as err:
-            if retryable(err):
-                metrics.RECONCILES.labels("error").inc()
-                raise kopf.TemporaryError(
-                    f"{what}: {err}", delay=self.backoff.delay(retry)
-                ) from err
-            raise
-
     def write(
         self,
         run: Mapping[str, Any],
@@ -345,8 +325,11 @@ class StatusWriter:
                     current = view
                 else:
                     metrics.RUN_READS.labels("server").inc()
-                    current = self.api_call(
-                        "get run", lambda: self.cluster.get_run(namespace, name), retry
+                    current = api_call(
+                        "get run",
+                        lambda: self.cluster.get_run(namespace, name),
+                        self.backoff,
+                        retry,
                     )
                     if current is None or (
                         uid is not None and (current.get("metadata") or {}).get("uid") != uid
@@ -380,10 +363,10 @@ class StatusWriter:
                         continue
                     if view is not None and err.status == 404:
                         return None  # deleted meanwhile
-                    self.api_call("write status", raiser(err), retry)
+                    retry_later("write status", err, self.backoff, retry)
                     raise
                 except Exception as err:
-                    self.api_call("write status", raiser(err), retry)
+                    retry_later("write status", err, self.backoff, retry)
                     raise
                 if isinstance(answer, Mapping):
                     self.views.note_written(answer)

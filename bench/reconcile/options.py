@@ -171,7 +171,7 @@ class Options:
     )
     job_cache: bool = _flag(
         True,
-        "answer the controller's job reads from its watch (controller/kubeapi.py JobCache; "
+        "answer the controller's job reads from its watch (controller/job_cache.py JobCache; "
         "default: on; --no-job-cache: every read asks the API server, as before)",
         tuning=True,
     )

@@ -1,4 +1,4 @@
-"""controller/kubeapi.py JobCache: the job reads answered from the controller's own watch
+"""controller/job_cache.py JobCache: the job reads answered from the controller's own watch
 (no request to the API server), and when they go to the API server instead."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from megdet.controller.kubeapi import JOB_INDEX_PREFIX, JobCache, slim_job
+from megdet.controller.job_cache import JOB_INDEX_PREFIX, JobCache, slim_job
 
 INDEX_ID = JOB_INDEX_PREFIX + "pytorchjob"
 

@@ -1,7 +1,7 @@
 """Nothing the controller keeps for a run outlives it, on kmock with the real
 operator serving the progress endpoint: the per-run status lock, the progress hub, the
 served-run directory, the run's ``megdet_controller_run_info`` series, the job cache
-(kubeapi.JobCache), the runs' views (status_writer.RunViews) and the kept renders (render.py)
+(job_cache.JobCache), the runs' views (status_writer.RunViews) and the kept renders (render.py)
 all hold the runs while they exist and nothing of them once every run is deleted, so a burst of
 runs that come and go leaves the controller's memory where it was (the RSS itself is measured by
 ``bench/controller_reconcile.py --delete``, docs/benchmarks.md)."""
