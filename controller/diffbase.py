@@ -28,13 +28,13 @@ status has none, so a restart of the new controller resumes them instead of re-c
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
 
 from megdet.controller.api import GROUP
+from megdet.controller.run_record import RunRecords
 
 __all__ = ["FIELD", "LEGACY_KEY", "ProgressAnnotations", "StatusDiffBase"]
 
@@ -51,13 +51,12 @@ def _encode(essence: Mapping[str, Any]) -> str:
 class StatusDiffBase(kopf.DiffBaseStorage):
     """kopf's ``settings.persistence.diffbase_storage`` for MegDetRuns (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, records: RunRecords | None = None) -> None:
         super().__init__()
         self._legacy = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key=LEGACY_KEY)
-        self._lock = threading.Lock()
-        #: (namespace, name) -> the base the handler's last status write carried, until kopf
-        #: stores the same (or the run is forgotten).
-        self._written: dict[tuple[str, str], str] = {}
+        #: Each run's record (``written_base``): the base the handler's last status write
+        #: carried, until kopf stores the same (or the run is forgotten).
+        self.records = records if records is not None else RunRecords()
 
     def build(
         self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
@@ -96,23 +95,19 @@ class StatusDiffBase(kopf.DiffBaseStorage):
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         encoded = _encode(essence)
         meta = body.get("metadata") or {}
-        with self._lock:
-            written = self._written.pop((meta.get("namespace"), meta.get("name")), None)
+        written = self.records.take((meta.get("namespace"), meta.get("name")), "written_base")
         if written != encoded:
             patch.status[FIELD] = encoded
 
     def note_written(self, namespace: str, name: str, encoded: str) -> None:
         """The handler's status write carried ``encoded`` (the handler ends with it)."""
-        with self._lock:
-            self._written[(namespace, name)] = encoded
+        self.records.set((namespace, name), written_base=encoded)
 
     def forget(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._written.pop((namespace, name), None)
+        self.records.set((namespace, name), written_base=None)
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._written)
+        return len(self.records.values_of("written_base"))
 
 
 class ProgressAnnotations(kopf.AnnotationsProgressStorage):

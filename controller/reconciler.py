@@ -161,11 +161,9 @@ class Reconciler:
         self.writer = StatusWriter(cluster, self.backoff, now)
         #: kopf's diff base storage (configure() gives it to kopf's settings).
         self.diffbase = self.writer.diffbase
-        #: (namespace, run) -> the TrainJob mirror's milestone events state.
-        self.milestones: dict[tuple[str, str], Milestones] = {}
-        #: (namespace, run) -> the message of its ``PodsStarted=False``, as last written: only
-        #: these runs' started pods reach :meth:`pod_event` (a string per stuck run, no pods).
-        self.stuck: dict[tuple[str, str], str] = {}
+        #: what this process keeps of each run: its phase, the TrainJob mirror's milestones,
+        #: its ``PodsStarted=False`` message, the diff base its last write carried.
+        self.records = self.writer.records
 
     # -- reconcile: create, resume, update ---------------------------------------------------
 
@@ -297,13 +295,10 @@ class Reconciler:
         return (*written, found[0])
 
     def _note_stuck(self, run: Mapping[str, Any], status: Mapping[str, Any]) -> None:
-        """Keep :attr:`stuck` to the runs whose status says ``PodsStarted=False``."""
-        key = run_meta(run)[:2]
+        """Keep a run's record's ``stuck`` while its status says ``PodsStarted=False``."""
         pods = condition_of(status, PODS_STARTED_CONDITION) or {}
-        if pods.get("status") == "False":
-            self.stuck[key] = str(pods.get("message") or "")
-        else:
-            self.stuck.pop(key, None)
+        stuck = str(pods.get("message") or "") if pods.get("status") == "False" else None
+        self.records.set(run_meta(run)[:2], stuck=stuck)
 
     def _not_created(self, run: Mapping[str, Any], reason: str, message: str, retry: int) -> None:
         """``Created=False`` (a Warning event once per episode, not per retry); kopf retries
@@ -570,16 +565,14 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process holds for a run that was deleted (its watch's DELETED
-        event): its metric series, kept render, TrainJob milestones, stuck-pods message and
-        phase. What the run owns (its job, TrainingRuntime, NetworkPolicy) the cluster's
+        event): its record (controller/run_record.py), metric series, kept render and view.
+        What the run owns (its job, TrainingRuntime, NetworkPolicy) the cluster's
         garbage collector deletes through their controller owner references: the controller
         deletes none of it and keeps no finalizer on the run (docs/controller.md, "Delete")."""
         metrics.forget_run(namespace, name)
         forget_render(namespace, name)  # its kept render (controller/render.py)
-        self.milestones.pop((namespace, name), None)
-        self.stuck.pop((namespace, name), None)
-        self.writer.phases.set(namespace, name, None)
-        self.diffbase.forget(namespace, name)
+        self.records.forget((namespace, name))
+        self.writer.phases.publish()
         self.writer.views.forget(namespace, name)
 
     # -- the job mirror: events of the run's job ---------------------------------------------
@@ -686,10 +679,12 @@ class Reconciler:
         problems = trainjob_progress(job)[1] if isinstance(job, Mapping) else []
         if problems:
             logger.warning("run %s/%s: TrainJob trainerStatus: %s", *key, "; ".join(problems))
-        if key not in self.milestones:
+        milestones = self.records.get(key, "milestones")
+        if milestones is None:
             written = old.get("progress") if isinstance(old.get("progress"), Mapping) else {}
-            self.milestones[key] = Milestones.from_written(written, self.checkpoint_events)
-        for reason, message in self.milestones[key].note(progress, time.monotonic()):
+            milestones = Milestones.from_written(written, self.checkpoint_events)
+            self.records.set(key, milestones=milestones)
+        for reason, message in milestones.note(progress, time.monotonic()):
             kopf.event(dict(run), type="Normal", reason=reason, message=message[:1000])
 
     # -- the pods of the run's job: why they cannot start ----------------------------------
@@ -700,7 +695,9 @@ class Reconciler:
         key = run_of_pod(body)
         if key is None:
             return False
-        return pod_start_problem([body]) is not None or (key in self.stuck and started(body))
+        return pod_start_problem([body]) is not None or (
+            self.records.get(key, "stuck") is not None and started(body)
+        )
 
     def pod_event(self, body: kopf.Body, type: str | None, retry: int, **_: Any) -> None:
         """``PodsStarted`` on the pod's run: False with the kubelet's reason while the pod
@@ -712,9 +709,10 @@ class Reconciler:
         if key is None:
             return
         problem = pod_start_problem([pod])
-        if problem is not None and self.stuck.get(key) == problem[1]:
+        stuck = self.records.get(key, "stuck")
+        if problem is not None and stuck == problem[1]:
             return  # said already (the kubelet rewrites a waiting pod's status often)
-        if problem is None and key not in self.stuck:
+        if problem is None and stuck is None:
             return
         decision = PodStart(problem, str(pod["metadata"].get("name")))
 

@@ -37,6 +37,7 @@ from megdet.controller.job_cache import version_of
 from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, api_call, retry_later
 from megdet.controller.lifecycle import stage_of
+from megdet.controller.run_record import RunRecords
 from megdet.controller.status import JOB_PRESENT, events
 
 __all__ = [
@@ -129,18 +130,20 @@ class RunLocks:
 
 @dataclass
 class Phases:
-    """Each run's phase, for the runs-by-phase gauge."""
+    """Each run's phase (its record's ``phase``), for the runs-by-phase gauge."""
 
-    by_run: dict[tuple[str, str], str] = field(default_factory=dict)
+    records: RunRecords = field(default_factory=RunRecords)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set(self, namespace: str, name: str, phase: str | None) -> None:
         with self.lock:
-            if phase is None:
-                self.by_run.pop((namespace, name), None)
-            else:
-                self.by_run[(namespace, name)] = phase
-            metrics.set_run_phases((ns, ph) for (ns, _), ph in self.by_run.items())
+            self.records.set((namespace, name), phase=phase)
+            self.publish()
+
+    def publish(self) -> None:
+        """Set the gauge from the records (after a run's record was forgotten, too)."""
+        by_run = self.records.values_of("phase")
+        metrics.set_run_phases((ns, ph) for (ns, _), ph in by_run.items())
 
 
 def diff_touches(diff: Iterable[Any], path: tuple[str, ...]) -> bool:
@@ -281,11 +284,13 @@ class StatusWriter:
         self.cluster = cluster
         self.backoff = backoff
         self.now = now
-        self.phases = Phases()
+        #: what this process keeps of each run, forgotten in one place (run_record.py)
+        self.records = RunRecords()
+        self.phases = Phases(self.records)
         self.locks = RunLocks()
         #: kopf's diff base in the run's status (controller/diffbase.py): a reconcile's last
         #: write carries it, so kopf makes no write of its own.
-        self.diffbase = StatusDiffBase()
+        self.diffbase = StatusDiffBase(self.records)
         #: the runs as this process last knew them: a write reads no run (register() puts
         #: their index on the operator's registry; until then every write reads the run).
         self.views = RunViews()

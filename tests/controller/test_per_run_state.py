@@ -1,6 +1,7 @@
 """Nothing the controller keeps for a run outlives it, on kmock with the real
 operator serving the progress endpoint: the per-run status lock, the progress hub, the
-served-run directory, the run's ``megdet_controller_run_info`` series, the job cache
+served-run directory, the run's ``megdet_controller_run_info`` series, the runs' records
+(run_record.RunRecords: phase, milestones, stuck pods, diff base), the job cache
 (job_cache.JobCache), the runs' views (status_writer.RunViews) and the kept renders (render.py)
 all hold the runs while they exist and nothing of them once every run is deleted, so a burst of
 runs that come and go leaves the controller's memory where it was (the RSS itself is measured by
@@ -61,6 +62,8 @@ async def test_no_per_run_structure_outlives_its_run(cluster) -> None:
         assert len(reconciler.cluster.cache) >= len(names)
         views = reconciler.writer.views
         assert all(views.lookup(NAMESPACE, n, None) is not None for n in names)
+        records = reconciler.records
+        assert all(records.get((NAMESPACE, n), "phase") is not None for n in names)
 
         for name in names:
             await delete(cluster, RUNS, name)
@@ -78,6 +81,7 @@ async def test_no_per_run_structure_outlives_its_run(cluster) -> None:
                 and len(reconciler.writer.locks) == 0
                 and len(reconciler.cluster.cache) == 0
                 and len(views) == 0
+                and not {key[1] for key in records} & set(names)
                 and all(views.gone(NAMESPACE, n, None) for n in names)
                 and not {key[1] for key in default_renderer().memo_keys()} & set(names)
             ),
