@@ -565,7 +565,7 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process holds for a run that was deleted (its watch's DELETED
-        event): its record (controller/run_record.py), metric series, kept render and view.
+        event): its record (controller/run_record.py), metric series and kept render.
         What the run owns (its job, TrainingRuntime, NetworkPolicy) the cluster's
         garbage collector deletes through their controller owner references: the controller
         deletes none of it and keeps no finalizer on the run (docs/controller.md, "Delete")."""
@@ -573,7 +573,6 @@ class Reconciler:
         forget_render(namespace, name)  # its kept render (controller/render.py)
         self.records.forget((namespace, name))
         self.writer.phases.publish()
-        self.writer.views.forget(namespace, name)
 
     # -- the job mirror: events of the run's job ---------------------------------------------
 

@@ -9,16 +9,16 @@ is dropped as well: a run the controller keeps nothing of costs no entry.
 
 The stores that keep their own structures (each with its own forget, called by
 :meth:`megdet.controller.reconciler.Reconciler.forget`; docs/architecture.md, "The
-controller") are the runs' views, the kept renders, the run's metric series and
-the progress hub; the per-run status locks and the job cache let go by themselves (a lock when
-no handler holds it, a job when its watch drops it).
+controller") are the kept renders, the run's metric series and the progress hub;
+the per-run status locks, the job cache and kopf's index of the runs let go by themselves (a
+lock when no handler holds it, a job or a run when its watch drops it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,6 +45,9 @@ class RunRecord:
     #: kopf's diff base the reconcile's last status write carried, until kopf stores it
     #: (controller/diffbase.py).
     written_base: str | None = None
+    #: The view of the API server's answer to this process's last status write of the run,
+    #: until its watch delivers that version (status_writer.RunViews).
+    written_view: dict[str, Any] | None = None
 
     def empty(self) -> bool:
         return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
@@ -74,6 +77,18 @@ class RunRecords:
                 self._records.pop(key, None)
             else:
                 self._records[key] = record
+
+    def update(self, key: RunKey, field: str, change: Callable[[Any], Any]) -> Any:
+        """Set the run's ``field`` to ``change(its value)`` in one step; the new value."""
+        with self._lock:
+            record = self._records.get(key) or RunRecord()
+            value = change(getattr(record, field))
+            setattr(record, field, value)
+            if record.empty():
+                self._records.pop(key, None)
+            else:
+                self._records[key] = record
+            return value
 
     def take(self, key: RunKey, field: str) -> Any:
         """The run's ``field``, cleared."""

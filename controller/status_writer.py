@@ -188,12 +188,12 @@ class RunViews:
     :meth:`forget` drops its last answer (and so does the watch's delivery of it).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, records: RunRecords | None = None) -> None:
         self._lock = threading.Lock()
         self._index: Mapping[Any, Any] | None = None
-        #: (namespace, name) -> the view of this process's last status write's answer, until
-        #: the watch delivers it (or a newer version).
-        self._written: dict[tuple[str, str], dict[str, Any]] = {}
+        #: Each run's record (``written_view``): the view of this process's last status
+        #: write's answer, until the watch delivers it (or a newer version).
+        self.records = records if records is not None else RunRecords()
 
     def register(self, registry: Any) -> None:
         """The runs' index on ``registry`` (kopf's operator registry)."""
@@ -206,12 +206,16 @@ class RunViews:
             with self._lock:
                 if self._index is None:
                     self._index = kwargs.get(RUNS_INDEX)
-                written = self._written.get(key)
+
+            def delivered(written: dict[str, Any] | None) -> dict[str, Any] | None:
                 if written is not None and (
                     _uid(written) != meta.get("uid")
                     or (version_of(view) or 0) >= (version_of(written) or 0)
                 ):
-                    del self._written[key]  # delivered (or a newer version, or another run)
+                    return None  # delivered (or a newer version, or another run)
+                return written
+
+            self.records.update(key, "written_view", delivered)
             return {key: view}
 
         kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=RUNS_INDEX)(index_run)
@@ -222,7 +226,8 @@ class RunViews:
         number)."""
         key = (namespace, name)
         with self._lock:
-            index, written = self._index, self._written.get(key)
+            index = self._index
+        written = self.records.get(key, "written_view")
         seen: list[dict[str, Any]] = []
         if index is not None:
             try:
@@ -243,7 +248,8 @@ class RunViews:
         that is deleted: the job mirror's, for a job the garbage collector deletes after its
         run (a read of the run from the API server would answer 404)."""
         with self._lock:
-            index, written = self._index, self._written.get((namespace, name))
+            index = self._index
+        written = self.records.get((namespace, name), "written_view")
         if index is None or (written is not None and uid in (None, _uid(written))):
             return False
         try:
@@ -257,18 +263,18 @@ class RunViews:
         """The API server's answer to this process's status write of a run."""
         meta = answer.get("metadata") or {}
         with self._lock:
-            if self._index is not None:  # without the watch, nothing would drop it
-                self._written[(meta.get("namespace"), meta.get("name"))] = run_view(answer)
+            watched = self._index is not None
+        if watched:  # without the watch, nothing would drop it
+            key = (meta.get("namespace"), meta.get("name"))
+            self.records.set(key, written_view=run_view(answer))
 
     def forget(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self._written.pop((namespace, name), None)
+        self.records.set((namespace, name), written_view=None)
 
     def __len__(self) -> int:
         """Runs whose last written answer is held (the index is kopf's, and drops a deleted
         run itself)."""
-        with self._lock:
-            return len(self._written)
+        return len(self.records.values_of("written_view"))
 
 
 def _uid(view: Mapping[str, Any]) -> Any:
@@ -293,7 +299,7 @@ class StatusWriter:
         self.diffbase = StatusDiffBase(self.records)
         #: the runs as this process last knew them: a write reads no run (register() puts
         #: their index on the operator's registry; until then every write reads the run).
-        self.views = RunViews()
+        self.views = RunViews(self.records)
 
     def write(
         self,
