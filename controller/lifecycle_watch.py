@@ -10,7 +10,9 @@ finds at start: without Kueue no job waits for admission). An event of a pod, a 
 run computes the run's lifecycle from the run's view and those indexes, under the run's lock
 (:class:`StatusWriter`), and writes only what differs: nothing at all when nothing does. A
 run's event is filtered in kopf's loop first (most are the controller's own writes, which
-change nothing more). Level-triggered: a missed event is made good by the next one.
+change nothing more). Level-triggered: a missed event is made good by the next one. A write
+that adds a part to ``status.startup`` observes it in ``megdet_controller_startup_seconds``
+(:mod:`~megdet.controller.startup_metrics`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import kopf
 from megdet.controller.api import GROUP, KIND, PLURAL, VERSION
 from megdet.controller.lifecycle import lifecycle_status, pod_summary
 from megdet.controller.pod_problems import PART_OF, run_of_pod
+from megdet.controller.startup_metrics import observe
 from megdet.controller.status_writer import StatusWriter
 
 __all__ = ["KUEUE", "PODS_INDEX", "WORKLOADS_INDEX", "LifecycleWatch"]
@@ -128,7 +131,9 @@ class LifecycleWatch:
             "kind": KIND,
             "metadata": {"namespace": namespace, "name": name, "uid": uid},
         }
-        self.writer.write(ref, compute, retry)
+        written = self.writer.write(ref, compute, retry)
+        if written is not None:  # each part of status.startup once per attempt, as written
+            observe(namespace, *written)
 
 
 def _job_owner(body: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -52,6 +52,8 @@ __all__ = [
     "RESULTS",
     "RUNS",
     "RUN_INFO",
+    "STARTUP",
+    "STARTUP_BUCKETS",
     "MetricsServer",
     "forget_run",
     "record_run_info",
@@ -164,6 +166,20 @@ HTTP_REFUSED = Counter(
     "evicted (at the cap, the oldest connection whose request had not arrived, closed for a "
     "newcomer), deadline (the request did not arrive in full within the request timeout).",
     ["server", "reason"],
+    registry=REGISTRY,
+)
+
+#: Seconds to tens of minutes: an image pull or a Kueue queue can take that long.
+STARTUP_BUCKETS = (
+    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
+)  # fmt: skip
+STARTUP = Histogram(
+    "megdet_controller_startup_seconds",
+    "Time of each part of a MegDetRun attempt's start, as status.startup measures it, observed "
+    "once per attempt and part: admission_wait, scheduling, container_start, rendezvous, "
+    "data_model, first_iteration, total (created to the first iteration done).",
+    ["namespace", "target", "part"],
+    buckets=STARTUP_BUCKETS,
     registry=REGISTRY,
 )
 

@@ -20,11 +20,13 @@ CONTRACT = {
     "megdet_controller_jobs_failed": "counter",
     "megdet_controller_jobs_restarted": "counter",
     "megdet_controller_run_info": "gauge",
+    "megdet_controller_startup_seconds": "histogram",
 }
 LABELS = {
     "megdet_controller_reconciles": {"result"},
     "megdet_controller_runs": {"namespace", "phase"},
     "megdet_controller_jobs_created": {"namespace", "target"},
+    "megdet_controller_startup_seconds": {"namespace", "target", "part", "le"},
     "megdet_controller_run_info": {
         "namespace",
         "run",
@@ -41,6 +43,7 @@ def test_metrics_endpoint_serves_every_contract_name_with_its_type_and_labels() 
     metrics.JOBS_CREATED.labels("ns-m", "pytorchjob").inc()
     metrics.record_run_info("ns-m", "run-m", "pytorchjob", 16, 32, 0.04)
     metrics.set_run_phases([("ns-m", "Running")])
+    metrics.STARTUP.labels("ns-m", "pytorchjob", "total").observe(75)
     port = free_port()
     metrics.serve(port, addr="127.0.0.1")
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -50,7 +53,9 @@ def test_metrics_endpoint_serves_every_contract_name_with_its_type_and_labels() 
         assert families[name].documentation, f"{name} has no HELP text"
     assert "megdet_controller_reconciles_total{" in text  # counters carry _total on the wire
     for name, labels in LABELS.items():
-        sample = next(s for s in families[name].samples if s.name in (name, f"{name}_total"))
+        sample = next(
+            s for s in families[name].samples if s.name in (name, f"{name}_total", f"{name}_bucket")
+        )
         assert set(sample.labels) == labels, name
     info = [s for s in families["megdet_controller_run_info"].samples if s.labels["run"] == "run-m"]
     assert [

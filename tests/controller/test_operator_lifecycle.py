@@ -23,6 +23,8 @@ from kmock_helpers import (
 from test_lifecycle import PENDING_WORKLOAD
 from test_operator_pod_problems import PODS, create_pod, job_owner, pod_body, running, started_run
 
+from megdet.controller import metrics
+
 
 def stage(api: Any, name: str) -> str | None:
     return run_status(api, name).get("stage")
@@ -41,9 +43,17 @@ async def create_workload(api: Any, owner: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def observed(part: str) -> float:
+    """How often megdet_controller_startup_seconds observed ``part`` in the test namespace."""
+    labels = {"namespace": NAMESPACE, "target": "pytorchjob", "part": part}
+    return metrics.sample("megdet_controller_startup_seconds_count", labels)
+
+
 async def test_a_workload_queues_the_run_then_pods_and_the_trainer_move_it_on(
     cluster, operator
 ) -> None:
+    parts = ("admission_wait", "container_start", "rendezvous", "first_iteration", "total")
+    before = {part: observed(part) for part in parts}
     await started_run(cluster, "r")
     owner = job_owner(cluster, "r")
     await create_workload(cluster, owner)
@@ -99,6 +109,8 @@ async def test_a_workload_queues_the_run_then_pods_and_the_trainer_move_it_on(
         "rendezvousSeconds": 5, "dataModelSeconds": 5, "firstIterationSeconds": 5,
         "totalSeconds": 60,
     } | {k: v for k, v in startup.items() if k == "schedulingSeconds"}  # fmt: skip
+    # Each part observed once, as status.startup got it.
+    assert {part: observed(part) - before[part] for part in parts} == dict.fromkeys(parts, 1)
 
     # A report that changes nothing of the lifecycle (the next iteration) writes nothing more.
     await settle()
@@ -106,3 +118,4 @@ async def test_a_workload_queues_the_run_then_pods_and_the_trainer_move_it_on(
     await patch(cluster, RUNS, "r", {"status": {"progress": progress | {"iteration": 2}}})
     await settle()
     assert len(requests_to(cluster, "PATCH", "/megdetruns/r/status")) == writes
+    assert {part: observed(part) - before[part] for part in parts} == dict.fromkeys(parts, 1)
