@@ -1,5 +1,6 @@
 """The fleet dashboard (uid ``megdet-fleet``): the controller's view of every run: runs by
-phase, the runs' GPU efficiency, reconcile rate, errors and latency, progress reports, jobs
+phase, the time each part of the runs' start-up took (monitoring/startup.py), the runs' GPU
+efficiency, reconcile rate, errors and latency, progress reports, jobs
 created/failed/succeeded/restarted, and the alerts firing."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from megdet.monitoring.panels import (
     stat_panel,
     timeseries_panel,
 )
+from megdet.monitoring.startup import startup_panels
 
 __all__ = ["fleet_dashboard"]
 
@@ -51,6 +53,9 @@ def fleet_dashboard() -> db.Dashboard:
     )
     d = d.with_row(row(ids, "Runs"))
     for panel in _fleet_run_panels(ids):
+        d = d.with_panel(panel)
+    d = d.with_row(row(ids, "Start-up"))
+    for panel in startup_panels(ids):
         d = d.with_panel(panel)
     d = d.with_row(row(ids, "GPU efficiency"))
     for panel in fleet_efficiency_panels(ids):
