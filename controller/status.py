@@ -1,12 +1,12 @@
-"""MegDetRun status: what a run's status should be, and the events its change posts. Pure.
+"""MegDetRun status: what a run's status should be. Pure.
 
 :func:`desired_status` is the one place a run's status is decided: from the run (its status
 as just read), its job (as just read) and what a handler decided (a :data:`Decision`: the spec
 is invalid or denied, the job was not created, was refused, exists, is mirrored, is gone, or
 an object under its name is not the run's). :func:`next_status` folds a job's
 :class:`~megdet.controller.job_state.JobState` into it (phase, conditions, restarts, start
-and completion times). :func:`events` derives the events from the old and the new status (a
-phase change, a condition entering a new episode). Everything here is deterministic given
+and completion times). The events a change posts are
+:func:`megdet.controller.status_events.events`. Everything here is deterministic given
 ``now``, so it is tested without an API server. Conditions follow the Kubernetes
 conventions, as the Kubeflow operators set theirs (see :mod:`megdet.controller.job_state`
 for the upstream semantics read).
@@ -30,7 +30,6 @@ from megdet.controller.job_state import (
 )
 from megdet.controller.ownership import is_runs_job
 from megdet.controller.pod_problems import CONDITION as PODS_STARTED
-from megdet.controller.resize import events as resize_events
 from megdet.controller.resize import with_segments
 
 if TYPE_CHECKING:
@@ -48,10 +47,8 @@ __all__ = [
     "POD_STARTED",
     "POLICY_DENIED",
     "RETRYING",
-    "WARNING_CONDITIONS",
     "Created",
     "Decision",
-    "Event",
     "Foreign",
     "JobGone",
     "NotCreated",
@@ -62,7 +59,6 @@ __all__ = [
     "condition_of",
     "conflict_message",
     "desired_status",
-    "events",
     "finished",
     "had_job",
     "next_status",
@@ -502,77 +498,3 @@ def _foreign(
         return {}  # said already
     conditions = set_condition(_conditions(old), FOREIGN_JOB, present, reason, message, now, gen)
     return {"conditions": conditions}
-
-
-# ------------------------------------------------------------------------------------------
-# The events a change of status posts: derived from the old and the new status.
-
-
-@dataclass(frozen=True)
-class Event:
-    """One event on the run: ``source`` is "phase" for a phase change (a job's transition,
-    counted), else the type of the condition whose change it reports."""
-
-    type: str
-    reason: str
-    message: str
-    source: str
-
-
-#: The conditions whose arrival is news (a Warning event), each with the status it warns in.
-WARNING_CONDITIONS = {
-    "Created": "False",
-    CHILDREN_READY: "False",
-    "Valid": "False",
-    JOB_PRESENT: "False",
-    FOREIGN_JOB: "True",
-    PODS_STARTED: "False",
-}
-#: The condition that says why a run is in a phase (the phase's own for the mirrored ones).
-_CAUSE = {"Invalid": "Valid", "Pending": "Created"}
-
-
-def _episode(cond: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What tells one episode of a condition from the next: its status and reason; for a
-    refusal also the generation (each refused spec is news), for a foreign job its message
-    (each foreign object, by its uid, is news); for pods that cannot start only the status (the
-    kubelet alternates ``ErrImagePull`` and ``ImagePullBackOff``: one Warning per episode)."""
-    if cond.get("type") == FOREIGN_JOB:
-        return cond.get("status"), cond.get("message")
-    if cond.get("type") == PODS_STARTED:
-        return (cond.get("status"),)
-    if cond.get("reason") == JOB_REFUSED:
-        return cond.get("status"), cond.get("reason"), cond.get("observedGeneration")
-    return cond.get("status"), cond.get("reason")
-
-
-def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
-    """The events the change from ``old`` to ``new`` posts: a Warning for each condition of
-    :data:`WARNING_CONDITIONS` that enters its warning status or a new episode of it (``Valid``
-    only for :data:`POLICY_DENIED`: an invalid spec is said by its phase), and one event per
-    phase change (Warning for Failed and Invalid, else Normal) unless a Warning already says
-    why (its reason is that of the phase's cause: a refused job, a deleted one, a denied
-    spec, a job not created). None when nothing changed."""
-    out: list[Event] = []
-    for kind, warns in WARNING_CONDITIONS.items():
-        cond = condition_of(new, kind)
-        if cond is None or cond.get("status") != warns:
-            continue
-        if kind == "Valid" and cond.get("reason") != POLICY_DENIED:
-            continue
-        before = condition_of(old, kind)
-        if before is not None and _episode(before) == _episode(cond):
-            continue
-        reason = FOREIGN_JOB if kind == FOREIGN_JOB else str(cond.get("reason"))
-        out.append(Event("Warning", reason, str(cond.get("message") or "")[:1000], kind))
-    was, phase = old.get("phase"), new.get("phase")
-    if phase is not None and phase != was:
-        cause = condition_of(new, _CAUSE.get(phase, phase)) or {}
-        if cause.get("reason") not in {e.reason for e in out}:
-            message = str(cause.get("message") or "")
-            text = f"phase {was or 'None'} -> {phase}" + (f": {message}" if message else "")
-            kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"
-            out.insert(0, Event(kind, phase, text[:1000], "phase"))
-
-    out += [Event("Normal", r, m[:1000], "resize") for r, m in resize_events(old, new)]
-    return out

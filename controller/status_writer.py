@@ -12,7 +12,7 @@ version it was computed from as a precondition, so a view that turns out stale c
 a read and a second try, never a lost update. ``status.progress`` has its own
 writer (the progress endpoint, or the TrainJob mirror), a field no other writer touches. The
 events and counters of a write follow from the old and the new status
-(:func:`~megdet.controller.status.events`).
+(:func:`~megdet.controller.status_events.events`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, api_call, retry_later
 from megdet.controller.lifecycle import stage_of
 from megdet.controller.run_record import RunRecords
-from megdet.controller.status import JOB_PRESENT, events
+from megdet.controller.status import JOB_PRESENT
+from megdet.controller.status_events import events
 
 __all__ = [
     "RunLocks",
@@ -316,10 +317,11 @@ class StatusWriter:
         Under the run's lock: take the run's view (:class:`RunViews`; the API server's
         answer when there is none), ``compute(run)`` the status it should hold, write the
         fields that differ (no request at all when none do), then post the events the change
-        derives (:func:`~megdet.controller.status.events`) and count it: a job's transition, a
-        deleted job (``kind``: the job's, for the target label of a run whose status has none
-        yet). A write over a view is conditional on the view's version: on 409 the run is read
-        and the write computed again from it (a run that is gone, 404, is gone).
+        derives (:func:`~megdet.controller.status_events.events`) and count it: a job's
+        transition, a deleted job (``kind``: the job's, for the target label of a run whose
+        status has none yet). A write over a view is conditional on the view's version: on 409
+        the run is read and the write computed again from it (a run that is gone, 404, is
+        gone).
 
         ``handled``: the write ends a reconcile of the run as it was given to it, and carries
         kopf's diff base for it (:meth:`StatusDiffBase.encoded`), so that kopf need not patch
