@@ -459,9 +459,7 @@ def test_a_two_worker_run_reports_increasing_iterations_and_its_ap(serve, pki, t
     assert last["worldTime"] <= last["loadedTime"] <= last["firstIterationTime"]
 
 
-def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(
-    serve, pki, token
-):
+def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(serve, pki, token):
     """The stages (megdet.progress.STAGES) the controller's lifecycle conditions read: loading
     before the trainer exists, firstIteration when the loop starts, training after the first
     step, evaluating before each evaluation (training again after it), finished at the end;
@@ -471,9 +469,7 @@ def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(
     server = serve()
     clock = Clock()
     wall = iter(range(1767225600, 1767225700))
-    reporter = _reporter(
-        server.url, pki, token, interval=1e9, clock=clock, wall=lambda: next(wall)
-    )
+    reporter = _reporter(server.url, pki, token, interval=1e9, clock=clock, wall=lambda: next(wall))
     reporter.loading()  # the world formed; model and data not built yet
     assert reporter.poster.wait_idle(30)
 
