@@ -3,7 +3,7 @@
 # Two images from one file (see docs/image.md):
 #   docker build -t megdet:0.1.0 .                                  training image (CUDA)
 #   docker build --target controller -t megdet-controller:0.1.0 .  controller (no torch, no CUDA)
-#   make image      the same stages from package registries only (megdet.image.build: a Debian
+#   make image      the same stages from package registries only (imagebuild.build: a Debian
 #                   base made by mmdebstrap, torch's CUDA wheels from PyPI; the args below)
 #
 # Every version below defaults to the project's pin list in pyproject.toml
@@ -65,7 +65,7 @@ RUN "${PYTHON}" -m venv /opt/venv \
 # The rest of the training pins, read from pyproject.toml (never retyped here). torch and
 # torchvision are constrained to the builds above so pip fails rather than swap in others.
 COPY pyproject.toml /src/pyproject.toml
-COPY image/pins.py image/detectron2_install.py /src/
+COPY imagebuild/pins.py imagebuild/detectron2_install.py /src/
 RUN python /src/pins.py /src/pyproject.toml train --exclude torch torchvision \
         > /tmp/requirements.txt \
     && printf 'torch==%s\ntorchvision==%s\n' "${TORCH_VERSION}" "${TORCHVISION_VERSION}" \
@@ -80,7 +80,7 @@ ARG DETECTRON2_COMMIT
 ARG TORCH_CUDA_ARCH_LIST
 # Parallel nvcc jobs; each can take several GB of RAM.
 ARG MAX_JOBS=8
-# detectron2 (image/detectron2_install.py). git: the pinned commit, verified, with its ops
+# detectron2 (imagebuild/detectron2_install.py). git: the pinned commit, verified, with its ops
 # compiled for TORCH_CUDA_ARCH_LIST (FORCE_CUDA: no GPU is visible during a build; nvcc from
 # the base image, else NVIDIA's PyPI wheels pinned in pyproject.toml), checked by importing
 # detectron2._C. --no-deps: its setup.py caps iopath below our pin; its runtime deps are above.
@@ -112,7 +112,7 @@ RUN apt-get update \
 # pinned versions, read from pyproject.toml, in a venv (the python image's interpreter, or
 # Debian's with python3-venv: the same step on both bases); then the project in a layer of its
 # own, so a change to the code does not download the dependencies again.
-COPY pyproject.toml image/pins.py /src/
+COPY pyproject.toml imagebuild/pins.py /src/
 RUN python3 -m venv /opt/venv \
     && python3 /src/pins.py /src/pyproject.toml controller > /tmp/requirements.txt \
     && pip install --no-cache-dir -r /tmp/requirements.txt \

@@ -37,7 +37,7 @@ help:
 setup: $(STAMP)
 
 # Re-run the install whenever the pin list or the installer changes.
-$(STAMP): pyproject.toml setup.py scripts/install_detectron2_cpu.py image/detectron2_install.py
+$(STAMP): pyproject.toml scripts/install_detectron2_cpu.py imagebuild/detectron2_install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
 	$(BIN)/python -m pip install --quiet -e ".[train,controller,dev]"
@@ -60,7 +60,7 @@ test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
 # binaries (not the older API server: test-previous-apiserver), the controller image and the
-# e2e variant of the training image, which real pods on the real node run (megdet.image.build,
+# e2e variant of the training image, which real pods on the real node run (imagebuild.build,
 # docs/image.md; archives kept in ~/.cache/megdet/image, so a fresh clone of a built commit
 # builds nothing).
 # The Go builds use the CPUs and the image builds mostly wait on downloads and disk: both at once.
@@ -69,10 +69,10 @@ suite-deps: setup node-packages
 	$(MAKE) --no-print-directory -j2 --output-sync=line suite-cluster suite-images
 
 suite-cluster: setup
-	$(BIN)/python -m megdet.cluster.build $(SUITE_COMPONENTS)
+	$(BIN)/python -m cluster.build $(SUITE_COMPONENTS)
 
 suite-images: setup
-	$(BIN)/python -m megdet.image.build controller train-ci
+	$(BIN)/python -m imagebuild.build controller train-ci
 
 # The trainer and the controller in real pods on the real node, all of it
 # (tests/e2e/test_e2e_real_training.py): make test runs its first test (the run chart's helm
@@ -90,7 +90,7 @@ test-real-pods: suite-deps
 # a second Kubernetes build of about 20 minutes on 2 cores, for a CRD that changes rarely; run it
 # when charts/megdet-operator/crds/ changes (docs/cluster.md, "Which tests run against what").
 test-previous-apiserver: setup
-	$(BIN)/python -m megdet.cluster.build kubernetes_previous
+	$(BIN)/python -m cluster.build kubernetes_previous
 	$(PYTEST) -m previous_apiserver tests/e2e
 
 # kube-score and kubeconform (pinned in pyproject.toml, built from the Go module proxy into
@@ -98,23 +98,23 @@ test-previous-apiserver: setup
 # both charts' renders and the pods their jobs create (docs/helm.md, "Linting what the
 # controller creates").
 lint-tools: setup
-	$(BIN)/python -m megdet.cluster.build kube_score kubeconform
+	$(BIN)/python -m cluster.build kube_score kubeconform
 
 # The suite without tests/e2e (no control plane needed): the inner loop.
 test-quick: setup $(PROMETHEUS) lint-tools
 	$(BIN)/ruff check .
 	$(PYTEST) --ignore=tests/e2e
 
-# A real Kubernetes control plane on this machine (megdet.cluster; docs/cluster.md). The first
+# A real Kubernetes control plane on this machine (cluster; docs/cluster.md). The first
 # run builds the pinned binaries from the Go module proxy into ~/.cache/megdet/cluster. The images
 # `make image` and `make suite-images` left in output/images go into the real node's containerd
 # (README.md, "Try it locally"); `make cluster-images` loads those built later.
 cluster: setup node-packages
-	$(BIN)/python -m megdet.cluster up
+	$(BIN)/python -m cluster up
 
 IMAGES ?=
 cluster-images: setup
-	$(BIN)/python -m megdet.cluster load-images $(IMAGES)
+	$(BIN)/python -m cluster load-images $(IMAGES)
 
 # The real node's Debian packages (containerd, runc, CNI plugins, iptables, busybox-static, gcc):
 # installed as root when missing, a note naming them otherwise (docs/cluster.md, "The real node").
@@ -122,12 +122,12 @@ node-packages:
 	scripts/install_node_packages.sh
 
 cluster-down: setup
-	$(BIN)/python -m megdet.cluster down
+	$(BIN)/python -m cluster down
 
 # Only build the control plane's binaries (all of them: also Trainer v2, JobSet, Kueue and the
 # older kube-apiserver the CRD is installed on too).
 cluster-build: setup
-	$(BIN)/python -m megdet.cluster.build --all
+	$(BIN)/python -m cluster.build --all
 
 lint: setup
 	$(BIN)/ruff check .
@@ -142,11 +142,11 @@ dashboards: setup
 	$(BIN)/python -m megdet.monitoring generate
 
 # The training and controller images from the Dockerfile with Debian's podman, from package
-# registries only (megdet.image.build; docs/image.md): OCI archives in output/images/, cached by
+# registries only (imagebuild.build; docs/image.md): OCI archives in output/images/, cached by
 # their inputs' digest. Installs podman/buildah/mmdebstrap/runc from Debian when missing (root).
 # DETECTRON2_SRC=/path/to/detectron2.git compiles detectron2's ops from that source.
 image: setup
-	$(BIN)/python -m megdet.image.build controller train
+	$(BIN)/python -m imagebuild.build controller train
 
 # The image's riskiest step without Docker: compile detectron2's extension (C++ and CUDA ops)
 # at the pinned commit against the venv's torch, in a folder under /tmp (docs/image.md).

@@ -1,6 +1,6 @@
 """The real-API-server side of ``bench/controller_reconcile.py`` (``--api cluster``).
 
-A throwaway control plane (:class:`megdet.cluster.control_plane.Cluster`, the same code as
+A throwaway control plane (:class:`cluster.control_plane.Cluster`, the same code as
 ``make cluster`` and the e2e tests: etcd, kube-apiserver with RBAC and an audit log,
 kube-controller-manager, kube-scheduler, kwok fake 8-GPU nodes), without the training operator:
 the benchmark measures our controller, whose jobs nobody needs to run. What the controller
@@ -53,7 +53,7 @@ NODE_BATCH = 50
 
 def available() -> str | None:
     """None when a cluster can start here, else why not (binaries not built, no Go)."""
-    from megdet.cluster import build
+    from cluster import build
 
     try:
         build.find_go()  # the upstream CRDs are read from Go's module cache
@@ -75,7 +75,7 @@ class BenchCluster:
     def __init__(
         self, nodes: int = 4, root: Path | None = None, training_operator: bool = False
     ) -> None:
-        from megdet.cluster.control_plane import Cluster
+        from cluster.control_plane import Cluster
 
         self.nodes = nodes
         self.training_operator = training_operator
@@ -188,7 +188,7 @@ class BenchCluster:
             CONTROLLER_NAMESPACE,
             "--create-namespace",
         )
-        from megdet.cluster.pki import kubeconfig
+        from cluster.pki import kubeconfig
 
         token = self.kube.kubectl(
             "create", "token", RELEASE, "-n", CONTROLLER_NAMESPACE, "--duration=3h"

@@ -278,9 +278,9 @@ def real_node_session(
     import yaml
     from test_e2e_real_training import shapes_volumes
 
-    from megdet.cluster.control_plane import Cluster
-    from megdet.cluster.node import TAINT_KEY, RealNode, import_image
-    from megdet.image.build import build
+    from cluster.control_plane import Cluster
+    from cluster.node import TAINT_KEY, RealNode, import_image
+    from imagebuild.build import build
 
     kube = Cluster(root=E2E_ROOT.parent / "bench-elastic" / "cluster", ports_mode="auto", nodes=4)
     kube.down()

@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from megdet.image import build as b
+from imagebuild import build as b
 
 
 def copy_context(dest: Path) -> Path:

@@ -3,7 +3,7 @@
 In 2 gloo processes (the trainer's ``run_workers``) one trainer is built as ``megdet train`` builds
 it (tiny CPU config, shapes dataset, backbone SyncBN, DDP), as in ``bench.step_overhead``.
 This process serves Trainer's status protocol over HTTPS (stdlib ``http.server``, a
-certificate from ``megdet.cluster.pki``) and accepts every report. Loops sharing the model,
+certificate from ``cluster.pki``) and accepts every report. Loops sharing the model,
 optimizer and data loader take turns in blocks of steps, several rounds, order rotated:
 
 * ``simple``: detectron2's ``SimpleTrainer`` without hooks: the bare loop;
@@ -63,7 +63,7 @@ class _Accept(BaseHTTPRequestHandler):
 @contextlib.contextmanager
 def _status_server(folder: Path) -> Iterator[tuple[ThreadingHTTPServer, str]]:
     """An HTTPS server accepting every post meanwhile; yields it and its CA file."""
-    from megdet.cluster.pki import CertificateAuthority
+    from cluster.pki import CertificateAuthority
 
     ca = CertificateAuthority(folder / "ca")
     crt, key = ca.issue("server", "status-server", ips=["127.0.0.1"], server=True)

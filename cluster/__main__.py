@@ -1,5 +1,5 @@
 import sys
 
-from megdet.cluster.cli import main
+from cluster.cli import main
 
 sys.exit(main())

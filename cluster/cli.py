@@ -1,5 +1,5 @@
-"""``python -m megdet.cluster``: ``make cluster`` (up), ``make cluster-images`` (load-images),
-``make cluster-down`` (down) and status, over megdet.cluster.control_plane's Cluster."""
+"""``python -m cluster``: ``make cluster`` (up), ``make cluster-images`` (load-images),
+``make cluster-down`` (down) and status, over cluster.control_plane's Cluster."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from megdet.cluster import build
-from megdet.cluster.control_plane import DEFAULT_STATE, Cluster, ClusterError
-from megdet.cluster.local_images import ARCHIVES, link_clients, load_images
-from megdet.cluster.node import NodeError
-from megdet.image.build import VARIANTS
+from cluster import build
+from cluster.control_plane import DEFAULT_STATE, Cluster, ClusterError
+from cluster.local_images import ARCHIVES, link_clients, load_images
+from cluster.node import NodeError
+from imagebuild.build import VARIANTS
 
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m megdet.cluster",
+        prog="python -m cluster",
         description="A real Kubernetes control plane on this machine (make cluster).",
     )
     sub = parser.add_subparsers(dest="command", required=True)

@@ -1,5 +1,5 @@
 """Start and stop a real Kubernetes control plane on this machine, from the binaries that
-``megdet.cluster.build`` made.
+``cluster.build`` made.
 
 ``make cluster`` and the e2e tests' fixture both use :class:`Cluster`: etcd, kube-apiserver
 (the project's own TLS certificates and ServiceAccount keys, RBAC, the default admission
@@ -42,9 +42,9 @@ from typing import Any
 
 import yaml
 
-from megdet.cluster import build, procs
-from megdet.cluster.operators import Operators
-from megdet.cluster.pki import (
+from cluster import build, procs
+from cluster.operators import Operators
+from cluster.pki import (
     CertificateAuthority,
     kubeconfig,
     private_dir,
@@ -151,7 +151,7 @@ def api_address() -> str:
                 f"MEGDET_CLUSTER_ADDRESS={chosen!r} must be an IPv4 address of this machine"
             ) from None
         return str(ip)
-    from megdet.cluster.node import NodeError, node_ip
+    from cluster.node import NodeError, node_ip
 
     try:
         return node_ip()
@@ -211,7 +211,7 @@ class Cluster(Operators):
     api_only: bool = False
     #: Which built kube-apiserver to run (build.COMPONENTS names the binaries).
     apiserver: str = "kube-apiserver"
-    #: Also one real node (megdet.cluster.node: kubelet, containerd, kube-proxy, CoreDNS);
+    #: Also one real node (cluster.node: kubelet, containerd, kube-proxy, CoreDNS);
     #: `make cluster` starts it, the e2e suite only where a test asks (the real_node fixture).
     real_node: bool = False
     echo: Callable[[str], None] = print
@@ -431,7 +431,7 @@ class Cluster(Operators):
         state = self.state() or {"pids": {}}
         stopped = []
         if "node" in state or "containerd" in state["pids"]:
-            from megdet.cluster.node import RealNode
+            from cluster.node import RealNode
 
             stopped += RealNode(self, echo=self.echo).teardown()
         # One at a time, in reverse start order: the API server stops in about a second while
@@ -841,7 +841,7 @@ class Cluster(Operators):
         if not source.is_dir():
             raise ClusterError(
                 f"kwok's stages are missing from the module cache ({source}); "
-                "run `python -m megdet.cluster.build kwok` again"
+                "run `python -m cluster.build kwok` again"
             )
         docs = [(source / rel).read_text() for rel in KWOK_STAGES]
         path = self.root / "kwok-stages.yaml"
@@ -936,7 +936,7 @@ class Cluster(Operators):
             log="kube-controller-manager",
         )
 
-    # --- the operators (megdet.cluster.operators) -------------------------------------------
+    # --- the operators (cluster.operators) -------------------------------------------
     def _extra_components(self) -> list[str]:
         """The optional operators this cluster runs, in start order (build.COMPONENTS names)."""
         names = ["jobset", "trainer"] if self.trainer_v2 or self.kueue else []
@@ -963,7 +963,7 @@ class Cluster(Operators):
         """Start the real node on this running cluster (a no-op when it runs); returns whether
         it runs. ``required=False`` (make cluster): a node that cannot start is reported, with
         what is missing, and the cluster stays up with its kwok nodes."""
-        from megdet.cluster.node import NodeError, RealNode
+        from cluster.node import NodeError, RealNode
 
         state = self.state()
         if state and "node" in state and self.running("kubelet", state):

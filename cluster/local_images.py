@@ -1,8 +1,8 @@
 """The images this checkout built, in the real node's containerd: what ``make cluster`` loads
-after it starts the node, and what ``make cluster-images`` (``python -m megdet.cluster
+after it starts the node, and what ``make cluster-images`` (``python -m cluster
 load-images``) loads into a cluster that is already up (docs/cluster.md, "Images you built").
 
-``make image`` and ``make suite-images`` (megdet.image.build) leave one OCI archive per variant
+``make image`` and ``make suite-images`` (imagebuild.build) leave one OCI archive per variant
 in ``output/images/``, named ``megdet-<variant>-<inputs digest>.oci.tar``; each archive's index
 names its image (``ghcr.io/megdet/megdet:<version>``, ``...:<version>-ci``,
 ``ghcr.io/megdet/megdet-controller:<version>``), which is the name the charts' pods ask for.
@@ -22,12 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from megdet.cluster import build, oci
-from megdet.cluster.control_plane import ROOT, Cluster, ClusterError
-from megdet.cluster.node import NODE_NAME, RealNode, ctr, images, import_image
-from megdet.image.build import VARIANTS
+from cluster import build, oci
+from cluster.control_plane import ROOT, Cluster, ClusterError
+from cluster.node import NODE_NAME, RealNode, ctr, images, import_image
+from imagebuild.build import VARIANTS
 
-#: Where megdet.image.build leaves each variant's archive (its default ``output``).
+#: Where imagebuild.build leaves each variant's archive (its default ``output``).
 ARCHIVES = ROOT / "output" / "images"
 #: The Makefile targets that build each variant, for the message when none is built.
 BUILD_HINT = (
@@ -40,7 +40,7 @@ CLIENTS = ("kubectl", "helm")
 
 def built_archives(folder: Path = ARCHIVES) -> dict[str, Path]:
     """Each variant's archive in ``folder``: variant name -> path (the newest, should there be
-    more than one), in megdet.image.build's variant order."""
+    more than one), in imagebuild.build's variant order."""
     found: dict[str, Path] = {}
     for name in VARIANTS:
         mine = re.compile(rf"megdet-{re.escape(name)}-[0-9a-f]{{16}}\.oci\.tar")
@@ -62,7 +62,7 @@ def resolve(requested: Sequence[str], folder: Path = ARCHIVES) -> list[Path]:
             if item not in built:
                 raise ClusterError(
                     f"no {item} image is built (no megdet-{item}-*.oci.tar in {folder}): "
-                    f"run `python -m megdet.image.build {item}`"
+                    f"run `python -m imagebuild.build {item}`"
                 )
             paths.append(built[item])
         elif Path(item).is_file():

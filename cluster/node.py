@@ -2,10 +2,10 @@
 kube-proxy and CoreDNS, all on this machine (docs/cluster.md, "The real node").
 
 Pieces and where they come from: the kubelet and kube-proxy are built from the pinned
-``k8s.io/kubernetes`` (megdet.cluster.build), CoreDNS from its Go module, the pause binary from
+``k8s.io/kubernetes`` (cluster.build), CoreDNS from its Go module, the pause binary from
 that module's ``build/pause/linux/pause.c``; containerd, runc, the CNI plugins and iptables are
 Debian's (scripts/install_node_packages.sh). The images the node runs (pause, CoreDNS, a
-busybox test image) are assembled here as OCI archives (megdet.cluster.oci) and imported into
+busybox test image) are assembled here as OCI archives (cluster.oci) and imported into
 the node's containerd: nothing is pulled.
 
 Everything lives under ``<cluster>/node/``: containerd's root, state and socket, the kubelet's
@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from megdet.cluster import build, oci, procs
-from megdet.cluster.pki import CertificateAuthority, kubeconfig, write_private
+from cluster import build, oci, procs
+from cluster.pki import CertificateAuthority, kubeconfig, write_private
 
 if TYPE_CHECKING:
-    from megdet.cluster.control_plane import Cluster
+    from cluster.control_plane import Cluster
 
 NODE_NAME = "megdet-node"
 #: The taint and label that keep the suite's kwok-targeted pods off the real node.
@@ -313,7 +313,7 @@ def other_kubernetes(root: Path) -> str:
     """What shows that another Kubernetes node runs here ('' when nothing does): a kubelet or
     kube-proxy process whose command line does not name this cluster's folder ``root``, or a
     listener on the kubelet's port 10250 (a kubelet built into another program: k3s, ...)."""
-    from megdet.cluster.control_plane import port_taken
+    from cluster.control_plane import port_taken
 
     found = [procs.describe(pid) for pid in procs.foreign(KUBE_NODE_PROGRAMS, str(root))]
     if port_taken(KUBELET_PORT, "0.0.0.0"):
@@ -375,7 +375,7 @@ class RealNode:
                 f"another Kubernetes node runs on this machine: {other}. Its kubelet and "
                 "kube-proxy share the host's iptables chains (KUBE-*, fixed names in every "
                 "Kubernetes), cgroups and kernel settings with this one: stop it first, or use "
-                "`python -m megdet.cluster up --no-real-node` (kwok nodes only)"
+                "`python -m cluster up --no-real-node` (kwok nodes only)"
             )
         ip = node_ip()
         ports = self._choose_ports(state)
@@ -408,7 +408,7 @@ class RealNode:
         )
 
     def _choose_ports(self, state: Mapping[str, Any]) -> dict[str, int]:
-        from megdet.cluster.control_plane import DEFAULT_PORT_BASE, free_port, port_taken
+        from cluster.control_plane import DEFAULT_PORT_BASE, free_port, port_taken
 
         if self.cluster.ports_mode == "auto":
             ports: dict[str, int] = {}
@@ -681,7 +681,7 @@ class RealNode:
     def _advertise_resources(self) -> None:
         """Extended resources by a status patch (Kubernetes docs, "Advertise Extended Resources
         for a Node"); the kubelet keeps them in capacity and derives allocatable."""
-        from megdet.cluster.control_plane import RDMA_RESOURCE
+        from cluster.control_plane import RDMA_RESOURCE
 
         def esc(name: str) -> str:
             return name.replace("~", "~0").replace("/", "~1")
@@ -1142,7 +1142,7 @@ def import_image(
     keep_layers: bool = False,
 ) -> list[str]:
     """Import an OCI archive (``buildah push oci-archive:``, ``podman save --format
-    oci-archive``, or megdet.cluster.oci) into the node's containerd, where the kubelet finds it;
+    oci-archive``, or cluster.oci) into the node's containerd, where the kubelet finds it;
     returns the image names it holds. Pods then use them with ``imagePullPolicy: IfNotPresent``
     or ``Never``: nothing is pulled. An archive whose index names only a tag (``ref.name`` "1")
     needs ``base_name`` ("megdet.local/trainer"), as ``ctr images import --base-name``.

@@ -109,7 +109,7 @@ def write_archive(
         "os": "linux",
         "config": {"Env": [f"{k}={v}" for k, v in env.items()]},
         "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]},
-        "history": [{"created_by": "megdet.cluster.oci", "created": "1970-01-01T00:00:00Z"}],
+        "history": [{"created_by": "cluster.oci", "created": "1970-01-01T00:00:00Z"}],
         "created": "1970-01-01T00:00:00Z",
     }
     for key, value in (

@@ -3,7 +3,7 @@ operator (always, unless ``Cluster(training_operator=False)``), and on demand Jo
 Trainer v2 and Kueue, each from its own upstream manifests with its webhooks served with
 certificates from the cluster's CA.
 
-:class:`Operators` is a part of :class:`megdet.cluster.control_plane.Cluster` (its base class):
+:class:`Operators` is a part of :class:`cluster.control_plane.Cluster` (its base class):
 the methods use the cluster's tools (``kubectl``, ``apply``, ``_spawn``, ``_wait``) and state.
 Kept apart so that the core control plane (etcd, the API server, controllers, kwok) reads on
 its own.
@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 from cryptography import x509
 
-from megdet.cluster import build
-from megdet.cluster.pki import CertificateAuthority, dns_names, private_dir, write_private
+from cluster import build
+from cluster.pki import CertificateAuthority, dns_names, private_dir, write_private
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -278,7 +278,7 @@ class Operators:
         return upstream
 
     def _start_training_operator(self, state: dict[str, Any], timeout: float) -> None:
-        from megdet.cluster.node import busybox_image
+        from cluster.node import busybox_image
 
         ports = state["ports"]
         module = self.module_dir("training_operator")

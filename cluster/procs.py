@@ -8,7 +8,7 @@ line names the cluster's state folder (every component's does: its data folder, 
 kubeconfig or its configuration file is there). Anything else is not signalled.
 
 The same test tells a kubelet or kube-proxy of another Kubernetes on this machine from the
-real node's own (megdet.cluster.node refuses to start beside one, and leaves the machine's
+real node's own (cluster.node refuses to start beside one, and leaves the machine's
 KUBE-* iptables chains alone while one runs).
 """
 

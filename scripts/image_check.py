@@ -113,9 +113,10 @@ def get_cuda_home(work: Path, torch_cuda: str, pins: dict) -> Path:
             f"for it (only for {known}; NVIDIA's CUDA 12 wheels ship no nvcc driver): set "
             f"CUDA_HOME to a CUDA {key} toolkit with bin/nvcc"
         )
-    from megdet.image.detectron2_install import InstallError, cuda_home_from_wheels
+    sys.path.insert(0, str(REPO))  # imagebuild: a host tool, not in the package
+    from imagebuild.detectron2_install import InstallError, cuda_home_from_wheels
 
-    try:  # the image's build installs nvcc the same way (image/detectron2_install.py)
+    try:  # the image's build installs nvcc the same way (imagebuild/detectron2_install.py)
         return cuda_home_from_wheels(wheels, work / "cuda-wheels")
     except (InstallError, subprocess.CalledProcessError) as err:
         fail(f"nvcc from the wheels {wheels}: {err}")

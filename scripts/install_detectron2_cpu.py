@@ -6,7 +6,7 @@ Python package plus a ``_C`` extension compiled for CPython 3.10; its ``detectro
 unpacked into site-packages without ``_C``: detectron2 then falls back to torchvision's NMS and
 ROIAlign, which is all Faster R-CNN + FPN needs. The same code installs it in the image when
 ``make image`` has no detectron2 source (``DETECTRON2_SOURCE=pypi``):
-:func:`megdet.image.detectron2_install.install_from_wheel`.
+:func:`imagebuild.detectron2_install.install_from_wheel`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from megdet.image.detectron2_install import install_from_wheel, load_pins
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # imagebuild: a host tool, not in the package
+
+from imagebuild.detectron2_install import install_from_wheel, load_pins  # noqa: E402
 
 
 def main() -> int:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real node's Debian packages (megdet.cluster.node, docs/cluster.md): containerd, runc, the
+# The real node's Debian packages (cluster.node, docs/cluster.md): containerd, runc, the
 # CNI plugins (in /usr/lib/cni), iptables (kube-proxy's), busybox-static (the test image) and
 # gcc with glibc's static library (the pause binary); and libjemalloc2, the controller image's
 # allocator, which tests/controller/test_heap.py preloads on the host. CI machines are fresh:

@@ -3,7 +3,7 @@
 
 Both tools are Go modules built from the module proxy at the versions pinned in pyproject.toml
 (``[tool.megdet.cluster]`` kube_score, kubeconform) into the project's tool cache
-(megdet.cluster.build; ``make test`` builds them before pytest). kubeconform reads JSON schemas
+(cluster.build; ``make test`` builds them before pytest). kubeconform reads JSON schemas
 from a folder made here, offline:
 
 * built-in kinds: kubernetes-validate's bundled strict schemas for Kubernetes
@@ -31,7 +31,7 @@ from typing import Any
 import kubernetes_validate
 import yaml
 
-from megdet.cluster import build
+from cluster import build
 from megdet.controller.offline.schema import to_json_schema
 
 REPO = Path(__file__).resolve().parents[2]

@@ -130,7 +130,7 @@ def test_helm_engine_ignores_x_kubernetes_validations(cel_chart):
 
 
 def helm_cli() -> Path:
-    from megdet.cluster.build import binary_path
+    from cluster.build import binary_path
 
     path = binary_path("helm")
     if not path.exists():

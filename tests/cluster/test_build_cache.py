@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from megdet.cluster import build
+from cluster import build
 
 
 def _cache_of_a_child(tmp_path, unset: tuple[str, ...], code: str) -> str:
@@ -29,7 +29,7 @@ def test_a_build_process_has_its_own_go_cache_and_it_is_gone_when_it_ends(tmp_pa
     (stale / "entry").write_text("compiled")
     code = (
         "import os\n"
-        "from megdet.cluster import build\n"
+        "from cluster import build\n"
         "env = build.go_env()\n"
         "assert env['GOCACHE'].endswith(f'/go-build/{os.getpid()}'), env['GOCACHE']\n"
         "assert os.path.isdir(env['GOCACHE'])\n"
@@ -56,7 +56,7 @@ def test_a_build_process_has_its_own_go_module_cache_and_it_is_gone_when_it_ends
     (stale / "go.mod").write_text("module example.com/m\n")
     code = (
         "import os, pathlib\n"
-        "from megdet.cluster import build\n"
+        "from cluster import build\n"
         "env = build.go_env(build=True)\n"
         "mods = pathlib.Path(env['GOMODCACHE'])\n"
         "assert mods.name == str(os.getpid()) and mods.parent.name == 'go-mod', mods\n"

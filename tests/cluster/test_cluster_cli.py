@@ -1,4 +1,4 @@
-"""`make cluster` / `make cluster-down` (python -m megdet.cluster): the failures a platform
+"""`make cluster` / `make cluster-down` (python -m cluster): the failures a platform
 engineer meets get a message that names the fix, and `down` cleans up after each. The happy
 path (a whole cluster up) is what tests/e2e runs on."""
 
@@ -12,13 +12,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from megdet.cluster import build
-from megdet.cluster.control_plane import PORT_OFFSETS, port_taken
+from cluster import build
+from cluster.control_plane import PORT_OFFSETS, port_taken
 
 
 def megdet_cluster(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "megdet.cluster", *args],
+        [sys.executable, "-m", "cluster", *args],
         capture_output=True,
         text=True,
         timeout=120,

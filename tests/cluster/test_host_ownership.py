@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from megdet.cluster import build, node, procs
-from megdet.cluster.control_plane import Cluster
+from cluster import build, node, procs
+from cluster.control_plane import Cluster
 
 SLEEPER = "import time; time.sleep(120)"
 

@@ -1,5 +1,5 @@
 """`make cluster` / `make cluster-images` put the images this checkout built into the real node
-(megdet.cluster.local_images): which archives, and the clear errors of bad input. The import
+(cluster.local_images): which archives, and the clear errors of bad input. The import
 itself into a real containerd, and a run on it, is tests/e2e/test_e2e_real_training.py's."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ import pytest
 import try_locally
 import yaml
 
-from megdet.cluster import cli, local_images
-from megdet.cluster.control_plane import Cluster, ClusterError
+from cluster import cli, local_images
+from cluster.control_plane import Cluster, ClusterError
 
 
 def megdet_cluster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "megdet.cluster", *args],
+        [sys.executable, "-m", "cluster", *args],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
@@ -86,7 +86,7 @@ def test_an_image_not_built_or_a_missing_archive_is_named(tmp_path: Path) -> Non
     with pytest.raises(ClusterError) as err:
         local_images.resolve(["train"], tmp_path)
     assert "no train image is built" in str(err.value)
-    assert "python -m megdet.image.build train" in str(err.value)
+    assert "python -m imagebuild.build train" in str(err.value)
     with pytest.raises(ClusterError) as err:
         local_images.resolve(["nope.oci.tar"], tmp_path)
     assert "nope.oci.tar: no such archive file, and not an image variant" in str(err.value)
@@ -184,8 +184,8 @@ def test_a_block_without_its_paragraphs_is_named() -> None:
 
 
 def test_the_local_examples_agree_with_the_images_and_each_other() -> None:
-    from megdet.cluster.node import pod_placement
-    from megdet.image.build import VARIANTS, pyproject, tag_for
+    from cluster.node import pod_placement
+    from imagebuild.build import VARIANTS, pyproject, tag_for
 
     version = pyproject()["project"]["version"]
     (values,) = example("values.yaml")

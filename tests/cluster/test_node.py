@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from megdet.cluster import build, node, oci, procs
-from megdet.cluster.control_plane import Cluster
+from cluster import build, node, oci, procs
+from cluster.control_plane import Cluster
 
 
 def read_archive(path: Path) -> dict[str, bytes]:

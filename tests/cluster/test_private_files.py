@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from megdet.cluster import build, operators
-from megdet.cluster.control_plane import Cluster
-from megdet.cluster.pki import (
+from cluster import build, operators
+from cluster.control_plane import Cluster
+from cluster.pki import (
     CertificateAuthority,
     private_dir,
     service_account_keys,

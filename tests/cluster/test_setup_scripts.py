@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megdet.cluster import build
+from cluster import build
 
 ROOT = Path(__file__).resolve().parents[2]
 

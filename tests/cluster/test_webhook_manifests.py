@@ -13,9 +13,9 @@ import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
-from megdet.cluster import build
-from megdet.cluster.control_plane import Cluster
-from megdet.cluster.operators import (
+from cluster import build
+from cluster.control_plane import Cluster
+from cluster.operators import (
     JOBSET_WEBHOOK_CONFIGS,
     KUEUE_WEBHOOK_CONFIGS,
     TRAINER_WEBHOOK_CONFIGS,
@@ -23,7 +23,7 @@ from megdet.cluster.operators import (
     WEBHOOK_SERVICE_NAMES,
     kueue_hook_kept,
 )
-from megdet.cluster.pki import CertificateAuthority, dns_names
+from cluster.pki import CertificateAuthority, dns_names
 
 
 def load(path) -> x509.Certificate:

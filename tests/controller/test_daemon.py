@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kmock_helpers import PYTORCHJOBS, RUNS, apply, eventually, get, run_body
 
+from cluster.control_plane import free_port
 from megdet.cli import build_parser, main
-from megdet.cluster.control_plane import free_port
 from megdet.controller.daemon import MAX_RANDOM_PRIORITY
 
 

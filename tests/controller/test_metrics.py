@@ -6,7 +6,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from megdet.cluster.control_plane import free_port
+from cluster.control_plane import free_port
 from megdet.controller import metrics
 
 #: The names the dashboards and alerts use (the team's contract), with their types.

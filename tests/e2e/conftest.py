@@ -26,8 +26,8 @@ from e2e_helpers import (
     helm,
 )
 
-from megdet.cluster import node as real_node_module
-from megdet.cluster.control_plane import Cluster
+from cluster import node as real_node_module
+from cluster.control_plane import Cluster
 
 #: How to end what the session fixtures below started, in the order they started it.
 _ENDS: list[Callable[[], None]] = []
@@ -79,9 +79,9 @@ def kube():
 @pytest.fixture(scope="session")
 def real_node(kube):
     """The session cluster's real node (kubelet, containerd, kube-proxy, CoreDNS;
-    megdet.cluster.node), started on first use. One real node runs per machine: while another
+    cluster.node), started on first use. One real node runs per machine: while another
     session's holds it, this waits (MEGDET_NODE_WAIT seconds, default 600), then fails with
-    whose it is. Pods go on it with ``megdet.cluster.node.pod_placement()``; images built
+    whose it is. Pods go on it with ``cluster.node.pod_placement()``; images built
     elsewhere go into it with ``node.import_image(node.socket, archive)``."""
     deadline = time.monotonic() + float(os.environ.get("MEGDET_NODE_WAIT", "600"))
     while True:

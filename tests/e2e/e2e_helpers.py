@@ -1,4 +1,4 @@
-"""The real control plane for the e2e tests (megdet.cluster, the same code as `make cluster`),
+"""The real control plane for the e2e tests (cluster, the same code as `make cluster`),
 the users' own commands (the Helm CLI and kubectl built from upstream) and the controller run
 on the host under the operator chart's ServiceAccount."""
 
@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from megdet.cluster.control_plane import Cluster, ClusterError, free_port
-from megdet.cluster.pki import kubeconfig
+from cluster.control_plane import Cluster, ClusterError, free_port
+from cluster.pki import kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
 #: One control plane per folder (MEGDET_E2E_ROOT: several sessions side by side on one machine).

@@ -27,7 +27,7 @@ import yaml
 from e2e_helpers import apply_objects, eventually, get_json, helm, mdr, pods_of
 from test_e2e_real_training import run_values, shapes_volumes, train_image
 
-from megdet.cluster.node import TAINT_KEY
+from cluster.node import TAINT_KEY
 
 __all__ = ["train_image"]  # the fixture, shared with the real-training module
 

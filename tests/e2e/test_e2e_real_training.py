@@ -2,9 +2,9 @@
 README.md's "Try it locally" commands, read from the README (tests/try_locally.py): its storage
 (the `volumes` fixture), its run chart (the first test) and its operator and MegDetRun (the
 controller pod's test) are run as written, against this session's cluster, and the images go
-into the node the way `make cluster` loads them (megdet.cluster.local_images).
+into the node the way `make cluster` loads them (cluster.local_images).
 
-The training image this machine built (``megdet.image.build``'s ``train-ci``: the Dockerfile's
+The training image this machine built (``imagebuild.build``'s ``train-ci``: the Dockerfile's
 ``train`` stage from package registries) is imported into the real node's containerd; the
 Kubeflow training operator creates the Master and Worker pods; the kubelet runs them; the Worker's
 init container and torchrun find ``<run>-master-0`` through CoreDNS; the two pods form a gloo
@@ -40,8 +40,8 @@ from e2e_helpers import (
     pods_of,
 )
 
-from megdet.cluster.local_images import link_clients, load_images
-from megdet.cluster.node import NODE_NAME, ctr, pod_placement
+from cluster.local_images import link_clients, load_images
+from cluster.node import NODE_NAME, ctr, pod_placement
 from megdet.trainer.evaluation import METRICS_FILE
 from megdet.trainer.ownership import STAMP_FILE
 
@@ -65,7 +65,7 @@ def train_image(kube, real_node) -> str:
     """The e2e variant of the training image and the controller image (`make suite-images`),
     built (or found, by their inputs' digest) and put into the real node's containerd by what
     `make cluster` runs; the README's values name the training image."""
-    from megdet.image.build import build
+    from imagebuild.build import build
 
     variants = ("train-ci", "controller")
     for variant in variants:

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, get_json, helm
 
-from megdet.cluster import build
-from megdet.cluster.control_plane import Cluster
+from cluster import build
+from cluster.control_plane import Cluster
 from megdet.controller.api import PLURAL
 from megdet.controller.offline.crd import CRD_FILE, build_crd
 

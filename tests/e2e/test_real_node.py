@@ -1,4 +1,4 @@
-"""Pods for real: the kubelet on the real node (megdet.cluster.node) runs a locally built image,
+"""Pods for real: the kubelet on the real node (cluster.node) runs a locally built image,
 CoreDNS resolves Service names, kube-proxy carries a Service's traffic to another pod, `kubectl
 logs` shows what a container printed, and a missing image shows the kubelet's own reason."""
 
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from e2e_helpers import eventually, get_json
 
-from megdet.cluster import node as real_node_module
-from megdet.cluster import oci
-from megdet.cluster.node import NODE_NAME, busybox_image, pod_placement
+from cluster import node as real_node_module
+from cluster import oci
+from cluster.node import NODE_NAME, busybox_image, pod_placement
 
 
 @pytest.fixture

@@ -35,8 +35,8 @@ from e2e_helpers import (
     pods_of,
 )
 
-from megdet.cluster.control_plane import Cluster
-from megdet.cluster.operators import TRAINER_NAMESPACE
+from cluster.control_plane import Cluster
+from cluster.operators import TRAINER_NAMESPACE
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, to_request, to_status
 
 NS = "progress-e2e"

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from megdet.cluster.control_plane import free_port as free_port  # for the pod tests
+from cluster.control_plane import free_port as free_port  # for the pod tests
 from megdet.image.nccl import NCCL_DEFAULTS
 from megdet.trainer.shapes import make_shapes
 

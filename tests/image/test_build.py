@@ -1,4 +1,4 @@
-"""`make image` (megdet.image.build) without an engine: its command lines, args and cache key."""
+"""`make image` (imagebuild.build) without an engine: its command lines, args and cache key."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megdet.image import build as b
+from imagebuild import build as b
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,13 +26,13 @@ def test_dockerignore_rules():
     assert not b.is_ignored("charts/megdet/values.yaml", patterns)
     assert b.is_ignored("image/__pycache__/build.cpython-311.pyc", patterns)
     assert b.is_ignored("megdet.egg-info/PKG-INFO", patterns)
-    assert not b.is_ignored("image/build.py", patterns)
+    assert not b.is_ignored("imagebuild/build.py", patterns)
 
 
 def test_context_is_what_the_dockerfile_needs_and_nothing_else():
     files = b.context_files(ROOT)
-    assert "pyproject.toml" in files and "image/pins.py" in files
-    assert "image/detectron2_install.py" in files
+    assert "pyproject.toml" in files and "imagebuild/pins.py" in files
+    assert "imagebuild/detectron2_install.py" in files
     assert "charts/megdet/Chart.yaml" in files
     assert not [f for f in files if f.startswith(("tests/", ".git/", ".venv/", "output/"))]
     assert not [f for f in files if f.startswith("charts/megdet-operator/")]
@@ -186,7 +186,7 @@ def test_a_source_without_the_pinned_commit_is_refused(tmp_path):
 
 def test_help_runs():
     out = subprocess.run(
-        [sys.executable, "-m", "megdet.image.build", "--help"],
+        [sys.executable, "-m", "imagebuild.build", "--help"],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     assert "--detectron2-src" in out.stdout
@@ -223,7 +223,7 @@ def test_older_archives_of_a_variant_are_pruned_and_others_kept(tmp_path):
 
 def test_the_context_leaves_out_the_local_cluster_and_examples():
     # make cluster keeps its state (etcd data, sockets) in .cluster/ under the repository; the
-    # control plane's code (cluster/, megdet.cluster) is test infrastructure, in no image.
+    # control plane's code (cluster/, cluster) is test infrastructure, in no image.
     patterns = b.dockerignore_patterns(ROOT)
     for path in (
         ".cluster/etcd/member/snap/db",

@@ -1,7 +1,7 @@
 """Every third-party module an image's code imports is a package that image installs.
 
 The images install the base dependencies plus one extra (pyproject.toml; the Dockerfile reads
-them with image/pins.py): the training image ``[train]`` (and detectron2 from
+them with imagebuild/pins.py): the training image ``[train]`` (and detectron2 from
 ``[tool.megdet]``), the controller image ``[controller]``. The dev venv has every extra, so a
 module that only one extra happens to provide works here and fails in a pod: the first real
 pod found the trainer's metrics exporter importing prometheus_client, which only the controller
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from megdet.image.pins import load_pyproject, requirements
+from imagebuild.pins import load_pyproject, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 #: What runs in each image, and the extras it is built with (the Dockerfile's pins.py calls).

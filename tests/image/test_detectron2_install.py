@@ -1,4 +1,4 @@
-"""image/detectron2_install.py: the build stage's detectron2 step, without a build."""
+"""imagebuild/detectron2_install.py: the build stage's detectron2 step, without a build."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from megdet.image import detectron2_install as d2
+from imagebuild import detectron2_install as d2
 
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = ROOT / "pyproject.toml"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from imagebuild.pins import load_pyproject, requirements
 from megdet import __version__
-from megdet.image.pins import load_pyproject, requirements
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -121,7 +121,7 @@ def test_base_image_args_default_to_the_registry_build(global_args, pyproject):
 
 
 def test_every_build_arg_that_make_image_sets_exists(global_args):
-    from megdet.image import build
+    from imagebuild import build
 
     pins = build.image_pins(pyproject_data := load_pyproject(ROOT / "pyproject.toml"))
     commit = pyproject_data["tool"]["megdet"]["detectron2_commit"]
@@ -147,12 +147,12 @@ def test_arch_list_covers_v100_a100_h100_with_ptx(global_args):
 
 
 def test_no_other_version_is_typed_in_the_dockerfile(dockerfile, pyproject):
-    # The remaining training pins come from pyproject.toml through image/pins.py, not by hand.
+    # The remaining training pins come from pyproject.toml through imagebuild/pins.py, not by hand.
     for name, version in pinned_versions(pyproject).items():
         if name in ("torch", "torchvision"):
             continue
         assert f"{name}=={version}" not in dockerfile.lower(), f"{name} pinned twice"
-    assert "image/pins.py" in dockerfile
+    assert "imagebuild/pins.py" in dockerfile
 
 
 def test_pins_script_lists_the_train_pins_without_torch(pyproject):
@@ -161,7 +161,7 @@ def test_pins_script_lists_the_train_pins_without_torch(pyproject):
     assert "pycocotools" in names and "pydantic" in names
     assert not names & {"torch", "torchvision"}
     result = subprocess.run(
-        [sys.executable, str(ROOT / "image" / "pins.py"), str(ROOT / "pyproject.toml"), "train",
+        [sys.executable, str(ROOT / "imagebuild/pins.py"), str(ROOT / "pyproject.toml"), "train",
          "--exclude", "torch", "torchvision"],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
@@ -266,7 +266,7 @@ def test_build_context_keeps_every_packaged_folder(pyproject):
 
 def test_the_images_get_no_test_infrastructure(pyproject):
     # The test control plane (dev-only package) and the tests' harnesses stay out of both images.
-    from megdet.image import build
+    from imagebuild import build
 
     _, dev_only = _package_folders(pyproject)
     files = build.context_files(ROOT)
@@ -277,7 +277,7 @@ def test_the_images_get_no_test_infrastructure(pyproject):
 def test_a_wheel_built_from_the_context_leaves_out_the_dev_only_packages(pyproject, tmp_path):
     # What the images' `pip install /src` builds, from the files the image build sends: every
     # shipped package, none of the dev-only ones (which the editable dev install still maps).
-    from megdet.image import build
+    from imagebuild import build
 
     src = tmp_path / "src"
     for rel in build.context_files(ROOT):

@@ -4,7 +4,7 @@ inputs' digest) and run its entrypoint with podman and runc.
 A cold build (the Debian base from mmdebstrap, then the image) took 3.5-4 min on the shared
 2-core machine, a rebuild after a code change about 1 min, and with the archive cached this
 test takes seconds. The training image's cold build (about 14 min) does not fit a test
-(docs/benchmarks.md, "make image"): the e2e step builds it (megdet.image.build's ``train-ci``).
+(docs/benchmarks.md, "make image"): the e2e step builds it (imagebuild.build's ``train-ci``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from megdet.image import build as b
+from imagebuild import build as b
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ import tarfile
 
 import pytest
 
-from megdet.image import build as b
+from imagebuild import build as b
 
 pytestmark = pytest.mark.slow
 

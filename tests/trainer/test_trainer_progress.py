@@ -1,7 +1,7 @@
 """The progress reporter (trainer/progress_reporter.py) against a real local HTTPS server.
 
 The server is stdlib ``http.server`` behind TLS with a certificate from the project's own CA
-code (megdet.cluster.pki, the ``cryptography`` package); it records every POST. The loops are
+code (cluster.pki, the ``cryptography`` package); it records every POST. The loops are
 detectron2's own ``TrainerBase.train`` with its real ``EvalHook`` and ``PeriodicCheckpointer``
 on an ``AtomicCheckpointer``; only the step's work is a stand-in. A fake monotonic clock makes
 the rates and the interval exact. Payloads are read back with ``megdet.progress.to_status``,
@@ -93,7 +93,7 @@ class StatusServer(ThreadingHTTPServer):
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    from megdet.cluster.pki import CertificateAuthority
+    from cluster.pki import CertificateAuthority
 
     folder = tmp_path_factory.mktemp("pki")
     ca = CertificateAuthority(folder / "ca")

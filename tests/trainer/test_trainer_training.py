@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from megdet.cluster.control_plane import free_port
+from cluster.control_plane import free_port
 from tests.tiny_train import train_command
 
 pytestmark = pytest.mark.slow

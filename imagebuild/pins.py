@@ -2,7 +2,7 @@
 
 Standard library only: the Dockerfile runs this file before anything is installed::
 
-    python image/pins.py pyproject.toml train --exclude torch torchvision > requirements.txt
+    python imagebuild/pins.py pyproject.toml train --exclude torch torchvision > requirements.txt
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ the digest of its inputs (the Dockerfile, the build context, the build args, the
 inputs) and linked into ``output/images/``, so a second call with the same inputs, from this
 checkout or from a fresh clone of the same commit, returns the archive at once::
 
-    python -m megdet.image.build controller train     # what `make image` runs
-    python -m megdet.image.build train-ci              # the e2e tests' variant
+    python -m imagebuild.build controller train     # what `make image` runs
+    python -m imagebuild.build train-ci              # the e2e tests' variant
 
-    from megdet.image.build import build
+    from imagebuild.build import build
     archive = build("train-ci")                        # Path to the .oci.tar
 
 Engine settings that this machine needs (runc, cgroupfs, ulimits within the hard limits, the
@@ -132,7 +132,7 @@ def cache_dir() -> Path:
 def containers_conf(nofile: int, nproc: int, tmp: Path) -> str:
     """The engine settings this machine needs (docs/image.md, "make image")."""
     return (
-        "# Written by megdet.image.build. runc: crun refuses cgroup v1 hybrid hosts;\n"
+        "# Written by imagebuild.build. runc: crun refuses cgroup v1 hybrid hosts;\n"
         "# ulimits no higher than this host's hard limits (root may lack CAP_SYS_RESOURCE).\n"
         "[containers]\n"
         f'default_ulimits = ["nofile={nofile}:{nofile}", "nproc={nproc}:{nproc}"]\n'
@@ -146,7 +146,7 @@ def containers_conf(nofile: int, nproc: int, tmp: Path) -> str:
 
 def storage_conf(root: Path) -> str:
     return (
-        "# Written by megdet.image.build: the image builds' own store.\n"
+        "# Written by imagebuild.build: the image builds' own store.\n"
         "[storage]\n"
         'driver = "overlay"\n'
         f'graphroot = "{root / "storage"}"\n'
@@ -723,7 +723,7 @@ def describe(archive: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m megdet.image.build", description=__doc__.split("\n")[0]
+        prog="python -m imagebuild.build", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "variants", nargs="*", default=["controller", "train"], help=", ".join(VARIANTS)
