@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from megdet.run_values import recipe_leaves
+
 __all__ = ["CLASSES", "TABLE", "Fields", "leaves", "markdown", "unclassified"]
 
 FREE, BOUNDED, GRANTED, NOT_POD = "free", "bounded", "granted", "not in a pod"
@@ -71,13 +73,8 @@ def _selector(prefix: str) -> tuple[str, ...]:
 
 
 _EGRESS = "spec.networkPolicy.extraEgress[]"
-_PLAN = _under(
-    "spec",
-    "gpus", "gpusPerNode", "imagesPerGpu", "accumulationSteps", "baseLr", "referenceBatch",
-    "scaling", "schedule", "maxIter", "steps[]", "warmupIters", "syncBN", "bnGroupSize",
-    "elastic.minGpus", "elastic.maxGpus", "elastic.resize", "numWorkers", "workerRestarts",
-    "terminationGracePeriodSeconds", "restartPolicy",
-)  # fmt: skip
+#: The run values of the plan and its recipe (megdet/run_values.py, ``recipe``).
+_PLAN = recipe_leaves()
 _RUN_POLICY = _under(
     "spec.runPolicy",
     "backoffLimit", "cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds",

@@ -25,29 +25,14 @@ from __future__ import annotations
 import sys
 
 from megdet.messages import python_message
+from megdet.run_values import owned_keys
 
-#: detectron2 config key -> the chart value (and MegDetRun spec field) to use instead.
-OWNED_OVERRIDES: dict[str, str] = {
-    # The run spec, passed by megdet.trainArgs.
-    "MEGDET.IMAGES_PER_GPU": "imagesPerGpu",
-    "MEGDET.ACCUMULATION_STEPS": "accumulationSteps",
-    "MEGDET.REFERENCE_BATCH": "referenceBatch",
-    "MEGDET.SCALING": "scaling",
-    "MEGDET.SCHEDULE": "schedule",
-    "MEGDET.SYNC_BN": "syncBN",
-    "MEGDET.BN_GROUP_SIZE": "bnGroupSize",
-    "MEGDET.RESIZE": "elastic.resize",
-    "SOLVER.BASE_LR": "baseLr",
-    "SOLVER.MAX_ITER": "maxIter",
-    "SOLVER.STEPS": "steps",
-    "SOLVER.WARMUP_ITERS": "warmupIters",
-    "DATALOADER.NUM_WORKERS": "numWorkers",
-    # The metrics port must be the container port the chart declares (named `metrics`).
-    "MEGDET.METRICS.PORT": "metrics.port",
-    # Planned by the trainer from the world size it finds (gpus x imagesPerGpu x accumulation).
+#: detectron2 keys the trainer sets itself from a value: from the plan (gpus x imagesPerGpu x
+#: accumulation) and from the path flags (--train-json/--val-json/--output, and the datasets
+#: registered from them).
+TRAINER_SET_KEYS: dict[str, str] = {
     "SOLVER.IMS_PER_BATCH": "imagesPerGpu",
     "SOLVER.REFERENCE_WORLD_SIZE": "gpus",
-    # Paths: the --train-json/--val-json/--output flags, and the datasets registered from them.
     "MEGDET.DATA.TRAIN_JSON": "dataset.trainJson",
     "MEGDET.DATA.TRAIN_IMAGES": "dataset.trainImages",
     "MEGDET.DATA.VAL_JSON": "dataset.valJson",
@@ -55,12 +40,13 @@ OWNED_OVERRIDES: dict[str, str] = {
     "DATASETS.TRAIN": "dataset.trainJson",
     "DATASETS.TEST": "dataset.valJson",
     "OUTPUT_DIR": "runName",
-    # Safety seams (docs/trainer.md "Safety"): trusting unsafe MODEL.WEIGHTS is the operator's
-    # policy, and continuing another run's output folder is the spec's resumeFrom; a free-form
-    # override must not switch either on.
-    "MEGDET.ALLOW_UNSAFE_WEIGHTS": "allowUnsafeWeights",
-    "MEGDET.RESUME_FROM": "resumeFrom",
 }
+
+#: detectron2 config key -> the chart value (and MegDetRun spec field) to use instead: every key
+#: the chart passes for a run value (megdet.run_values, the spec and the metrics port; the safety
+#: seams MEGDET.ALLOW_UNSAFE_WEIGHTS, the operator's policy, and MEGDET.RESUME_FROM, the spec's
+#: resumeFrom: a free-form override must not switch either on), then the keys above.
+OWNED_OVERRIDES: dict[str, str] = {**owned_keys(), **TRAINER_SET_KEYS}
 
 #: Where the chart reads the list (relative to the repository root).
 CHART_FILE = "charts/megdet/files/owned-overrides.yaml"

@@ -25,6 +25,7 @@ from megdet.controller.api import DROPPED_VALUES
 from megdet.messages import cel_message
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
+from megdet.run_values import immutable_fields
 
 __all__ = [
     "ELASTIC_FIELDS",
@@ -41,37 +42,9 @@ __all__ = [
     "transition_rules",
 ]
 
-_PLAN = (
-    "the plan (world size, global batch, learning rate, schedule) and the checkpoints already "
-    "written were made for it, so a resumed run would be a different experiment"
-)
-_MODEL = "the model and its checkpoints were built with it, so a resumed run would not match them"
-_DATA = "the run resumes on the data it started with; a different dataset is a different run"
-_OUTPUT = "the run's checkpoints live there; a new place would restart training from scratch"
-#: Spec fields that must not change after creation, and why (the transition rules' messages).
-IMMUTABLE_FIELDS: dict[str, str] = {
-    "gpus": _PLAN,
-    "gpusPerNode": _PLAN,
-    "imagesPerGpu": _PLAN,
-    "accumulationSteps": _PLAN,
-    "baseLr": _PLAN,
-    "referenceBatch": _PLAN,
-    "scaling": _PLAN,
-    "schedule": _PLAN,
-    "maxIter": _PLAN,
-    "steps": _PLAN,
-    "warmupIters": _PLAN,
-    "syncBN": _MODEL,
-    "bnGroupSize": _MODEL,
-    "config": _MODEL,
-    "extraOverrides": _MODEL,
-    "dataset": _DATA,
-    "output": _OUTPUT,
-    "runName": _OUTPUT,
-    "target": "the controller owns one job of one kind; create a new MegDetRun for the other",
-    "elastic": "the bounds a live run may be resized within are part of the run's definition; "
-    "create a new MegDetRun for others",
-}
+#: Spec fields that must not change after creation, and why (the transition rules' messages):
+#: the run values with an ``immutable`` reason (megdet/run_values.py).
+IMMUTABLE_FIELDS: dict[str, str] = immutable_fields()
 #: Immutable fields that an elastic run may change on a live run (within the bounds that
 #: ``elastic`` declares; the spec's bounds rule, ``elasticBounds``, refuses other values): the
 #: transition rule of each sits on the spec (it reads ``elastic``), with the field's message.
