@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -242,47 +243,80 @@ def test_dockerignore_keeps_the_context_small():
         assert entry in ignored
 
 
-def _package_folders(pyproject: dict) -> tuple[set[str], set[str]]:
-    """The folders of the shipped packages and of the dev-only ones (pyproject.toml)."""
-    folders = pyproject["tool"]["setuptools"]["package-dir"]
-    dev_only = set(pyproject["tool"]["megdet"]["packaging"]["dev_only"])
-    assert dev_only and dev_only <= set(folders)
-    return (
-        {path for name, path in folders.items() if name not in dev_only},
-        {folders[name] for name in dev_only},
-    )
+#: The host tools: top-level folders run from the repository (``python -m cluster``,
+#: ``python -m imagebuild.build``, ``python -m bench``), in no package and no image.
+HOST_TOOLS = ("cluster", "imagebuild", "bench")
+#: What the build stage runs from imagebuild/ (the Dockerfile COPYs them): its only context files.
+BUILD_STAGE_SCRIPTS = {"imagebuild/pins.py", "imagebuild/detectron2_install.py"}
+
+
+def _package_folders(pyproject: dict) -> set[str]:
+    """The folders of the packages pyproject.toml ships."""
+    return set(pyproject["tool"]["setuptools"]["package-dir"].values())
+
+
+def test_no_host_tool_is_a_package_of_megdet(pyproject):
+    folders = _package_folders(pyproject)
+    assert folders and not folders & set(HOST_TOOLS)
+    packages = pyproject["tool"]["setuptools"]["packages"]
+    assert not [p for p in packages if p.split(".")[-1] in HOST_TOOLS or p in HOST_TOOLS]
+    assert not (ROOT / "setup.py").exists()  # nothing left for a custom build command to filter
+
+
+def test_no_shipped_module_imports_a_host_tool(pyproject):
+    # A wheel has no cluster/ or imagebuild/: a shipped module that imported one would fail in
+    # a pod or an installed controller. Function-local imports count.
+    offenders = []
+    for folder in sorted(_package_folders(pyproject)):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    names = [node.module or ""]
+                else:
+                    continue
+                for name in names:
+                    if name.split(".")[0] in HOST_TOOLS or name.startswith("megdet.cluster"):
+                        offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {name}")
+    assert not offenders
 
 
 def test_build_context_keeps_every_packaged_folder(pyproject):
-    # The Dockerfile copies the whole context; a package folder, setup.py or the readme that
-    # .dockerignore drops would break `pip install` in the image.
-    lines = (ROOT / ".dockerignore").read_text().splitlines()
-    ignored = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
-    shipped, _ = _package_folders(pyproject)
-    needed = shipped | {"pyproject.toml", "setup.py", pyproject["project"]["readme"]}
-    assert not needed & ignored
-    assert all((ROOT / path).exists() for path in needed)
-
-
-def test_the_images_get_no_test_infrastructure(pyproject):
-    # The test control plane (dev-only package) and the tests' harnesses stay out of both images.
+    # The Dockerfile copies the whole context; a package folder, the build stage's scripts or
+    # the readme that .dockerignore drops would break the build or `pip install` in the image.
     from imagebuild import build
 
-    _, dev_only = _package_folders(pyproject)
+    files = set(build.context_files(ROOT))
+    for folder in _package_folders(pyproject):
+        assert any(f.startswith(folder + "/") for f in files), folder
+    assert {"pyproject.toml", pyproject["project"]["readme"], *BUILD_STAGE_SCRIPTS} <= files
+
+
+def test_the_images_get_no_test_infrastructure():
+    # The host tools (but the build stage's two scripts) and the tests' harnesses stay out of
+    # both images.
+    from imagebuild import build
+
     files = build.context_files(ROOT)
-    assert files and not [f for f in files if f.split("/")[0] in dev_only | {"tests"}]
-    assert not [f for f in files if "prometheus_harness" in f or f.startswith("bench/")]
+    tools = [f for f in files if f.split("/")[0] in (*HOST_TOOLS, "tests")]
+    assert files and set(tools) == BUILD_STAGE_SCRIPTS
+    assert not [f for f in files if "prometheus_harness" in f]
 
 
-def test_a_wheel_built_from_the_context_leaves_out_the_dev_only_packages(pyproject, tmp_path):
-    # What the images' `pip install /src` builds, from the files the image build sends: every
-    # shipped package, none of the dev-only ones (which the editable dev install still maps).
-    from imagebuild import build
-
+def test_a_wheel_built_from_the_repository_holds_megdet_and_no_host_tool(pyproject, tmp_path):
+    # `pip install .` / `pip wheel .` from a checkout (the tracked files; the images build
+    # from a subset of them): the megdet package and its metadata, nothing else at the top.
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
     src = tmp_path / "src"
-    for rel in build.context_files(ROOT):
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(ROOT / rel, src / rel)
+    for rel in filter(None, tracked.split("\0")):
+        if (ROOT / rel).is_file() and not rel.startswith(("tests/", "docs/", "charts/")):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    assert (src / "cluster" / "__init__.py").is_file()  # the tools were there to leave out
+    assert (src / "imagebuild" / "build.py").is_file()
     result = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "--wheel-dir", str(tmp_path / "dist"), str(src)],
@@ -291,10 +325,7 @@ def test_a_wheel_built_from_the_context_leaves_out_the_dev_only_packages(pyproje
     assert result.returncode == 0, result.stderr
     (wheel,) = (tmp_path / "dist").glob("megdet-*.whl")
     with zipfile.ZipFile(wheel) as archive:
-        packages = {
-            name.rsplit("/", 1)[0].replace("/", ".")
-            for name in archive.namelist()
-            if name.endswith("/__init__.py")
-        }
-    dev_only = set(pyproject["tool"]["megdet"]["packaging"]["dev_only"])
-    assert packages == set(pyproject["tool"]["setuptools"]["packages"]) - dev_only
+        names = archive.namelist()
+    packages = {n.rsplit("/", 1)[0].replace("/", ".") for n in names if n.endswith("/__init__.py")}
+    assert packages == set(pyproject["tool"]["setuptools"]["packages"])
+    assert {n.split("/")[0] for n in names} == {"megdet", f"megdet-{__version__}.dist-info"}
