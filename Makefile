@@ -53,9 +53,14 @@ $(PROMETHEUS): pyproject.toml scripts/install_prometheus.py | $(STAMP)
 demo: setup
 	$(BIN)/megdet demo --output $(DEMO_OUT)
 
+# Two pytest-xdist workers (PYTEST_WORKERS=0: all in one process). Every test of the real
+# cluster is in one xdist group (tests/e2e/conftest.py): one worker runs those in order, on the
+# session's control plane and the machine's one real node, while the other runs the rest.
+PYTEST_WORKERS ?= 2
 test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 	$(BIN)/ruff check .
-	$(PYTEST) -m "not previous_apiserver and not real_pods" --durations=25
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver and not real_pods" \
+		--durations=25
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's

@@ -262,6 +262,9 @@ def test_the_node_refuses_to_start_beside_another_kubelet(
     fake_process(tmp_path / "proc", 555, ["/usr/bin/kubelet", "--config=/var/lib/kubelet/c"], 1)
     monkeypatch.setattr(node, "host_problems", lambda: [])
     monkeypatch.setattr(node, "KUBELET_PORT", 1)  # nothing listens there
+    # Not the machine's lock: an e2e session's real node may hold it meanwhile (make test runs
+    # the e2e tests on another xdist worker), which would make this MachineBusy.
+    monkeypatch.setattr(node, "MACHINE_LOCK", tmp_path / "run" / "real-node.json")
     cluster = Cluster(root=tmp_path / "c")
     write_state(cluster.root, {})
     with pytest.raises(node.NodeError) as err:

@@ -53,6 +53,24 @@ def _last_e2e_item(session: pytest.Session) -> pytest.Item | None:
     return e2e[-1] if e2e else None
 
 
+#: The pytest-xdist group of every test that uses this machine's one real cluster (`make test`
+#: runs ``-n 2 --dist loadgroup``: one worker runs them all, in order, the other the rest).
+CLUSTER_GROUP = "real-cluster"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist names the group in the nodeids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every e2e test in :data:`CLUSTER_GROUP` (xdist gives a group to one worker): the
+    session fixtures below start one control plane and take the machine's one real node, so
+    two workers running e2e tests would start two clusters and wait on each other's node."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+
+
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of the item's module fixtures
 def pytest_runtest_teardown(item, nextitem):
     if item is not _last_e2e_item(item.session):
