@@ -9,6 +9,7 @@ import pytest
 from chart_helpers import CHART_DIR, values_from
 
 from megdet.plan import SpecError, plan_run
+from megdet.run_values import RUN_VALUES
 
 SCHEMA_ERRORS = [
     ("gpus=0", ["at '/gpus'", "minimum: got 0, want 1"]),
@@ -117,7 +118,15 @@ def _string_enums(node: dict, path: tuple[str, ...] = ()) -> Iterator[tuple[tupl
         yield from _string_enums(sub, (*path, key))
 
 
-STRING_ENUMS = list(_string_enums(json.loads((CHART_DIR / "values.schema.json").read_text())))
+SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
+STRING_ENUMS = list(_string_enums(SCHEMA))
+
+
+def _schema_node(dotted: str) -> dict:
+    node = SCHEMA
+    for part in dotted.split("."):
+        node = node["properties"][part]
+    return node
 
 
 @pytest.mark.parametrize(
@@ -141,10 +150,8 @@ def test_a_wrongly_typed_enum_value_is_answered_with_the_allowed_values(
 
 def test_every_string_enum_of_the_chart_is_covered() -> None:
     # Guards the parametrization above: the schema has string enums at these places.
-    assert {".".join(p) for p, _ in STRING_ENUMS} >= {
-        "target",
-        "syncBN",
-        "nccl.ib.memlock",
-        "elastic.resize",
-    }
-    assert len(STRING_ENUMS) == 15
+    # ...and every run value of megdet/run_values.py whose schema is a string enum among them.
+    enums = {r.value for r in RUN_VALUES if "enum" in _schema_node(r.value)}
+    assert {".".join(p) for p, _ in STRING_ENUMS} >= {"nccl.ib.memlock"} | enums
+    assert enums >= {"target", "syncBN", "elastic.resize"}
+    assert len(STRING_ENUMS) >= 15

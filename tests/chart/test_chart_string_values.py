@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from megdet.controller.render import split_manifests
+from megdet.run_values import RUN_VALUES, key_name
 
 SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
 
@@ -236,7 +237,22 @@ def _progress_ca(o: Objects, v: str, k: str) -> Found:
     ]
 
 
+def _run_value_places() -> dict[tuple[str, ...], Place]:
+    """The free string run values the trainer gets (megdet/run_values.py): a key or flag's
+    word, an env variable's value."""
+    strings = set(string_paths(SCHEMA))
+    places: dict[tuple[str, ...], Place] = {}
+    for row in RUN_VALUES:
+        path = tuple(row.value.split("."))
+        if path in strings and row.kind in ("key", "flag"):
+            places[path] = _flag(key_name(row), row.prefix)
+        elif path in strings and row.kind == "env":
+            places[path] = _env(row.to)
+    return places
+
+
 PLACES: dict[tuple[str, ...], Place] = {
+    **_run_value_places(),
     ("nameOverride",): lambda o, v, k: [
         (labels["app.kubernetes.io/name"], _helm_name(v))
         for labels in [o.job["metadata"]["labels"], *(p["metadata"]["labels"] for p in o.pods)]
