@@ -93,11 +93,12 @@ class PodWatch:
     and was deleted (DELETED), by uid; and a ``kubectl logs -f --timestamps`` of each Master,
     kept in a file."""
 
-    def __init__(self, kube, folder: Path) -> None:
+    def __init__(self, kube, folder: Path, namespace: str = NS) -> None:
         from kubernetes import client, config, watch
 
         self.kube = kube
         self.folder = folder
+        self.namespace = namespace
         self.pods: dict[str, dict[str, Any]] = {}
         self.streams: list[subprocess.Popen] = []
         self._lock = threading.Lock()
@@ -110,7 +111,7 @@ class PodWatch:
     def _run(self, api) -> None:
         while not self._stopped:
             try:
-                for event in self._watch.stream(api.list_namespaced_pod, NS):
+                for event in self._watch.stream(api.list_namespaced_pod, self.namespace):
                     self._record(event)
             except Exception as err:  # a dropped connection: watch again (the list re-adds)
                 print(f"elastic_real_node: pod watch: {err}; watching again", file=sys.stderr)
@@ -131,7 +132,12 @@ class PodWatch:
             )
             if event["type"] == "DELETED":
                 seen["deleted"] = now
+            conditions = pod.status.conditions or []
+            if any(c.type == "PodScheduled" and c.status == "True" for c in conditions):
+                seen.setdefault("scheduled", now)
             statuses = pod.status.container_statuses or []
+            if statuses and all(s.state.terminated for s in statuses):
+                seen.setdefault("terminated", now)
             if "running" not in seen and statuses and all(s.state.running for s in statuses):
                 seen["running"] = now
                 if seen["role"] == MASTER:
@@ -139,9 +145,10 @@ class PodWatch:
                     self.streams.append(self._stream(pod.metadata.name, seen["log"]))
 
     def _stream(self, name: str, path: str) -> subprocess.Popen:
+        kubectl = str(self.kube.binary("kubectl"))
         with open(path, "wb") as out:
             return subprocess.Popen(
-                [str(self.kube.binary("kubectl")), "logs", "-f", "--timestamps", "-n", NS, name],
+                [kubectl, "logs", "-f", "--timestamps", "-n", self.namespace, name],
                 env={"KUBECONFIG": str(self.kube.kubeconfig), "PATH": "/usr/bin:/bin"},
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -269,12 +276,18 @@ def change(kube, pods: PodWatch, folder: Path, kind: str, gpus: int | None) -> d
 
 @contextlib.contextmanager
 def real_node_session(
-    workdir: Path, archive: Path | None = None
+    workdir: Path,
+    archive: Path | None = None,
+    namespace: str = NS,
+    timings: dict[str, Any] | None = None,
+    also_import: tuple[Path, ...] = (),
 ) -> Iterator[tuple[Any, ControllerProcess, str, Path]]:
     """The e2e tests' session on a cluster of its own: the control plane, the real node, the
-    operator chart, the controller, the policy for the node's taint, the image and volumes.
-    Yields (cluster, controller, image, output folder); everything is ended afterwards.
-    ``archive``: a train-ci image archive built before (default: built from this tree)."""
+    operator chart, the controller, the policy for the node's taint, the image and volumes
+    (in ``namespace``). Yields (cluster, controller, image, output folder); everything is ended
+    afterwards. ``archive``: a train-ci image archive built before (default: built from this
+    tree). ``timings`` gets ``imports``: (archive, bytes, seconds into the node's containerd) of
+    each of ``also_import`` (imported first) and of the train-ci archive."""
     import yaml
     from test_e2e_real_training import shapes_volumes
 
@@ -282,7 +295,7 @@ def real_node_session(
     from cluster.node import TAINT_KEY, RealNode, import_image
     from imagebuild.build import build
 
-    kube = Cluster(root=E2E_ROOT.parent / "bench-elastic" / "cluster", ports_mode="auto", nodes=4)
+    kube = Cluster(root=E2E_ROOT.parent / namespace / "cluster", ports_mode="auto", nodes=4)
     kube.down()
     ends = [lambda: kube.down(keep_logs=workdir / "logs")]
     try:
@@ -301,8 +314,14 @@ def real_node_session(
         controller = ControllerProcess(kube, workdir)
         controller.start()
         ends.append(controller.stop)
-        (image,) = import_image(node.socket, archive or build("train-ci"), timeout=1800)[:1]
-        volumes = shapes_volumes(kube, NS)
+        archive = archive or build("train-ci")
+        imports = (timings if timings is not None else {}).setdefault("imports", [])
+        for path in (*also_import, archive):
+            started = time.monotonic()
+            names = import_image(node.socket, path, timeout=1800)
+            imports.append((str(path), path.stat().st_size, time.monotonic() - started))
+        image = names[0]
+        volumes = shapes_volumes(kube, namespace)
         folders = next(volumes)
         ends.append(lambda: next(volumes, None))
         yield kube, controller, image, folders["output"]

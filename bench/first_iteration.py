@@ -1,0 +1,426 @@
+"""A 2-pod run's time to its first iteration on the real node, part by part, against a floor.
+
+The floor is what no run can beat on the same node: a bare pod of the same image (``train-ci``)
+whose only work is ``python -c "import torch, detectron2"``, timed from its create to the
+imports done. The run is a MegDetRun of the e2e tests' tiny run (examples/local: the tiny
+detector on the shapes data, 2 pods x 1 process on the CPU over gloo, 30 iterations, the
+evaluation at the end), timed from its create to its first iteration, then to its end. The two
+take turns in one session (floor, run, floor, run, ...: the same minutes, the same machine
+state), each deleted before the next starts; the report gives each part's median and the ratio
+of the medians of the totals (goal: under 1.5).
+
+Every bound is a recorded signal on this host's clock (the node is this machine):
+
+- the bench's own create (before ``kubectl apply``);
+- a watch of the namespace's pods: the event in which a pod is first seen (ADDED), scheduled
+  (``PodScheduled`` True), its containers running, all terminated;
+- containerd's timestamps of the lines in the pods' logs (``kubectl logs --timestamps``): the
+  floor's own line after its imports, the launcher's and the trainer's lines in the Master's;
+- the trainer's own report of its first iteration (``status.progress.firstIterationTime``,
+  whole seconds: its middle, +0.5 s, is taken), and the run's ``status.startup`` as the
+  controller recorded it (whole seconds), kept beside for comparison.
+
+Floor parts: ``scheduling`` (create to scheduled), ``container start`` (to running: sandbox,
+the image's snapshot mounted; nothing is pulled, the image is in the node's containerd),
+``imports`` (to the imports done: the interpreter, ``import torch, detectron2``).
+
+Run parts: ``controller`` (create to the first pod seen: the controller renders and creates
+the PyTorchJob, the training operator its pods), ``scheduling`` (to the last pod scheduled),
+``container start`` (to the last pod's containers running), ``launch + rendezvous`` (to the
+trainer's first line: ``megdet launch``, torchrun's rendezvous of both pods, the trainer's
+imports and process group), ``data + model`` (to "Starting training from iteration": the plan,
+the model, the data loader), ``first iteration``; after it, not start-up: ``training`` (to
+detectron2's "Total training time" line), ``evaluation`` (to the last line of the COCO
+evaluation's results), ``finish`` (to the last container terminated: the report, the
+launcher's exit).
+
+The image's import into the node's containerd (what a pull and unpack would cost; pods use
+``imagePullPolicy: Never``) is timed once per session, with the controller image's archive
+beside it for a second size.
+
+Needs the cluster built (``make cluster`` once) and the real node (docs/cluster.md); under the
+cluster lock, as the e2e tests:
+
+    flock /tmp/megdet-cluster.lock .venv/bin/python -m bench.first_iteration \\
+        --image output/images/megdet-train-ci-<hash>.oci.tar --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests")]
+
+from bench.elastic_real_node import _TRAINER_LINE, log_lines  # noqa: E402
+from bench.harness import machine_load  # noqa: E402
+
+NS = "bench-first"
+FLOOR_LABEL = "megdet-floor"
+#: The floor's program: the imports, then one line with what they mapped (the image's files a
+#: process holds open or mapped: shared libraries and extension modules).
+FLOOR_CODE = """\
+import json, os, time
+t0 = time.time()
+import torch, detectron2
+t1 = time.time()
+files = {}
+for line in open('/proc/self/maps'):
+    part = line.split(None, 5)
+    if len(part) == 6 and part[5].startswith('/') and part[5].strip() not in files:
+        path = part[5].strip()
+        files[path] = os.path.getsize(path) if os.path.exists(path) else 0
+nv = sorted({p.split('/site-packages/')[1].split('/')[1] for p in files if '/nvidia/' in p})
+io = dict(l.split(': ') for l in open('/proc/self/io').read().splitlines())
+print('megdet-floor ' + json.dumps({'start': t0, 'imported': t1, 'mapped_files': len(files),
+      'mapped_mb': sum(files.values()) / 1e6, 'nvidia': nv,
+      'read_mb': int(io['rchar']) / 1e6}), flush=True)
+"""
+
+FLOOR_PARTS = ("scheduling", "container start", "imports")
+RUN_PARTS = (
+    "controller",
+    "scheduling",
+    "container start",
+    "launch + rendezvous",
+    "data + model",
+    "first iteration",
+)
+END_PARTS = ("training", "evaluation", "finish")
+
+
+def floor_pod(name: str, image: str, values: dict[str, Any]) -> dict[str, Any]:
+    """The floor's bare pod: the run's image, placement, resources and security context (the
+    namespace enforces the ``restricted`` Pod Security level), the imports as its only work."""
+    resources = values["resources"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": FLOOR_LABEL}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "nodeSelector": values["nodeSelector"],
+            "tolerations": values["tolerations"],
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {
+                    "name": "floor",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": ["python", "-c", FLOOR_CODE],
+                    "resources": {
+                        "requests": {"cpu": resources["cpu"], "memory": resources["memory"]},
+                        "limits": {"memory": resources["memory"]},
+                    },
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                    },
+                }
+            ],
+        },
+    }
+
+
+def floor_sample(created: float, pod: dict[str, Any], lines: list[tuple[float, str]]) -> dict:
+    """The floor's parts from its pod's record (the watch's times) and its log's lines."""
+    stamp, report = next((t, x) for t, x in lines if x.startswith("megdet-floor "))
+    info = json.loads(report.removeprefix("megdet-floor "))
+    parts = {
+        "scheduling": pod["scheduled"] - created,
+        "container start": pod["running"] - pod["scheduled"],
+        "imports": stamp - pod["running"],
+    }
+    return {
+        "parts": parts,
+        "total": stamp - created,
+        "import_s": info["imported"] - info["start"],
+        "mapped_files": info["mapped_files"],
+        "mapped_mb": info["mapped_mb"],
+        "read_mb": info["read_mb"],
+        "nvidia": info["nvidia"],
+    }
+
+
+def _line(lines: list[tuple[float, str]], words: str, last: bool = False) -> float:
+    found = [t for t, text in lines if words in text]
+    if not found:
+        raise ValueError(f"no line with {words!r} in the Master's log")
+    return found[-1] if last else found[0]
+
+
+def run_sample(
+    created: float,
+    pods: list[dict[str, Any]],
+    lines: list[tuple[float, str]],
+    status: dict[str, Any],
+) -> dict[str, Any]:
+    """The run's parts from its pods' records, its Master's log lines (containerd's stamps)
+    and its status (``progress.firstIterationTime``; ``startup`` kept beside)."""
+    from megdet.progress import parse_time
+
+    first_report = parse_time((status.get("progress") or {}).get("firstIterationTime"))
+    if first_report is None:
+        raise ValueError("the run's status.progress has no firstIterationTime")
+    first = first_report.timestamp() + 0.5  # whole seconds: the middle of that second
+    trainer = trainer_lines_of(lines)
+    loaded = _line(lines, "Starting training from iteration")
+    parts = {
+        "controller": min(p["added"] for p in pods) - created,
+        "scheduling": max(p["scheduled"] for p in pods) - min(p["added"] for p in pods),
+        "container start": max(p["running"] for p in pods) - max(p["scheduled"] for p in pods),
+        "launch + rendezvous": trainer[0][0] - max(p["running"] for p in pods),
+        "data + model": loaded - trainer[0][0],
+        "first iteration": max(first - loaded, 0.0),
+    }
+    trained = _line(lines, "Total training time")
+    evaluated = _line(lines, "copypaste:", last=True)
+    end = {
+        "training": trained - first,
+        "evaluation": evaluated - trained,
+        "finish": max(p["terminated"] for p in pods) - evaluated,
+    }
+    launched = _line(lines, "megdet launch: world size")
+    return {
+        "parts": parts,
+        "total": first - created,
+        "end": end,
+        "to_end": max(p["terminated"] for p in pods) - created,
+        "torchrun_to_trainer_s": trainer[0][0] - launched,
+        "startup": status.get("startup") or {},
+        "phase": status.get("phase"),
+    }
+
+
+def trainer_lines_of(lines: list[tuple[float, str]]) -> list[tuple[float, str]]:
+    found = [(t, x) for t, x in lines if _TRAINER_LINE.match(x)]
+    if not found:
+        raise ValueError("no trainer line in the Master's log")
+    return found
+
+
+def summarize(floors: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of each part and total, and the ratio of the run's median total to the
+    floor's; the largest part of the run named."""
+    if not floors or not runs:
+        raise ValueError("need at least one floor and one run sample")
+
+    def med(samples: list[dict[str, Any]], names: tuple[str, ...], key: str) -> dict[str, float]:
+        return {n: statistics.median(s[key][n] for s in samples) for n in names}
+
+    floor = {"parts": med(floors, FLOOR_PARTS, "parts")}
+    floor["total"] = statistics.median(s["total"] for s in floors)
+    run = {"parts": med(runs, RUN_PARTS, "parts"), "end": med(runs, END_PARTS, "end")}
+    run["total"] = statistics.median(s["total"] for s in runs)
+    run["to_end"] = statistics.median(s["to_end"] for s in runs)
+    largest = max(run["parts"], key=run["parts"].get)
+    return {
+        "floor": floor,
+        "run": run,
+        "ratio": run["total"] / floor["total"],
+        "largest": largest,
+        "repeats": min(len(floors), len(runs)),
+    }
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """The report: each sample's parts and total, then the medians and the ratio."""
+    out = [
+        f"first_iteration: {len(result['floors'])} floor + {len(result['runs'])} run samples, "
+        f"interleaved; load {result.get('load', '?')}"
+    ]
+    for path, size, seconds in result.get("imports", []):
+        out.append(
+            f"  image import into the node's containerd: {Path(path).name} "
+            f"{size / 1e6:,.0f} MB in {seconds:.1f} s ({size / 1e6 / seconds:.0f} MB/s)"
+        )
+    out.append("  floor (bare pod, import torch, detectron2): " + " | ".join(FLOOR_PARTS))
+    for n, s in enumerate(result["floors"], 1):
+        cells = " | ".join(f"{s['parts'][p]:.2f}" for p in FLOOR_PARTS)
+        out.append(
+            f"    #{n}: {cells} | total {s['total']:.2f} s (in-process import "
+            f"{s['import_s']:.2f} s; {s['mapped_files']} files mapped, {s['mapped_mb']:.0f} MB)"
+        )
+    out.append("  run (2 pods) to its first iteration: " + " | ".join(RUN_PARTS))
+    for n, s in enumerate(result["runs"], 1):
+        cells = " | ".join(f"{s['parts'][p]:.2f}" for p in RUN_PARTS)
+        ends = " | ".join(f"{s['end'][p]:.2f}" for p in END_PARTS)
+        out.append(
+            f"    #{n}: {cells} | total {s['total']:.2f} s; then {ends} "
+            f"({' | '.join(END_PARTS)}); status.startup {json.dumps(s['startup'])}"
+        )
+    summary = result["summary"]
+    floor, run = summary["floor"], summary["run"]
+    out.append(
+        "  medians: floor "
+        + ", ".join(f"{p} {v:.2f}" for p, v in floor["parts"].items())
+        + f", total {floor['total']:.2f} s"
+    )
+    out.append(
+        "           run "
+        + ", ".join(f"{p} {v:.2f}" for p, v in run["parts"].items())
+        + f", total {run['total']:.2f} s; "
+        + ", ".join(f"{p} {v:.2f}" for p, v in run["end"].items())
+        + f", to the end {run['to_end']:.2f} s"
+    )
+    verdict = "within" if summary["ratio"] < 1.5 else "above"
+    out.append(
+        f"  run / floor (medians of the totals): {summary['ratio']:.2f} ({verdict} the 1.5 goal);"
+        f" the run's largest part: {summary['largest']}"
+    )
+    return "\n".join(out)
+
+
+def _wait(check: Any, timeout: float, message: str, interval: float = 0.2) -> Any:
+    from e2e_helpers import eventually
+
+    return eventually(check, timeout=timeout, interval=interval, message=message)
+
+
+def measure_floor(kube: Any, watch: Any, image: str, values: dict, name: str) -> dict:
+    from e2e_helpers import apply_objects
+
+    created = time.time()
+    apply_objects(kube, {**floor_pod(name, image, values)}, extra=("-n", NS))
+    pod = _wait(
+        lambda: next(
+            (p for p in watch.snapshot().values() if p["name"] == name and "terminated" in p),
+            None,
+        ),
+        timeout=600,
+        message=f"floor pod {name} done",
+    )
+    logs = kube.kubectl("logs", "--timestamps", "-n", NS, name).stdout
+    path = watch.folder / f"{name}.log"
+    path.write_text(logs)
+    sample = floor_sample(created, pod, log_lines(str(path)))
+    kube.kubectl("delete", "pod", name, "-n", NS, "--wait=true")
+    return sample
+
+
+def measure_run(kube: Any, watch: Any, image: str, name: str) -> dict:
+    from e2e_helpers import apply_objects, get_json, mdr
+    from test_e2e_real_training import run_values
+
+    spec = {k: v for k, v in run_values(image).items() if k != "runName"}
+    created = time.time()
+    apply_objects(kube, mdr(name, NS, spec))
+
+    def finished() -> dict[str, Any] | None:
+        status = get_json(kube, "mdr", name, "-n", NS).get("status") or {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    status = _wait(finished, timeout=1200, interval=1, message=f"run {name} finished")
+    if status["phase"] != "Succeeded":
+        raise SystemExit(f"first_iteration: run {name} {status['phase']}: {status}")
+
+    def ended() -> list[dict[str, Any]] | None:
+        mine = [p for p in watch.snapshot().values() if p["name"].startswith(f"{name}-")]
+        return mine if len(mine) == 2 and all("terminated" in p for p in mine) else None
+
+    mine = _wait(ended, timeout=300, message=f"run {name}'s containers ended")
+    (master,) = [p for p in mine if p["role"] == "master"]
+    # The stream ends with the container; read the log once more, complete.
+    logs = kube.kubectl("logs", "--timestamps", "-n", NS, master["name"]).stdout
+    path = watch.folder / f"{name}-master.log"
+    path.write_text(logs)
+    sample = run_sample(created, mine, log_lines(str(path)), status)
+    kube.kubectl("delete", "mdr", name, "-n", NS, "--wait=true")
+    _wait(
+        lambda: not any(
+            p["name"].startswith(f"{name}-") and "deleted" not in p
+            for p in watch.snapshot().values()
+        ),
+        timeout=300,
+        message=f"run {name}'s pods gone",
+    )
+    return sample
+
+
+def run(workdir: Path, archive: Path, repeats: int, also_import: tuple[Path, ...]) -> dict:
+    from test_e2e_real_training import run_values
+
+    from bench.elastic_real_node import PodWatch, real_node_session
+
+    timings: dict[str, Any] = {}
+    floors, runs = [], []
+    with real_node_session(workdir, archive, NS, timings, also_import) as (kube, _c, image, _o):
+        values = run_values(image)
+        watch = PodWatch(kube, workdir, namespace=NS)
+        try:
+            for n in range(1, repeats + 1):
+                floors.append(measure_floor(kube, watch, image, values, f"floor-{n}"))
+                print(f"first_iteration: floor {n}: {floors[-1]['total']:.2f} s", file=sys.stderr)
+                runs.append(measure_run(kube, watch, image, f"first-{n}"))
+                print(f"first_iteration: run {n}: {runs[-1]['total']:.2f} s", file=sys.stderr)
+        finally:
+            watch.stop()
+            (workdir / "pods.json").write_text(json.dumps(watch.snapshot(), indent=1))
+    return {
+        "image": image,
+        "imports": timings.get("imports", []),
+        "floors": floors,
+        "runs": runs,
+        "summary": summarize(floors, runs),
+        "load": machine_load(),
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--image", type=Path, metavar="ARCHIVE",
+        help="the train-ci image archive (output/images/megdet-train-ci-*.oci.tar)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--report", type=Path, metavar="RESULT_JSON",
+        help="print the report of a result.json written before (no cluster)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="floor and run samples each, interleaved (>= 1)"
+    )
+    parser.add_argument(
+        "--also-import", type=Path, action="append", default=[], metavar="ARCHIVE",
+        help="another archive to time into the node's containerd first (a second size)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--workdir", type=Path, default=ROOT / "output" / "bench-first",
+        help="where the logs, pods.json and result.json stay",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.report is not None:
+        if not args.report.is_file():
+            parser.error(f"--report: no result file at {args.report}")
+        return args
+    if args.image is None:
+        parser.error("--image is required (or --report RESULT_JSON)")
+    for path in (args.image, *args.also_import):
+        if not path.is_file():
+            parser.error(f"no image archive at {path} (make suite-images builds output/images)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report is not None:
+        print(format_report(json.loads(args.report.read_text())))
+        return 0
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    result = run(args.workdir.resolve(), args.image, args.repeats, tuple(args.also_import))
+    (args.workdir / "result.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
