@@ -20,8 +20,8 @@ the JobSet's ``jobset.sigs.k8s.io/jobset-name`` label. An owner reference is no 
 a namespace user who may create pods (it can be copied); that pod could only make the run say
 a pod cannot start, never change its phase, its job or its result.
 
-Pure functions: the handler that reads the pods and the status that shows the result live in
-the reconciler.
+Pure functions: the handler that reads the pods and the status write that shows the result
+live in the run mirror (:mod:`megdet.controller.mirror`).
 """
 
 from __future__ import annotations
