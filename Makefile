@@ -11,7 +11,7 @@ DEMO_OUT ?= output/demo
 # one session's 2.8 GB. Keep only the failed tests' folders (what is worth reading).
 PYTEST := $(BIN)/python -m pytest -o tmp_path_retention_policy=failed
 
-.PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate \
+.PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate doc-tables \
 	messages image image-check cluster cluster-images cluster-down cluster-build node-packages \
 	suite-deps suite-cluster suite-images test-previous-apiserver test-real-pods lint-tools
 
@@ -30,7 +30,8 @@ help:
 	@echo "make crd   - regenerate the MegDetRun CRD from charts/megdet's values schema"
 	@echo "make overrides - regenerate the chart's list of detectron2 keys that values own"
 	@echo "make messages - regenerate the run chart's rule message templates from megdet/messages.py"
-	@echo "make generate - all generated files (overrides, messages, CRD, dashboards, policy), in dependency order"
+	@echo "make doc-tables - rewrite the docs' tables made from megdet/run_values.py and controller/fields.py"
+	@echo "make generate - all generated files (overrides, messages, CRD, dashboards, policy, doc tables), in dependency order"
 	@echo "make image - build the training and controller images from package registries only"
 	@echo "make image-check - compile detectron2's C++/CUDA ops at the pinned commit (no Docker)"
 
@@ -192,5 +193,12 @@ policy: setup
 	$(BIN)/python -m megdet.controller.policy > $(POLICY_FILE).tmp
 	mv $(POLICY_FILE).tmp $(POLICY_FILE)
 
+# The docs' tables made from one source, rewritten between their markers
+# (controller/offline/docs_tables.py): docs/helm.md's run values (megdet/run_values.py) and
+# docs/operations.md's spec fields (controller/fields.py)
+# (tests/controller/offline/test_docs_tables.py fails when one is stale).
+doc-tables: setup
+	$(BIN)/python -m megdet.controller.offline.docs_tables
+
 # Every generated file, in dependency order: the CRD's CEL rules read the owned-overrides list.
-generate: overrides messages crd dashboards policy
+generate: overrides messages crd dashboards policy doc-tables

@@ -26,7 +26,6 @@ written as :func:`pod_text` writes it (``charts/megdet/templates/_pod.tpl``).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -119,7 +118,8 @@ RUN_VALUES: tuple[RunValue, ...] = (
     RunValue("dataset.valImages", "flag", "--val-images", "str", DATA, optional=True,
          prefix="/data/", **_NOT_RECIPE),
     RunValue("output.claimName", "volume", "/output", "str", OUTPUT, **_NOT_RECIPE),
-    RunValue("runName", "flag", "--output", "str", OUTPUT, prefix="/output/", **_NOT_RECIPE),
+    RunValue("runName", "flag", "--output (the run's name when empty)", "str", OUTPUT,
+             prefix="/output/", **_NOT_RECIPE),
     RunValue("target", "job", "the job's kind (PyTorchJob or TrainJob)", "str", TARGET,
          **_NOT_RECIPE),
     RunValue("elastic.minGpus", "controller", "the bounds of a resize", "int", ELASTIC),
@@ -147,14 +147,14 @@ def by_value(table: tuple[RunValue, ...] = RUN_VALUES) -> dict[str, RunValue]:
     return out
 
 
-def key_name(row: RunValue) -> str:
-    """The detectron2 key of a ``key`` row (its ``to`` without the note in brackets)."""
+def pod_name(row: RunValue) -> str:
+    """The key, flag or env name of a row (its ``to`` without the note after it)."""
     return row.to.split(" ", 1)[0]
 
 
 def owned_keys(table: tuple[RunValue, ...] = RUN_VALUES) -> dict[str, str]:
     """detectron2 key -> the value that owns it, for every row the chart passes as one key."""
-    return {key_name(r): r.value for r in table if r.kind == "key" and r.form != "map"}
+    return {pod_name(r): r.value for r in table if r.kind == "key" and r.form != "map"}
 
 
 def immutable_fields(table: tuple[RunValue, ...] = RUN_VALUES) -> dict[str, str]:
@@ -200,13 +200,17 @@ def _default(defaults: Mapping[str, Any], value: str) -> Any:
 def markdown(defaults: Mapping[str, Any], table: tuple[RunValue, ...] = RUN_VALUES) -> str:
     """docs/helm.md's table "Where each run value goes", with the chart's ``defaults``."""
     lines = [
-        "| value | default | reaches | as | on a live run |",
+        "| value | default | reaches | as | fixed at creation |",
         "| --- | --- | --- | --- | --- |",
     ]
     for row in table:
         default = json.dumps(_default(defaults, row.value))
         name = f"`{row.value}`" + ("" if row.in_spec else " (operator only)")
-        to = re.sub(r"^(\S+)", r"`\1`", row.to) if row.kind in ("key", "flag", "env") else row.to
-        live = "fixed" if row.immutable else "may change"
-        lines.append(f"| {name} | `{default}` | {row.kind} | {to} | {live} |")
+        to = row.to
+        if row.kind in ("key", "flag", "env") and row.form != "map":
+            name_, _, note = row.to.partition(" ")
+            shown = f"{name_} {row.prefix}<value>" if row.prefix else name_
+            to = f"`{shown}`" + (f" {note}" if note else "")
+        fixed = "yes" if row.immutable else "no"
+        lines.append(f"| {name} | `{default}` | {row.kind} | {to} | {fixed} |")
     return "\n".join(lines) + "\n"

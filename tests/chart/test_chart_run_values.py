@@ -23,7 +23,7 @@ from chart_helpers import (
     values_file,
 )
 
-from megdet.run_values import RUN_VALUES, RunValue, key_name, pod_text
+from megdet.run_values import RUN_VALUES, RunValue, pod_name, pod_text
 
 DEFAULTS = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 #: Every optional value set (resumeFrom, allowUnsafeWeights, numWorkers, the validation set).
@@ -86,7 +86,7 @@ def expected_pod(values: Mapping[str, Any], table: tuple[RunValue, ...] = RUN_VA
             value = 0  # the trainer's "metrics off"
         text = pod_text(row, value)
         if text is not None:
-            out[row.kind][key_name(row) if row.kind != "flag" else row.to] = text
+            out[row.kind][pod_name(row)] = text
     return out
 
 

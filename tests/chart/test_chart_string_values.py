@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from megdet.controller.render import split_manifests
-from megdet.run_values import RUN_VALUES, key_name
+from megdet.run_values import RUN_VALUES, pod_name
 
 SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
 
@@ -245,7 +245,7 @@ def _run_value_places() -> dict[tuple[str, ...], Place]:
     for row in RUN_VALUES:
         path = tuple(row.value.split("."))
         if path in strings and row.kind in ("key", "flag"):
-            places[path] = _flag(key_name(row), row.prefix)
+            places[path] = _flag(pod_name(row), row.prefix)
         elif path in strings and row.kind == "env":
             places[path] = _env(row.to)
     return places

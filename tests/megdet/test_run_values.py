@@ -24,8 +24,8 @@ from megdet.run_values import (
     RunValue,
     by_value,
     immutable_fields,
-    key_name,
     owned_keys,
+    pod_name,
     pod_text,
 )
 
@@ -86,8 +86,8 @@ def table_problems(
             found.append(f"{row.value}: not a field of the MegDetRun spec")
         if not row.in_spec and (in_crd or row.top not in DROPPED_VALUES):
             found.append(f"{row.value}: in_spec=False, but not a dropped value")
-        if row.kind == "key" and row.form != "map" and key_name(row) not in trainer_keys:
-            found.append(f"{row.value}: {key_name(row)} is not a key of the trainer's config")
+        if row.kind == "key" and row.form != "map" and pod_name(row) not in trainer_keys:
+            found.append(f"{row.value}: {pod_name(row)} is not a key of the trainer's config")
     rows = by_value(table)
     for name in RunSpec.model_fields:
         value = to_camel(name)
