@@ -16,40 +16,22 @@ import pickle
 import threading
 
 import pytest
+from trainer_fakes import RunsCode, run_megdet, train_argv
 
 from megdet.trainer.config import CONFIG_DIR
 
 TINY = CONFIG_DIR / "megdet_tiny_cpu.yaml"
 
 
-class _RunsCode:
-    """Unpickling this writes ``marker`` (a malicious proposals file would do worse)."""
-
-    def __init__(self, marker) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
-
-
 def _train(tmp_path, shapes, capsys, config, *overrides: str) -> tuple[int, str]:
-    from megdet.cli import main
-
-    argv = ["train", "--config", str(config), "--output", str(tmp_path / "out"),
-            "--train-json", str(shapes["train_json"]),
-            "--train-images", str(shapes["train_images"]), *overrides]  # fmt: skip
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    return code, capsys.readouterr().err
+    return run_megdet(train_argv(tmp_path / "out", shapes, config, *overrides), capsys)
 
 
 @pytest.fixture()
 def proposals(tmp_path):
     marker = tmp_path / "marker"
     path = tmp_path / "proposals.pkl"
-    path.write_bytes(pickle.dumps({"ids": [], "boxes": [], "x": _RunsCode(marker)}))
+    path.write_bytes(pickle.dumps({"ids": [], "boxes": [], "x": RunsCode(marker)}))
     # The file is live: unpickling it runs code.
     pickle.loads(path.read_bytes())
     assert marker.exists()

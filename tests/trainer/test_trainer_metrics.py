@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch import nn
+from trainer_fakes import LinearDetector
 
 from tests.tiny_train import train_command
 
@@ -113,17 +114,10 @@ def test_bad_metrics_config_values_are_errors_naming_the_key(key, value, message
 # --- the exporter hook in one process ----------------------------------------------------
 
 
-class _TwoLosses(nn.Module):
-    """A BN-free model with detectron2's interface and two loss components."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Linear(3, 1)
-
-    def forward(self, batch):
-        out = self.body(batch)
-        return {"loss_cls": (out**2).mean(), "loss_box_reg": out.abs().mean()}
+def _two_losses() -> LinearDetector:
+    return LinearDetector(
+        lambda out: {"loss_cls": (out**2).mean(), "loss_box_reg": out.abs().mean()}
+    )
 
 
 def _tiny_plan(max_iter: int):
@@ -146,7 +140,7 @@ def _one_process_run(out: Path, start_iter: int, max_iter: int, evaluate=None):
     from megdet.trainer.solver import PlanParamScheduler
 
     plan = _tiny_plan(max_iter)
-    model = _TwoLosses()
+    model = _two_losses()
     optimizer = torch.optim.SGD(model.parameters(), lr=plan.lr)
     for group in optimizer.param_groups:  # what loading a checkpoint's optimizer state restores
         group["initial_lr"] = plan.lr

@@ -13,49 +13,7 @@ import re
 import pytest
 import torch
 from torch import nn
-
-
-class _RunsCode:
-    """Unpickling this runs code: it writes ``marker``, as a malicious file would do worse."""
-
-    def __init__(self, marker) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
-
-
-class _Holder:
-    """A checkpointable with an iteration, like the trainer."""
-
-    def __init__(self) -> None:
-        self.iteration = -1
-
-    def state_dict(self):
-        return {"iteration": self.iteration}
-
-    def load_state_dict(self, state):
-        self.iteration = state["iteration"]
-
-
-def _checkpointer(folder):
-    from megdet.trainer.checkpoint import AtomicCheckpointer
-
-    folder.mkdir(parents=True, exist_ok=True)
-    model = nn.Linear(3, 2)
-    holder = _Holder()
-    return model, holder, AtomicCheckpointer(model, str(folder), trainer=holder)
-
-
-def _run_cli(argv, capsys):
-    from megdet.cli import main
-
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    return code, capsys.readouterr().err
-
+from trainer_fakes import LinearDetector, RunsCode, checkpointer, run_megdet
 
 # --- 1. resuming reads tensors only ---------------------------------------------------------
 
@@ -72,19 +30,19 @@ def test_resume_refuses_a_checkpoint_whose_unpickling_would_run_code(
         # explicit, so it must not.
         monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     out = tmp_path / "out"
-    model, holder, ckpt = _checkpointer(out)
+    model, holder, ckpt = checkpointer(out)
     holder.iteration = 9
     ckpt.save("model_0000009", iteration=9)
     marker = tmp_path / "marker"
     evil = out / "model_0000019.pth"  # the newest: the one resume picks
     torch.save(
         {"model": model.state_dict(), "trainer": {"iteration": 19}, "iteration": 19,
-         "extra": _RunsCode(marker)},
+         "extra": RunsCode(marker)},
         evil, _use_new_zipfile_serialization=zipfile,
     )  # fmt: skip
     (out / "last_checkpoint").write_text(evil.name)  # named as the last saved
 
-    fresh_model, fresh_holder, fresh = _checkpointer(out)
+    fresh_model, fresh_holder, fresh = checkpointer(out)
     before = fresh_model.weight.detach().clone()
     with pytest.raises(UnsafeCheckpointError) as err:
         fresh.resume_latest()
@@ -103,16 +61,8 @@ def test_resume_refuses_a_checkpoint_whose_unpickling_would_run_code(
     assert marker.read_text() == "ran"
 
 
-class _Quadratic(nn.Module):
-    """A BN-free model with detectron2's interface: a batch in, a dict of losses out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = nn.Linear(3, 1)
-
-    def forward(self, batch):
-        return {"loss": ((self.body(batch) - 1.0) ** 2).mean()}
+def _quadratic() -> LinearDetector:
+    return LinearDetector(lambda out: {"loss": ((out - 1.0) ** 2).mean()})
 
 
 def _train_quadratic(out, start: int, stop_after: int | None = None, max_iter: int = 6):
@@ -138,7 +88,7 @@ def _train_quadratic(out, start: int, stop_after: int | None = None, max_iter: i
     generator = torch.Generator().manual_seed(1)
     batches = [torch.randn(2, 3, generator=generator) for _ in range(max_iter)]
     out.mkdir(parents=True, exist_ok=True)
-    model = _Quadratic()
+    model = _quadratic()
     optimizer = torch.optim.SGD(model.parameters(), lr=plan.lr, momentum=0.9)
     trainer = MegDetTrainer(model, iter(batches[start:]), optimizer)
     checkpointer = AtomicCheckpointer(model, str(out), trainer=trainer)
@@ -162,7 +112,7 @@ def test_the_trainers_own_checkpoints_resume_exactly_weights_only(tmp_path):
     assert state["iteration"] == 2 and state["trainer"]["hooks"]["LRScheduler"]["last_epoch"] == 3
     assert state["trainer"]["optimizer"]["state"]  # momentum buffers
     resumed = _train_quadratic(tmp_path / "resumed", 3)
-    assert not torch.equal(resumed.body.weight, _Quadratic().body.weight)  # it trained
+    assert not torch.equal(resumed.body.weight, _quadratic().body.weight)  # it trained
     torch.testing.assert_close(resumed.body.weight, straight.body.weight, rtol=0, atol=0)
     torch.testing.assert_close(resumed.body.bias, straight.body.bias, rtol=0, atol=0)
 
@@ -175,8 +125,8 @@ def test_weights_file_with_non_tensor_objects_is_refused_unless_trusted(tmp_path
 
     marker = tmp_path / "marker"
     weights = tmp_path / "pretrained.pth"
-    torch.save({"model": nn.Linear(3, 2).state_dict(), "meta": _RunsCode(marker)}, weights)
-    _, _, ckpt = _checkpointer(tmp_path / "out")
+    torch.save({"model": nn.Linear(3, 2).state_dict(), "meta": RunsCode(marker)}, weights)
+    _, _, ckpt = checkpointer(tmp_path / "out")
     with pytest.raises(UnsafeCheckpointError) as err:
         ckpt.load_weights(str(weights))
     message = str(err.value)
@@ -193,7 +143,7 @@ def test_a_state_dict_of_tensors_loads_as_weights(tmp_path):
     source = nn.Linear(3, 2)
     weights = tmp_path / "pretrained.pth"
     torch.save({"model": source.state_dict()}, weights)
-    model, holder, ckpt = _checkpointer(tmp_path / "out")
+    model, holder, ckpt = checkpointer(tmp_path / "out")
     ckpt.load_weights(str(weights))
     assert torch.equal(model.weight, source.weight) and holder.iteration == -1
 
@@ -205,8 +155,8 @@ def test_pickle_weights_are_refused_before_unpickling(tmp_path, name):
 
     marker = tmp_path / "marker"
     weights = tmp_path / name
-    weights.write_bytes(pickle.dumps({"model": {}, "__author__": "x", "m": _RunsCode(marker)}))
-    _, _, ckpt = _checkpointer(tmp_path / "out")
+    weights.write_bytes(pickle.dumps({"model": {}, "__author__": "x", "m": RunsCode(marker)}))
+    _, _, ckpt = checkpointer(tmp_path / "out")
     with pytest.raises(UnsafeCheckpointError) as err:
         ckpt.load_weights(str(weights), key="--weights")
     assert str(err.value).startswith(f"--weights: {str(weights)!r} is refused: a pickle file")
@@ -222,7 +172,7 @@ def test_url_weights_are_refused_without_downloading(tmp_path):
         def get_local_path(self, path, **kwargs):
             raise AssertionError(f"downloaded {path}")
 
-    _, _, ckpt = _checkpointer(tmp_path)
+    _, _, ckpt = checkpointer(tmp_path)
     ckpt.path_manager = NoNetwork()
     for url in ("https://example.com/model.pth", "detectron2://COCO/model_final.pkl"):
         with pytest.raises(UnsafeCheckpointError, match=r"MODEL\.WEIGHTS: .* is refused: a URL"):
@@ -275,7 +225,7 @@ def test_unsafe_weights_exit_2_from_flags_and_from_a_config_file(tmp_path, shape
     base = ["train", "--output", str(tmp_path / "out"),
             "--train-json", str(shapes["train_json"]),
             "--train-images", str(shapes["train_images"])]  # fmt: skip
-    code, err = _run_cli([*base, "--config", "megdet_tiny_cpu", "MODEL.WEIGHTS", "https://x/y.pkl"],
+    code, err = run_megdet([*base, "--config", "megdet_tiny_cpu", "MODEL.WEIGHTS", "https://x/y.pkl"],
                          capsys)  # fmt: skip
     assert code == 2 and "Traceback" not in err
     assert err.startswith("megdet train: error: MODEL.WEIGHTS: 'https://x/y.pkl' is refused")
@@ -284,7 +234,7 @@ def test_unsafe_weights_exit_2_from_flags_and_from_a_config_file(tmp_path, shape
     config.write_text(
         f"_BASE_: {CONFIG_DIR / 'megdet_tiny_cpu.yaml'}\nMODEL:\n  WEIGHTS: s3://b/w.pth\n"
     )
-    code, err = _run_cli([*base, "--config", str(config)], capsys)
+    code, err = run_megdet([*base, "--config", str(config)], capsys)
     assert code == 2 and "Traceback" not in err
     assert "MODEL.WEIGHTS: 's3://b/w.pth' is refused: a URL" in err
     assert not (tmp_path / "out").exists()
@@ -301,8 +251,8 @@ def test_allow_unsafe_weights_must_be_a_boolean(value):
 def test_eval_refuses_pickle_weights(tmp_path, shapes, capsys):
     marker = tmp_path / "marker"
     weights = tmp_path / "model.pkl"
-    weights.write_bytes(pickle.dumps({"model": {}, "m": _RunsCode(marker)}))
-    code, err = _run_cli(
+    weights.write_bytes(pickle.dumps({"model": {}, "m": RunsCode(marker)}))
+    code, err = run_megdet(
         ["eval", "--config", "megdet_tiny_cpu", "--weights", str(weights),
          "--output", str(tmp_path / "eval"),
          "--val-json", str(shapes["val_json"]), "--val-images", str(shapes["val_images"])],
@@ -344,7 +294,7 @@ def test_a_config_with_a_python_tag_is_refused_and_never_runs(tmp_path, shapes, 
     with pytest.raises(ConfigError, match="is refused: a YAML tag"):
         load_config(str(config))
     assert not marker.exists()
-    code, err = _run_cli(
+    code, err = run_megdet(
         ["train", "--config", str(config), "--output", str(tmp_path / "out"),
          "--train-json", str(shapes["train_json"]), "--train-images", str(shapes["train_images"])],
         capsys,

@@ -17,19 +17,12 @@ import threading
 import numpy as np
 import pytest
 from torch import nn
+from trainer_fakes import RunsCode, run_megdet, train_argv
 
 from megdet.trainer import weights_pin
 from megdet.trainer.config import TRUSTED_WEIGHTS
 
 R50 = "detectron2://ImageNetPretrained/MSRA/R-50.pkl"
-
-
-class _RunsCode:
-    def __init__(self, marker) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (exec, (f"open({self.marker!r}, 'w').write('ran')",))
 
 
 @pytest.fixture()
@@ -41,7 +34,7 @@ def cached(tmp_path, monkeypatch):
     marker = tmp_path / "marker"
     local = tmp_path / "iopath_cache" / "R-50.pkl"
     local.parent.mkdir()
-    local.write_bytes(pickle.dumps({"model": {}, "__author__": "x", "m": _RunsCode(marker)}))
+    local.write_bytes(pickle.dumps({"model": {}, "__author__": "x", "m": RunsCode(marker)}))
     resolved = []
 
     def get_local_path(path, **kwargs):
@@ -228,19 +221,11 @@ def test_other_weights_are_not_hashed(tmp_path, monkeypatch):
 def test_megdet_train_exits_2_naming_the_file_and_both_hashes(
     tmp_path, cached, shapes, capsys, monkeypatch, own_log_handlers
 ):
-    from megdet.cli import main
-
     local, marker, _ = cached
     expected = "ab" * 32
     monkeypatch.setitem(weights_pin.PINNED_WEIGHTS, R50, expected)
-    argv = ["train", "--config", "megdet_tiny_cpu", "--output", str(tmp_path / "out"),
-            "--train-json", str(shapes["train_json"]),
-            "--train-images", str(shapes["train_images"]), "MODEL.WEIGHTS", R50]  # fmt: skip
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    err = capsys.readouterr().err
+    argv = train_argv(tmp_path / "out", shapes, "megdet_tiny_cpu", "MODEL.WEIGHTS", R50)
+    code, err = run_megdet(argv, capsys)
     found = hashlib.sha256(local.read_bytes()).hexdigest()
     assert code == 2 and "Traceback" not in err, err
     assert f"megdet train: error: MODEL.WEIGHTS: {R50!r} is refused: its local file {local}" in err
@@ -251,18 +236,10 @@ def test_megdet_train_exits_2_naming_the_file_and_both_hashes(
 def test_megdet_train_exits_2_naming_the_url_it_could_not_download(
     tmp_path, served, shapes, capsys, own_log_handlers
 ):
-    from megdet.cli import main
-
     folder, url, requested = served
     (folder / "R-50.pkl").unlink()
-    argv = ["train", "--config", "megdet_tiny_cpu", "--output", str(tmp_path / "out"),
-            "--train-json", str(shapes["train_json"]),
-            "--train-images", str(shapes["train_images"]), "MODEL.WEIGHTS", R50]  # fmt: skip
-    try:
-        code = main(argv)
-    except SystemExit as exit_info:
-        code = exit_info.code
-    err = capsys.readouterr().err
+    argv = train_argv(tmp_path / "out", shapes, "megdet_tiny_cpu", "MODEL.WEIGHTS", R50)
+    code, err = run_megdet(argv, capsys)
     assert code == 2 and "Traceback" not in err, err
     assert (
         f"megdet train: error: MODEL.WEIGHTS: {R50!r} could not be downloaded from {url}: "
