@@ -163,3 +163,20 @@ def qos_class(*containers: Mapping[str, Any]) -> str:
             if kind not in limits or requests.get(kind, limits[kind]) != limits[kind]:
                 return "Burstable"
     return "Guaranteed"
+
+
+def diff_paths(a: Any, b: Any, path: tuple = ()) -> set[tuple]:
+    """Paths where two JSON-like documents differ (a missing key differs from any value)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: set[tuple] = set()
+        for key in a.keys() | b.keys():
+            if key not in a or key not in b:
+                out.add((*path, key))
+            else:
+                out |= diff_paths(a[key], b[key], (*path, key))
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return set().union(
+            *(diff_paths(x, y, (*path, i)) for i, (x, y) in enumerate(zip(a, b, strict=True)))
+        )
+    return set() if a == b else {path}

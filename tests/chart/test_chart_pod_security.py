@@ -21,6 +21,7 @@ from chart_helpers import (
     CHART_DIR,
     RESTRICTED_CONTAINER_SECURITY,
     ROOT_CONTAINER_SECURITY,
+    diff_paths,
     values_file,
 )
 from pod_security import RESTRICTED_VOLUMES, level, violations
@@ -39,23 +40,6 @@ def pods_of(render, values: dict[str, Any], target: str) -> list[dict[str, Any]]
         return [r["template"] for r in kinds["PyTorchJob"]["spec"]["pytorchReplicaSpecs"].values()]
     jobs = kinds["TrainingRuntime"]["spec"]["template"]["spec"]["replicatedJobs"]
     return [j["template"]["spec"]["template"] for j in jobs]
-
-
-def diff_paths(a: Any, b: Any, path: tuple = ()) -> set[tuple]:
-    """Paths where two JSON-like documents differ (a missing key differs from any value)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: set[tuple] = set()
-        for key in a.keys() | b.keys():
-            if key not in a or key not in b:
-                out.add((*path, key))
-            else:
-                out |= diff_paths(a[key], b[key], (*path, key))
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return set().union(
-            *(diff_paths(x, y, (*path, i)) for i, (x, y) in enumerate(zip(a, b, strict=True)))
-        )
-    return set() if a == b else {path}
 
 
 # --- the default: restricted --------------------------------------------------------------------

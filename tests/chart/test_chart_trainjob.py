@@ -30,6 +30,7 @@ from chart_helpers import (
     RELEASE,
     SCHEMAS,
     TRAINJOB_CI_VALUES,
+    diff_paths,
     values_file,
     values_from,
 )
@@ -116,23 +117,6 @@ def node_job(runtime: dict) -> dict:
 
 def node_pod_template(runtime: dict) -> dict:
     return node_job(runtime)["template"]["spec"]["template"]
-
-
-def diff_paths(a: Any, b: Any, path: tuple = ()) -> set[tuple]:
-    """Paths where two JSON-like documents differ (a missing key differs from any value)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        out: set[tuple] = set()
-        for key in a.keys() | b.keys():
-            if key not in a or key not in b:
-                out.add((*path, key))
-            else:
-                out |= diff_paths(a[key], b[key], (*path, key))
-        return out
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return set().union(
-            *(diff_paths(x, y, (*path, i)) for i, (x, y) in enumerate(zip(a, b, strict=True)))
-        )
-    return set() if a == b else {path}
 
 
 # gpus x InfiniBand x gang; restartPolicy alternates with InfiniBand (its own tests cover it).
