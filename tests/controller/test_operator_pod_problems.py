@@ -80,16 +80,21 @@ async def started_run(api: Any, name: str) -> None:
     await reconciled(api, name)
 
 
+async def pods_started(cluster: Any, name: str, status: str, why: str = "") -> None:
+    """Wait for the run's ``PodsStarted`` condition to have ``status``."""
+    await eventually(
+        lambda: (condition(cluster, name, "PodsStarted") or {}).get("status") == status,
+        message=f"PodsStarted={status} {why}".strip(),
+    )
+
+
 async def test_a_pod_that_cannot_start_is_said_on_the_run_and_cleared_when_it_runs(
     cluster, operator
 ) -> None:
     await started_run(cluster, "r")
     await create_pod(cluster, pod_body("r-master-0", "r", job_owner(cluster, "r")))
     await patch(cluster, PODS, "r-master-0", {"status": never_pull()})
-    await eventually(
-        lambda: (condition(cluster, "r", "PodsStarted") or {}).get("status") == "False",
-        message="PodsStarted=False",
-    )
+    await pods_started(cluster, "r", "False")
     pods = condition(cluster, "r", "PodsStarted")
     assert pods["reason"] == "ErrImageNeverPull"
     assert pods["message"] == f"pod r-master-0, container pytorch: ErrImageNeverPull: {MISSING}"
@@ -108,10 +113,7 @@ async def test_a_pod_that_cannot_start_is_said_on_the_run_and_cleared_when_it_ru
 
     # The image fixed: the pod runs, the condition turns True; the phase is still the job's.
     await patch(cluster, PODS, "r-master-0", {"status": running()})
-    await eventually(
-        lambda: (condition(cluster, "r", "PodsStarted") or {}).get("status") == "True",
-        message="PodsStarted=True",
-    )
+    await pods_started(cluster, "r", "True")
     pods = condition(cluster, "r", "PodsStarted")
     assert (pods["reason"], pods["message"]) == ("Started", "pod r-master-0 started")
     assert phase(cluster, "r") == "Pending"
@@ -122,16 +124,10 @@ async def test_the_job_running_clears_it_and_the_phase_follows_the_job(cluster, 
     await started_run(cluster, "r")
     await create_pod(cluster, pod_body("r-worker-0", "r", job_owner(cluster, "r")))
     await patch(cluster, PODS, "r-worker-0", {"status": never_pull()})
-    await eventually(
-        lambda: (condition(cluster, "r", "PodsStarted") or {}).get("status") == "False",
-        message="PodsStarted=False",
-    )
+    await pods_started(cluster, "r", "False")
     await job_condition(cluster, "r", cond("Created"), cond("Running"))
     await eventually(lambda: phase(cluster, "r") == "Running", message="Running")
-    await eventually(
-        lambda: (condition(cluster, "r", "PodsStarted") or {}).get("status") == "True",
-        message="PodsStarted=True from the job",
-    )
+    await pods_started(cluster, "r", "True", "from the job")
     assert condition(cluster, "r", "PodsStarted")["message"] == "the job is Running"
 
 

@@ -1230,6 +1230,20 @@ def converged(api: Any, name: str) -> bool:
     return status.get("jobName") == name and status.get("phase") == "Pending"
 
 
+async def running(api: Any, name: str) -> None:
+    """Apply run ``name`` and bring it to Running: its status converged, its job Running (as
+    the training operator writes it), recorded, and its reconcile done."""
+    await apply(api, run_body(name))
+    await eventually(lambda: converged(api, name), timeout=20, message="status to converge")
+    await job_condition(api, name, cond("Created"), cond("Running"))
+    await eventually(
+        lambda: (get(api, RUNS, name).get("status") or {}).get("phase") == "Running",
+        timeout=20,
+        message="Running",
+    )
+    await reconciled(api, name)
+
+
 def is_job_get(name: str):
     return lambda r: r.method == "GET" and r.url.path.endswith(f"/pytorchjobs/{name}")
 
@@ -1350,15 +1364,7 @@ async def test_a_runs_reconcile_and_its_jobs_mirror_write_one_at_a_time(cluster)
 async def test_a_job_event_that_changes_nothing_writes_nothing(cluster) -> None:
     op = await start_operator(str(cluster.url))
     try:
-        await apply(cluster, run_body("r"))
-        await eventually(lambda: converged(cluster, "r"), timeout=20, message="status to converge")
-        await job_condition(cluster, "r", cond("Created"), cond("Running"))
-        await eventually(
-            lambda: (get(cluster, RUNS, "r").get("status") or {}).get("phase") == "Running",
-            timeout=20,
-            message="Running",
-        )
-        await reconciled(cluster, "r")
+        await running(cluster, "r")
         writes = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
         gets = len([r for r in list(cluster) if r.method == "GET" and "/r" in r.url.path])
         reads = run_reads()
@@ -1381,15 +1387,7 @@ async def test_a_reconcile_that_changes_nothing_writes_nothing(cluster) -> None:
     label: kopf reconciles on it), while the job runs."""
     op = await start_operator(str(cluster.url))
     try:
-        await apply(cluster, run_body("r"))
-        await eventually(lambda: converged(cluster, "r"), timeout=20, message="status to converge")
-        await job_condition(cluster, "r", cond("Created"), cond("Running"))
-        await eventually(
-            lambda: (get(cluster, RUNS, "r").get("status") or {}).get("phase") == "Running",
-            timeout=20,
-            message="Running",
-        )
-        await reconciled(cluster, "r")
+        await running(cluster, "r")
     finally:
         await stop_operator(op)
     writes = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
