@@ -245,6 +245,12 @@ async def patch(
     assert resp.status == 200, await resp.text()
 
 
+async def edit(api: Any, name: str, generation: int, spec: dict[str, Any]) -> None:
+    """A spec edit of run ``name``, with the generation the API server would give it (kmock
+    does not)."""
+    await patch(api, RUNS, name, {"metadata": {"generation": generation}, "spec": spec})
+
+
 def run_status(api: Any, name: str) -> dict[str, Any]:
     """A MegDetRun's status as stored ({} before the first write)."""
     return (get(api, RUNS, name) or {}).get("status") or {}

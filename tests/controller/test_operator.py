@@ -29,6 +29,7 @@ from kmock_helpers import (
     collect_garbage,
     condition,
     delete,
+    edit,
     eventually,
     get,
     objects,
@@ -286,14 +287,14 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
         await eventually(lambda: get(cluster, NETWORKPOLICIES, "np"), message="NetworkPolicy")
         # The NetworkPolicy follows the spec (patched), and goes when the spec drops it.
         egress = {"networkPolicy": {"restrictEgress": True}}
-        await patch(cluster, RUNS, "np", {"metadata": {"generation": 2}, "spec": egress})
+        await edit(cluster, "np", 2, egress)
         await eventually(
             lambda: "egress" in get(cluster, NETWORKPOLICIES, "np")["spec"], message="patched"
         )
         await apply(cluster, run_body("np-off", {"gpus": 8, "networkPolicy": {"enabled": True}}))
         await eventually(lambda: get(cluster, NETWORKPOLICIES, "np-off"), message="np-off policy")
         off = {"networkPolicy": {"enabled": False}}
-        await patch(cluster, RUNS, "np-off", {"metadata": {"generation": 2}, "spec": off})
+        await edit(cluster, "np-off", 2, off)
         await eventually(lambda: get(cluster, NETWORKPOLICIES, "np-off") is None, message="gone")
         running = [{"type": "Running", "status": "True", "reason": "Running", "message": ""}]
         await patch(cluster, PYTORCHJOBS, "pj", {"status": {"conditions": running}}, status=True)

@@ -23,6 +23,7 @@ from kmock_helpers import (
     apply,
     condition,
     counted,
+    edit,
     events_for,
     eventually,
     get,
@@ -594,12 +595,7 @@ async def test_the_controller_refuses_a_run_outside_the_policy_before_creating_i
             >= denied_before + 1
         )
         # The spec brought inside the policy: the job is created.
-        await patch(
-            cluster,
-            RUNS,
-            "r",
-            {"metadata": {"generation": 2}, "spec": {"network": {"hostNetwork": False}}},
-        )
+        await edit(cluster, "r", 2, {"network": {"hostNetwork": False}})
         await eventually(lambda: get(cluster, PYTORCHJOBS, "r"), message="the job")
     finally:
         await stop_operator(op)
@@ -681,24 +677,11 @@ async def test_a_stricter_policy_applies_at_the_next_spec_change_and_suspend_goe
         await patch(cluster, RUNS, "old", {"metadata": {"labels": {"team": "vision"}}})
         await counted(before_reconciles)
         assert condition(cluster, "old", "Valid")["status"] == "True"
-        await patch(
-            cluster,
-            RUNS,
-            "old",
-            {"metadata": {"generation": 2}, "spec": {"runPolicy": {"suspend": True}}},
-        )
+        await edit(cluster, "old", 2, {"runPolicy": {"suspend": True}})
         await eventually(lambda: suspended() is True, message="the job suspended")
         assert condition(cluster, "old", "Valid")["status"] == "True"
         # Another spec change: checked against the policy as it is now.
-        await patch(
-            cluster,
-            RUNS,
-            "old",
-            {
-                "metadata": {"generation": 3},
-                "spec": {"podLabels": {"user.megdet.io/team": "vision"}},
-            },
-        )
+        await edit(cluster, "old", 3, {"podLabels": {"user.megdet.io/team": "vision"}})
 
         def denied() -> dict[str, Any] | None:
             valid = condition(cluster, "old", "Valid") or {}
@@ -714,21 +697,11 @@ async def test_a_stricter_policy_applies_at_the_next_spec_change_and_suspend_goe
             message="a PolicyDenied Warning event",
         )
         # Resuming still goes through, and the run stays denied.
-        await patch(
-            cluster,
-            RUNS,
-            "old",
-            {"metadata": {"generation": 4}, "spec": {"runPolicy": {"suspend": False}}},
-        )
+        await edit(cluster, "old", 4, {"runPolicy": {"suspend": False}})
         await eventually(lambda: suspended() is False, message="the job resumed")
         assert (denied() or {}).get("status") == "False"
         # Brought inside the policy: valid again.
-        await patch(
-            cluster,
-            RUNS,
-            "old",
-            {"metadata": {"generation": 5}, "spec": {"network": {"hostNetwork": False}}},
-        )
+        await edit(cluster, "old", 5, {"network": {"hostNetwork": False}})
         await eventually(
             lambda: (condition(cluster, "old", "Valid") or {}).get("status") == "True",
             message="Valid=True again",

@@ -26,6 +26,7 @@ from kmock_helpers import (
     counted,
     delay,
     delete,
+    edit,
     events_for,
     eventually,
     get,
@@ -920,7 +921,7 @@ async def test_a_forged_job_under_the_deleted_jobs_name_is_not_adopted(cluster, 
     await run_read_after(reads)  # the mirror got the forged job's next event
     await settle()
     # ... nor does a reconcile (a spec edit) adopt it.
-    await patch(cluster, RUNS, "r", {"metadata": {"generation": 2}, "spec": {"imagesPerGpu": 2}})
+    await edit(cluster, "r", 2, {"imagesPerGpu": 2})
     await reconciled(cluster, "r")
     st = status(cluster, "r")
     assert st["phase"] == "Failed" and st["jobUID"] == created_uid, st
@@ -970,11 +971,6 @@ def refuse(api: Any, method: str, plural: str, name: str, times: int = 1) -> lis
 
     api.before_write.append(hook)
     return refused
-
-
-async def edit(api: Any, name: str, generation: int, spec: dict[str, Any]) -> None:
-    """A spec edit, with the generation the API server would give it (kmock does not)."""
-    await patch(api, RUNS, name, {"metadata": {"generation": generation}, "spec": spec})
 
 
 async def test_a_refused_network_policy_leaves_the_running_job_recorded(cluster, operator) -> None:
