@@ -37,9 +37,9 @@ from megdet.monitoring.panels import (
     dashboard,
     datasource_variable,
     query_variable,
-    row,
     stat_panel,
     timeseries_panel,
+    with_rows,
 )
 
 __all__ = [
@@ -74,22 +74,14 @@ def run_dashboard() -> db.Dashboard:
             )
         )
     )
-    d = d.with_row(row(ids, "Overview"))
-    for panel in _overview_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "Learning"))
-    for panel in _learning_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "Speed"))
-    for panel in _speed_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "Health"))
-    for panel in _health_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "GPUs (dcgm-exporter) and efficiency"))
-    for panel in gpu_panels(ids):
-        d = d.with_panel(panel)
-    return d
+    rows = [
+        ("Overview", _overview_panels),
+        ("Learning", _learning_panels),
+        ("Speed", _speed_panels),
+        ("Health", _health_panels),
+        ("GPUs (dcgm-exporter) and efficiency", gpu_panels),
+    ]
+    return with_rows(d, ids, rows)
 
 
 def _overview_panels(ids: Ids) -> list[Panel]:

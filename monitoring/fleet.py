@@ -19,9 +19,9 @@ from megdet.monitoring.panels import (
     datasource_variable,
     query,
     query_variable,
-    row,
     stat_panel,
     timeseries_panel,
+    with_rows,
 )
 from megdet.monitoring.startup import startup_panels
 
@@ -51,22 +51,14 @@ def fleet_dashboard() -> db.Dashboard:
             )
         )
     )
-    d = d.with_row(row(ids, "Runs"))
-    for panel in _fleet_run_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "Start-up"))
-    for panel in startup_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "GPU efficiency"))
-    for panel in fleet_efficiency_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "Controller"))
-    for panel in _fleet_controller_panels(ids):
-        d = d.with_panel(panel)
-    d = d.with_row(row(ids, "Jobs"))
-    for panel in _fleet_job_panels(ids):
-        d = d.with_panel(panel)
-    return d
+    rows = [
+        ("Runs", _fleet_run_panels),
+        ("Start-up", startup_panels),
+        ("GPU efficiency", fleet_efficiency_panels),
+        ("Controller", _fleet_controller_panels),
+        ("Jobs", _fleet_job_panels),
+    ]
+    return with_rows(d, ids, rows)
 
 
 def _fleet_run_panels(ids: Ids) -> list[Panel]:

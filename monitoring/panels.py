@@ -5,6 +5,7 @@ panel gets the same datasource, legend and size conventions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from grafana_foundation_sdk.builders import common as common_builders
@@ -35,6 +36,7 @@ __all__ = [
     "query",
     "query_variable",
     "row",
+    "with_rows",
     "stat_panel",
     "targets",
     "timeseries_panel",
@@ -135,6 +137,18 @@ def stat_panel(
 
 def row(ids: Ids, title: str) -> db.Row:
     return db.Row(title).id(ids.next())
+
+
+def with_rows(
+    d: db.Dashboard, ids: Ids, rows: Sequence[tuple[str, Callable[[Ids], Iterable[Panel]]]]
+) -> db.Dashboard:
+    """``d`` with each row of ``rows`` (its title, what makes its panels) and its panels, in
+    order: the row takes its id before its panels take theirs."""
+    for title, panels in rows:
+        d = d.with_row(row(ids, title))
+        for panel in panels(ids):
+            d = d.with_panel(panel)
+    return d
 
 
 def datasource_variable() -> db.DatasourceVariable:
