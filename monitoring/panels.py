@@ -36,10 +36,10 @@ __all__ = [
     "query",
     "query_variable",
     "row",
-    "with_rows",
     "stat_panel",
     "targets",
     "timeseries_panel",
+    "with_rows",
 ]
 
 #: Every panel and query variable reads from the dashboard's datasource variable.
