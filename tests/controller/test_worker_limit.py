@@ -101,7 +101,7 @@ async def test_kopfs_scheduler_starts_all_workers_before_indexing_and_at_most_th
 async def test_a_controller_that_starts_with_more_runs_than_the_limit_reconciles_every_one(
     cluster,
 ) -> None:
-    """The case kopf's plain limit hangs on (issue #1243): six runs exist before the controller
+    """The case kopf's plain limit hangs on (kopf issue #1243): six runs exist before the controller
     starts, with a limit of one."""
     names = [f"waiting-{i}" for i in range(6)]
     for name in names:
