@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as db
@@ -88,6 +89,22 @@ def targets(panel: Panel, queries: list[tuple[str, str]]) -> Panel:
     return panel
 
 
+def _titled(
+    panel: Any, ids: Ids, title: str, description: str, unit: str, width: int, height: int
+) -> Any:
+    """``panel`` with the next id, its title, description and unit, the dashboard's
+    datasource, ``width`` of 24 columns and ``height`` rows."""
+    return (
+        panel.id(ids.next())
+        .title(title)
+        .description(description)
+        .datasource(DATASOURCE)
+        .unit(unit)
+        .span(width)
+        .height(height)
+    )
+
+
 def timeseries_panel(
     ids: Ids,
     title: str,
@@ -96,22 +113,12 @@ def timeseries_panel(
     unit: str = "short",
     width: int = 12,
 ) -> timeseries.Panel:
-    panel = (
-        timeseries.Panel()
-        .id(ids.next())
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(width)
-        .height(8)
-        .legend(
-            common_builders.VizLegendOptions()
-            .display_mode(LegendDisplayMode.TABLE)
-            .placement("bottom")
-            .show_legend(True)
-            .calcs(["lastNotNull", "max"])
-        )
+    panel = _titled(timeseries.Panel(), ids, title, description, unit, width, 8).legend(
+        common_builders.VizLegendOptions()
+        .display_mode(LegendDisplayMode.TABLE)
+        .placement("bottom")
+        .show_legend(True)
+        .calcs(["lastNotNull", "max"])
     )
     return targets(panel, queries)
 
@@ -119,16 +126,8 @@ def timeseries_panel(
 def stat_panel(
     ids: Ids, title: str, description: str, expr: str, unit: str = "short", legend: str = ""
 ) -> stat.Panel:
-    panel = (
-        stat.Panel()
-        .id(ids.next())
-        .title(title)
-        .description(description)
-        .datasource(DATASOURCE)
-        .unit(unit)
-        .span(3)
-        .height(4)
-        .reduce_options(common_builders.ReduceDataOptions().calcs(["lastNotNull"]))
+    panel = _titled(stat.Panel(), ids, title, description, unit, 3, 4).reduce_options(
+        common_builders.ReduceDataOptions().calcs(["lastNotNull"])
     )
     if legend:
         panel = panel.text_mode(BigValueTextMode.VALUE_AND_NAME)
