@@ -30,7 +30,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KINDS", "RUN_VALUES", "RunValue", "immutable_fields", "markdown", "pod_text"]
+__all__ = [
+    "FORMS",
+    "KINDS",
+    "RUN_VALUES",
+    "RunValue",
+    "by_value",
+    "immutable_fields",
+    "markdown",
+    "owned_keys",
+    "pod_name",
+    "pod_text",
+    "recipe_leaves",
+    "value_at",
+]
 
 #: Where a value goes: a detectron2 config key of ``megdet train``, a ``megdet train`` flag, an
 #: env variable of the container (read by ``megdet launch``), the job object, a pod volume, or
@@ -190,8 +203,9 @@ def pod_text(row: RunValue, value: Any) -> str | None:
     return row.prefix + str(value)
 
 
-def _default(defaults: Mapping[str, Any], value: str) -> Any:
-    node: Any = defaults
+def value_at(values: Mapping[str, Any], value: str) -> Any:
+    """A dotted value of a values mapping (None where it has none)."""
+    node: Any = values
     for part in value.split("."):
         node = node.get(part) if isinstance(node, Mapping) else None
     return node
@@ -204,7 +218,7 @@ def markdown(defaults: Mapping[str, Any], table: tuple[RunValue, ...] = RUN_VALU
         "| --- | --- | --- | --- | --- |",
     ]
     for row in table:
-        default = json.dumps(_default(defaults, row.value))
+        default = json.dumps(value_at(defaults, row.value))
         name = f"`{row.value}`" + ("" if row.in_spec else " (operator only)")
         to = row.to
         if row.kind in ("key", "flag", "env") and row.form != "map":

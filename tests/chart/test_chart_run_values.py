@@ -23,7 +23,7 @@ from chart_helpers import (
     values_file,
 )
 
-from megdet.run_values import RUN_VALUES, RunValue, pod_name, pod_text
+from megdet.run_values import RUN_VALUES, RunValue, pod_name, pod_text, value_at
 
 DEFAULTS = yaml.safe_load((CHART_DIR / "values.yaml").read_text())
 #: Every optional value set (resumeFrom, allowUnsafeWeights, numWorkers, the validation set).
@@ -64,13 +64,6 @@ def trainer_containers(objects: list) -> list[dict]:
     return found
 
 
-def value_of(values: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = values
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, Mapping) else None
-    return node
-
-
 def expected_pod(values: Mapping[str, Any], table: tuple[RunValue, ...] = RUN_VALUES) -> dict:
     """What the table says the container gets for ``values`` (merged over the defaults):
     {"key": {KEY: text}, "flag": {FLAG: text}, "env": {NAME: text}}."""
@@ -79,7 +72,7 @@ def expected_pod(values: Mapping[str, Any], table: tuple[RunValue, ...] = RUN_VA
     for row in table:
         if row.kind not in out or row.form == "map":
             continue
-        value = value_of(merged, row.value)
+        value = value_at(merged, row.value)
         if row.value == "runName" and not value:
             value = merged.get("fullnameOverride") or "megdet"  # the release's fullname
         if row.value == "metrics.port" and not merged["metrics"]["enabled"]:

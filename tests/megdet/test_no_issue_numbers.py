@@ -5,10 +5,9 @@ Upstream references stay: ``kubeflow/trainer#2045``, ``kopf issue #1243``."""
 from __future__ import annotations
 
 import re
-import subprocess
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.repo_files import ROOT, tracked_files
+
 SUFFIXES = (".py", ".tpl", ".yaml", ".yml", ".md", ".sh", ".toml", ".txt", ".json", ".cfg")
 NAMES = ("Makefile", "Dockerfile", ".dockerignore")
 #: Projects whose issues the code and docs may cite ("kopf issue #1243").
@@ -30,17 +29,13 @@ def issue_numbers(text: str) -> list[str]:
 
 
 def test_no_issue_numbers_in_code_charts_build_files_or_docs() -> None:
-    files = subprocess.run(
-        ["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.split()
-    checked, found = 0, []
-    for name in files:
-        path = ROOT / name
-        if not (name.endswith(SUFFIXES) or path.name in NAMES) or not path.is_file():
-            continue
-        checked += 1
-        found += [f"{name}: {hit}" for hit in issue_numbers(path.read_text(errors="replace"))]
-    assert checked > 300
+    paths = tracked_files(SUFFIXES, NAMES)
+    found = [
+        f"{path.relative_to(ROOT)}: {hit}"
+        for path in paths
+        for hit in issue_numbers(path.read_text(errors="replace"))
+    ]
+    assert len(paths) > 300
     assert found == []
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
 from pathlib import Path
+
+from tests.repo_files import tracked_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,19 +77,13 @@ def generator_problems(text: str, makefile: str) -> list[str]:
 
 def test_every_generator_named_anywhere_exists() -> None:
     makefile = (ROOT / "Makefile").read_text()
-    files = subprocess.run(
-        ["git", "ls-files"], cwd=ROOT, check=True, capture_output=True, text=True
-    ).stdout.split()
     checked, problems = 0, []
-    for name in files:
-        path = ROOT / name
-        if not (name.endswith(_SUFFIXES) or path.name in ("Makefile", "Dockerfile")):
-            continue
-        if not path.is_file() or name == "tests/operator_chart/test_generated_headers.py":
+    for path in tracked_files(_SUFFIXES, ("Makefile", "Dockerfile")):
+        if path == Path(__file__).resolve():
             continue
         text = path.read_text(errors="replace")
         checked += len(_BY.findall(text))
-        problems += [f"{name}: {p}" for p in generator_problems(text, makefile)]
+        problems += [f"{path.relative_to(ROOT)}: {p}" for p in generator_problems(text, makefile)]
     assert checked >= 10
     assert problems == []
 
