@@ -104,36 +104,28 @@ RUNS = Gauge(
     ["namespace", "phase"],
     registry=REGISTRY,
 )
-JOBS_CREATED = Counter(
-    "megdet_controller_jobs_created",
-    "Jobs (PyTorchJob or TrainJob) created for MegDetRuns.",
-    ["namespace", "target"],
-    registry=REGISTRY,
+
+
+def _job_counter(name: str, documentation: str) -> Counter:
+    """A counter of the runs' jobs, by the run's namespace and its target (the job's kind)."""
+    return Counter(name, documentation, ["namespace", "target"], registry=REGISTRY)
+
+
+JOBS_CREATED = _job_counter(
+    "megdet_controller_jobs_created", "Jobs (PyTorchJob or TrainJob) created for MegDetRuns."
 )
-JOBS_DELETED = Counter(
+JOBS_DELETED = _job_counter(
     "megdet_controller_jobs_deleted",
     "Jobs owned by MegDetRuns that were deleted: with their run, or on their own (the training "
     "operator's TTL after finishing, or by hand; the run then says JobPresent=False).",
-    ["namespace", "target"],
-    registry=REGISTRY,
 )
-JOBS_SUCCESSFUL = Counter(
-    "megdet_controller_jobs_successful",
-    "Jobs owned by MegDetRuns that succeeded.",
-    ["namespace", "target"],
-    registry=REGISTRY,
+JOBS_SUCCESSFUL = _job_counter(
+    "megdet_controller_jobs_successful", "Jobs owned by MegDetRuns that succeeded."
 )
-JOBS_FAILED = Counter(
-    "megdet_controller_jobs_failed",
-    "Jobs owned by MegDetRuns that failed.",
-    ["namespace", "target"],
-    registry=REGISTRY,
-)
-JOBS_RESTARTED = Counter(
+JOBS_FAILED = _job_counter("megdet_controller_jobs_failed", "Jobs owned by MegDetRuns that failed.")
+JOBS_RESTARTED = _job_counter(
     "megdet_controller_jobs_restarted",
     "Times a job owned by a MegDetRun entered its Restarting condition.",
-    ["namespace", "target"],
-    registry=REGISTRY,
 )
 RUN_INFO = Gauge(
     "megdet_controller_run_info",

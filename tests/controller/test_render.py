@@ -198,16 +198,14 @@ def test_status_plan_is_plan_run():
     spec = {"gpus": 32, "imagesPerGpu": 4, "scaling": "sqrt", "maxIter": 90000}
     status = render_run("r", "ns", spec).status_plan()
     plan = plan_run({"gpus": 32, "images_per_gpu": 4, "scaling": "sqrt", "max_iter": 90000})
-    assert status == {
-        "worldSize": plan.world_size,
-        "nodes": plan.nodes,
-        "globalBatch": plan.global_batch,
-        "lr": plan.lr,
-        "maxIter": plan.max_iter,
-        "steps": list(plan.steps),
-        "warmupIters": plan.warmup_iters,
-    }
-    assert status["nodes"] == 4 and status["globalBatch"] == 128
+    # 32 GPUs x 4 images on 8-GPU nodes; the reference recipe (16 images, LR 0.02, steps
+    # 60000/80000, warm-up 1000) rescaled by 128 / 16 = 8, its LR by sqrt(8).
+    by_hand = {"worldSize": 32, "nodes": 4, "globalBatch": 128, "maxIter": 11250,
+               "steps": [7500, 10000], "warmupIters": 125}  # fmt: skip
+    assert status == {**by_hand, "lr": plan.lr}
+    assert plan.lr == pytest.approx(0.02 * 8**0.5)
+    assert (plan.world_size, plan.nodes, plan.global_batch, plan.max_iter) == (32, 4, 128, 11250)
+    assert (list(plan.steps), plan.warmup_iters) == ([7500, 10000], 125)
 
 
 def test_trainjob_target_puts_the_job_first():
