@@ -3,43 +3,47 @@
 # Two images from one file (see docs/image.md):
 #   docker build -t megdet:0.1.0 .                                  training image (CUDA)
 #   docker build --target controller -t megdet-controller:0.1.0 .  controller (no torch, no CUDA)
-#   make image      the same stages from package registries only (imagebuild.build: a Debian
-#                   base made by mmdebstrap, torch's CUDA wheels from PyPI; the args below)
+#   make image      the same stages and arguments with Debian's podman, on a Debian 12 base made
+#                   here by mmdebstrap instead of the registry's (imagebuild.build)
 #
-# Every version below defaults to the project's pin list in pyproject.toml
-# ([project.optional-dependencies] and [tool.megdet]); tests/image checks that they agree.
+# The defaults are what `make image` builds and the e2e tests run: Debian 12, its Python, PyPI's
+# torch (a CUDA 13.0 build), detectron2's Python code from PyPI. Other recipes (detectron2's
+# CUDA ops, CUDA 12.6 for V100s) are sets of --build-arg: pyproject.toml
+# [tool.megdet.image.arg_sets], the table in docs/image.md. Versions default to the project's
+# pins in pyproject.toml; tests/image checks that they agree.
 
-# CUDA 12.6: torch 2.14's legacy build, its only one with Volta (V100) kernels. PyPI's default
-# is a CUDA 13 build and CUDA 13 dropped Volta; the cu128 builds dropped it in torch 2.11.
-ARG CUDA_VERSION=12.6.3
-ARG TORCH_CUDA_TAG=cu126
-# The stages' base images. `make image` passes a local Debian base for all three.
-ARG BUILD_BASE=nvidia/cuda:12.6.3-devel-ubuntu24.04
-ARG RUNTIME_BASE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
-ARG CONTROLLER_BASE=python:3.12-slim-bookworm
-# The base's Python: its apt package (also -dev and -venv) and interpreter name.
-ARG PYTHON=python3.12
-# Where torch and torchvision come from: PyTorch's index for TORCH_CUDA_TAG, or PyPI (whose
-# torch is a CUDA 13.0 build that brings the CUDA runtime, cuDNN and NCCL as nvidia-* wheels).
-ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126
+# The stages' base images: Debian 12 from the registry (the same minbase package set that
+# `make image` bootstraps; docs/image.md says what differs). `make image` passes its own base.
+ARG BUILD_BASE=docker.io/library/debian:bookworm
+ARG RUNTIME_BASE=docker.io/library/debian:bookworm
+ARG CONTROLLER_BASE=docker.io/library/debian:bookworm
+# The training stages' Python: its apt package (also -dev and -venv) and interpreter name.
+ARG PYTHON=python3.11
+# Where torch and torchvision come from: PyPI, whose torch is a CUDA 13.0 build that brings the
+# CUDA runtime, cuDNN and NCCL as nvidia-* wheels (no CUDA base image needed), or PyTorch's
+# index for another CUDA (an arg set).
+ARG TORCH_INDEX_URL=https://pypi.org/simple
 ARG TORCH_VERSION=2.14.1
 ARG TORCHVISION_VERSION=0.29.1
 # detectron2: `git` fetches DETECTRON2_REPO (a URL or a path mounted into the build) at the
 # commit and compiles its ops; `pypi` installs the pinned PyPI wheel's Python code without
 # them (no registry serves detectron2's C++/CUDA sources; docs/image.md).
-ARG DETECTRON2_SOURCE=git
+ARG DETECTRON2_SOURCE=pypi
 ARG DETECTRON2_REPO=https://github.com/facebookresearch/detectron2
 ARG DETECTRON2_COMMIT=02b5c4e295e990042a714712c21dc79b731e8833
-# V100 (7.0), A100 (8.0), H100 (9.0), plus PTX for newer GPUs to JIT-compile. Empty: C++ ops only.
-ARG TORCH_CUDA_ARCH_LIST="7.0;8.0;9.0+PTX"
+# With DETECTRON2_SOURCE=git: the GPUs its CUDA ops are compiled for, the archs PyPI's torch has
+# kernels for (T4 7.5, A100 8.0, H100 9.0, B200 10.0, RTX 50xx 12.0; 8.6/8.9 run the 8.0 code),
+# plus PTX for newer GPUs to JIT-compile. Empty: the C++ ops only.
+ARG TORCH_CUDA_ARCH_LIST="7.5;8.0;9.0;10.0;12.0+PTX"
 # Image metadata (OCI labels); pass --build-arg VCS_REF=$(git rev-parse HEAD) etc.
 ARG VERSION=0.1.0
 ARG VCS_REF=unknown
 ARG SOURCE_URL=unknown
 
 # ---------------------------------------------------------------------------------------------
-# build: compile detectron2's CUDA ops against the pinned torch and fill a venv at /opt/venv.
-# The devel flavour without cuDNN: detectron2's ops do not use it, and torch's wheel brings its own.
+# build: fill a venv at /opt/venv with torch, the pins and detectron2 (its ops compiled against
+# the pinned torch with DETECTRON2_SOURCE=git). On a CUDA devel base (an arg set), its nvcc;
+# else NVIDIA's nvcc wheels from PyPI, only for that step.
 FROM ${BUILD_BASE} AS build
 ARG PYTHON
 ARG TORCH_INDEX_URL
@@ -88,6 +92,17 @@ RUN python /src/detectron2_install.py --pyproject /src/pyproject.toml \
         --source "${DETECTRON2_SOURCE}" --repo "${DETECTRON2_REPO}" \
         --commit "${DETECTRON2_COMMIT}" --archs "${TORCH_CUDA_ARCH_LIST}" --jobs "${MAX_JOBS}"
 
+# Out of the venv the train stage copies, what no process of a run loads (0.4 GB of 5.9 GB;
+# docs/benchmarks.md, "Time to the first iteration on the real node"): static archives (for
+# linking only; detectron2's ops are built above) and the NVIDIA libraries that nothing in the
+# venv links or opens (cuda-pathfinder's catalog lists them for a caller that asks; none does):
+# cuSOLVERMg, the alternative NVRTC, NVBLAS and cuFFTW. A step of its own: joined to the one
+# above, a change here would compile detectron2's CUDA ops again (35 min).
+# hadolint ignore=DL3059
+RUN find /opt/venv -type f \( -name '*.a' -o -name 'libcusolverMg.so*' -o -name 'libnvblas.so*' \
+        -o -name 'libnvrtc.alt.so*' -o -name 'libnvrtc-builtins.alt.so*' -o -name 'libcufftw.so*' \) \
+        -delete
+
 # ---------------------------------------------------------------------------------------------
 # controller: the MegDetRun operator. Python only: no torch, no CUDA.
 FROM ${CONTROLLER_BASE} AS controller
@@ -103,15 +118,15 @@ LABEL org.opencontainers.image.title="megdet-controller" \
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONUNBUFFERED=1 \
     PATH=/opt/venv/bin:$PATH
-# jemalloc: the controller's memory allocator (ENV below).
+# The distribution's Python with venv (Debian 12's 3.11), and jemalloc: the controller's
+# memory allocator (ENV below). Same reason as in the build stage for no apt pins.
 # hadolint ignore=DL3008
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends libjemalloc2 \
+    && apt-get install -y --no-install-recommends python3 python3-venv libjemalloc2 \
     && rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
 # The base dependencies and the [controller] extra (kopf, the Kubernetes client, ...) at their
-# pinned versions, read from pyproject.toml, in a venv (the python image's interpreter, or
-# Debian's with python3-venv: the same step on both bases); then the project in a layer of its
-# own, so a change to the code does not download the dependencies again.
+# pinned versions, read from pyproject.toml, in a venv; then the project in a layer of its own,
+# so a change to the code does not download the dependencies again.
 COPY pyproject.toml imagebuild/pins.py /src/
 RUN python3 -m venv /opt/venv \
     && python3 /src/pins.py /src/pyproject.toml controller > /tmp/requirements.txt \
@@ -139,9 +154,8 @@ ENTRYPOINT ["megdet"]
 CMD ["controller"]
 
 # ---------------------------------------------------------------------------------------------
-# train (the default target): the CUDA runtime, Python and the venv from the build stage.
-# No cuDNN flavour: torch's wheel carries its own cuDNN (and NCCL), a second copy would be dead
-# weight. The runtime flavour provides libcudart for detectron2's compiled ops.
+# train (the default target): Python and the venv from the build stage. torch's wheels carry the
+# CUDA runtime, cuDNN and NCCL; on a CUDA base (an arg set), take its runtime flavour, not cuDNN.
 FROM ${RUNTIME_BASE} AS train
 ARG PYTHON
 ARG VERSION
@@ -160,8 +174,8 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # Same reason as in the build stage: the base image pins the package series. The package
 # lists and apt's two binary caches of them (78 MB in the Debian base made here) are removed.
-# libibverbs1 + ibverbs-providers (rdma-core's user space; the names in Ubuntu 24.04 and
-# Debian 12): NCCL dlopens
+# libibverbs1 + ibverbs-providers (rdma-core's user space; the names in Debian 12 and Ubuntu
+# 24.04): NCCL dlopens
 # libibverbs.so.1, which loads the HCA's provider (libmlx5-rdmav*.so); without them NCCL's
 # InfiniBand transport finds no device and falls back to TCP sockets. `megdet doctor` checks.
 # hadolint ignore=DL3008

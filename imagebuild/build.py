@@ -1,17 +1,17 @@
 """`make image`: the project's images from the one Dockerfile, built from package registries only.
 
-The Dockerfile's defaults build on NVIDIA's CUDA images, PyTorch's cu126 index and GitHub (a
-user with a registry: ``docker build .``). This builds the same stages with Debian's podman
-(buildah inside) and nothing pulled from a container registry:
+The Dockerfile's defaults are this build's recipe (``docker build .`` on a machine with a
+registry builds the same stages with the same arguments): Debian 12, its Python, torch and its
+CUDA libraries from PyPI (PyPI's torch is a CUDA build: its ``nvidia-*`` wheels carry the CUDA
+runtime, cuDNN and NCCL), detectron2 from the pinned PyPI wheel's Python code
+(``DETECTRON2_SOURCE=pypi``: no registry serves its C++/CUDA sources). This builds them with
+Debian's podman (buildah inside) and nothing pulled from a container registry:
 
 - the base of every stage is a Debian image made here by ``mmdebstrap`` from Debian's packages
-  (``[tool.megdet.image]``), imported into the engine's store;
-- torch and its CUDA libraries come from PyPI (PyPI's torch is a CUDA build: its ``nvidia-*``
-  wheels carry the CUDA runtime, cuDNN and NCCL);
-- detectron2 comes from the pinned PyPI wheel's Python code (``DETECTRON2_SOURCE=pypi``: no
-  registry serves its C++/CUDA sources), or, given a git repository holding the pinned commit
-  (``--detectron2-src``, e.g. a bare clone), from that source with its ops compiled
-  (``DETECTRON2_SOURCE=git``; nvcc from NVIDIA's PyPI wheels).
+  (``[tool.megdet.image]``), imported into the engine's store, instead of the registry's;
+- given a git repository holding the pinned commit (``--detectron2-src``, e.g. a bare clone),
+  detectron2 is built from it with its ops compiled (nvcc from NVIDIA's PyPI wheels): the arg
+  set ``[tool.megdet.image.arg_sets]`` names for the variant (imagebuild/recipes.py).
 
 Each variant's OCI archive is kept in the cache folder (``archives/``) under a name that carries
 the digest of its inputs (the Dockerfile, the build context, the build args, the base image's
@@ -58,6 +58,8 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from imagebuild import recipes
+
 ROOT = Path(__file__).resolve().parent.parent
 #: Where a git source given with --detectron2-src is mounted during the build.
 DETECTRON2_MOUNT = "/opt/detectron2-src.git"
@@ -87,7 +89,6 @@ class Variant:
     target: str
     image: str  # repository, tagged with the project's version (+ suffix)
     tag_suffix: str = ""
-    cuda_ops: bool = False  # with a detectron2 source: compile the CUDA ops (else C++ only)
     description: str = ""
 
 
@@ -96,7 +97,7 @@ VARIANTS: dict[str, Variant] = {
     for v in (
         Variant("controller", "controller", "ghcr.io/megdet/megdet-controller",
                 description="the MegDetRun operator (no torch)"),
-        Variant("train", "train", "ghcr.io/megdet/megdet", cuda_ops=True,
+        Variant("train", "train", "ghcr.io/megdet/megdet",
                 description="the training image; detectron2's CUDA ops with a git source"),
         Variant("train-ci", "train", "ghcr.io/megdet/megdet", tag_suffix="-ci",
                 description="the e2e tests' training image: the same stages, C++ ops only"),
@@ -118,7 +119,7 @@ def pyproject(root: Path = ROOT) -> dict:
 
 
 def image_pins(data: Mapping) -> dict:
-    """``[tool.megdet.image]``: the registry-only build's base, Python and CUDA archs."""
+    """``[tool.megdet.image]``: the Debian base this build makes instead of the registry's."""
     try:
         return dict(data["tool"]["megdet"]["image"])
     except KeyError as exc:
@@ -332,32 +333,49 @@ def image_exists(name: str, env: Mapping[str, str]) -> bool:
 # the build
 
 
+#: The recipe's choices that make image writes out even where they are the Dockerfile's
+#: defaults, so that its command line (printed) and its layers' history name them.
+RECIPE_ARGS = ("PYTHON", "TORCH_INDEX_URL", "DETECTRON2_SOURCE")
+#: What make image supplies itself where `docker build` with the same set takes the Dockerfile's
+#: value: the Debian base made here, the mounted detectron2 source, the compile jobs.
+LOCAL_ARGS = ("BUILD_BASE", "RUNTIME_BASE", "CONTROLLER_BASE", "DETECTRON2_REPO", "MAX_JOBS")
+
+
+def arg_set(variant: Variant, data: Mapping, detectron2_commit: str | None) -> recipes.ArgSet:
+    """The arg set (``[tool.megdet.image.arg_sets]``) that ``variant`` is built with."""
+    with_source = bool(detectron2_commit) and variant.target == "train"
+    try:
+        return recipes.arg_set_for(recipes.arg_sets(data), variant.name, with_source)
+    except recipes.RecipeError as exc:
+        raise BuildError(str(exc)) from exc
+
+
 def build_args(
     variant: Variant,
-    pins: Mapping,
+    data: Mapping,
     base: str,
     detectron2_commit: str | None,
     jobs: int,
+    root: Path = ROOT,
 ) -> dict[str, str]:
-    """The Dockerfile's build args for a registry-only build of ``variant``."""
-    args = {"CONTROLLER_BASE": base} if variant.target == "controller" else {}
-    if variant.target == "train":
+    """The Dockerfile's build args for a registry-only build of ``variant``: its arg set over the
+    Dockerfile's defaults, with the local ``base`` and detectron2 source (``LOCAL_ARGS``)."""
+    chosen = arg_set(variant, data, detectron2_commit)
+    dockerfile = recipes.dockerfile_text(root)
+    values = {**recipes.global_args(dockerfile), **chosen.args}
+    if variant.target == "controller":
+        return {"CONTROLLER_BASE": base}
+    args = {"BUILD_BASE": base, "RUNTIME_BASE": base}
+    args.update({name: values[name] for name in (*RECIPE_ARGS, *chosen.args)})
+    if values["DETECTRON2_SOURCE"] == "git":
+        if not detectron2_commit:
+            raise BuildError(f"arg set {chosen.name}: detectron2 from git needs --detectron2-src")
         args.update(
-            BUILD_BASE=base,
-            RUNTIME_BASE=base,
-            PYTHON=pins["python"],
-            TORCH_INDEX_URL=pins["torch_index_url"],
+            DETECTRON2_REPO=DETECTRON2_MOUNT,
+            DETECTRON2_COMMIT=detectron2_commit,
+            TORCH_CUDA_ARCH_LIST=values["TORCH_CUDA_ARCH_LIST"],
+            MAX_JOBS=str(jobs),
         )
-        if detectron2_commit:
-            args.update(
-                DETECTRON2_SOURCE="git",
-                DETECTRON2_REPO=DETECTRON2_MOUNT,
-                DETECTRON2_COMMIT=detectron2_commit,
-                TORCH_CUDA_ARCH_LIST=pins["cuda_arch_list"] if variant.cuda_ops else "",
-                MAX_JOBS=str(jobs),
-            )
-        else:
-            args.update(DETECTRON2_SOURCE="pypi")
     return args
 
 
@@ -466,7 +484,7 @@ def build(
     jobs = jobs or int(os.environ.get("MAX_JOBS", os.cpu_count() or 1))
     # The base's inputs stand in for the base image's id, so the key is known before a build.
     base_key = json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
-    provisional = build_args(variant, pins, "BASE", commit, jobs)
+    provisional = build_args(variant, data, "BASE", commit, jobs, root)
     provisional.pop("MAX_JOBS", None)  # the job count does not change what is built
     digest = inputs_digest(root, variant.target, provisional, [base_key, *ENGINE_FLAGS])
     archive = archive_path(output, variant, digest)
@@ -512,7 +530,7 @@ def _build_locked(
     tag = tag_for(variant, data["project"]["version"])
     iidfile = cache / f"iid-{digest[:16]}"
     iidfile.unlink(missing_ok=True)
-    args = build_args(variant, pins, base, commit, jobs)
+    args = build_args(variant, data, base, commit, jobs, root)
     cmd = build_command(variant, args, tag, cache, src, root, iidfile=iidfile)
     say(f"{variant.name}: building {tag}")
     say("$ " + " ".join(cmd))

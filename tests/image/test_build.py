@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from imagebuild import build as b
+from imagebuild import recipes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,6 +19,16 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def pins() -> dict:
     return b.image_pins(b.pyproject(ROOT))
+
+
+@pytest.fixture(scope="module")
+def data() -> dict:
+    return b.pyproject(ROOT)
+
+
+@pytest.fixture(scope="module")
+def defaults() -> dict[str, str]:
+    return recipes.global_args(recipes.dockerfile_text(ROOT))
 
 
 def test_dockerignore_rules():
@@ -71,32 +83,43 @@ def test_digest_includes_the_dockerfile_although_dockerignore_drops_it():
     assert b.is_ignored("Dockerfile", b.dockerignore_patterns(ROOT))
 
 
-def test_registry_only_args_for_the_training_image(pins):
-    args = b.build_args(b.VARIANTS["train"], pins, "localhost/base:x", None, 2)
+def test_registry_only_args_for_the_training_image(data, defaults):
+    # The Dockerfile's defaults, written out, on the local base.
+    args = b.build_args(b.VARIANTS["train"], data, "localhost/base:x", None, 2)
     assert args == {
         "BUILD_BASE": "localhost/base:x",
         "RUNTIME_BASE": "localhost/base:x",
-        "PYTHON": pins["python"],
+        "PYTHON": defaults["PYTHON"],
         "TORCH_INDEX_URL": "https://pypi.org/simple",
         "DETECTRON2_SOURCE": "pypi",
     }
+    assert defaults["PYTHON"] == "python3.11"  # Debian 12's
+    assert defaults["DETECTRON2_SOURCE"] == "pypi"
 
 
-def test_a_git_source_compiles_cuda_ops_for_train_and_cpp_only_for_ci(pins):
+def test_a_git_source_compiles_cuda_ops_for_train_and_cpp_only_for_ci(data, defaults):
     commit = "0" * 40
-    full = b.build_args(b.VARIANTS["train"], pins, "B", commit, 2)
+    full = b.build_args(b.VARIANTS["train"], data, "B", commit, 2)
     assert full["DETECTRON2_SOURCE"] == "git"
     assert full["DETECTRON2_REPO"] == b.DETECTRON2_MOUNT
     assert full["DETECTRON2_COMMIT"] == commit
-    assert full["TORCH_CUDA_ARCH_LIST"] == pins["cuda_arch_list"]
-    ci = b.build_args(b.VARIANTS["train-ci"], pins, "B", commit, 2)
+    assert full["TORCH_CUDA_ARCH_LIST"] == defaults["TORCH_CUDA_ARCH_LIST"]
+    assert full["MAX_JOBS"] == "2"
+    ci = b.build_args(b.VARIANTS["train-ci"], data, "B", commit, 2)
     assert ci["TORCH_CUDA_ARCH_LIST"] == ""
 
 
-def test_controller_args_only_set_its_base(pins):
-    assert b.build_args(b.VARIANTS["controller"], pins, "B", "0" * 40, 2) == {
+def test_controller_args_only_set_its_base(data):
+    assert b.build_args(b.VARIANTS["controller"], data, "B", "0" * 40, 2) == {
         "CONTROLLER_BASE": "B"
     }
+
+
+def test_a_variant_without_exactly_one_arg_set_is_a_clear_error(data):
+    broken = copy.deepcopy(data)
+    broken["tool"]["megdet"]["image"]["arg_sets"]["cpp-ops"]["variants"].append("train")
+    with pytest.raises(b.BuildError, match="variant 'train' with a detectron2 source needs"):
+        b.build_args(b.VARIANTS["train"], broken, "B", "0" * 40, 2)
 
 
 def test_build_command(tmp_path, pins):
@@ -162,7 +185,7 @@ def test_tags_are_what_the_charts_default_to():
 def test_a_cached_archive_is_returned_without_an_engine(tmp_path, monkeypatch):
     # Same inputs, same archive: build() returns it before looking for podman.
     pins = b.image_pins(b.pyproject(ROOT))
-    args = b.build_args(b.VARIANTS["controller"], pins, "BASE", None, 1)
+    args = b.build_args(b.VARIANTS["controller"], b.pyproject(ROOT), "BASE", None, 1)
     key = b.json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
     digest = b.inputs_digest(ROOT, "controller", args, [key, *b.ENGINE_FLAGS])
     archive = b.archive_path(tmp_path, b.VARIANTS["controller"], digest)
@@ -192,14 +215,15 @@ def test_help_runs():
     assert "--detectron2-src" in out.stdout
 
 
-def test_declared_cuda_archs_are_archs_pypis_torch_has_kernels_for(pins):
-    # The registry-only image's detectron2 ops are declared for GPUs its torch runs on: every
-    # entry must be one of the archs the pinned PyPI torch was compiled for (no 7.0: CUDA 13).
+def test_declared_cuda_archs_are_archs_pypis_torch_has_kernels_for(defaults):
+    # The default image's detectron2 ops (with DETECTRON2_SOURCE=git) are declared for GPUs its
+    # torch runs on: every entry must be one of the archs the pinned PyPI torch was compiled
+    # for (no 7.0: CUDA 13).
     torch = pytest.importorskip("torch")
     torch_archs = {f"{a[3:-1]}.{a[-1]}" for a in torch._C._cuda_getArchFlags().split()}
-    declared = [a.removesuffix("+PTX") for a in pins["cuda_arch_list"].split(";")]
+    declared = [a.removesuffix("+PTX") for a in defaults["TORCH_CUDA_ARCH_LIST"].split(";")]
     assert declared and set(declared) <= torch_archs
-    assert pins["cuda_arch_list"].endswith("+PTX")
+    assert defaults["TORCH_CUDA_ARCH_LIST"].endswith("+PTX")
     assert torch.version.cuda.split(".")[0] == "13"
 
 
@@ -223,11 +247,13 @@ def test_older_archives_of_a_variant_are_pruned_and_others_kept(tmp_path):
 
 def test_the_context_leaves_out_the_local_cluster_and_examples():
     # make cluster keeps its state (etcd data, sockets) in .cluster/ under the repository; the
-    # control plane's code (cluster/, cluster) is test infrastructure, in no image.
+    # host tools (the control plane's cluster/, make image's imagebuild/) are in no image.
     patterns = b.dockerignore_patterns(ROOT)
     for path in (
         ".cluster/etcd/member/snap/db",
         "cluster/control_plane.py",
+        "imagebuild/build.py",
+        "imagebuild/recipes.py",
         "examples/run.yaml",
         ".gitignore",
     ):
@@ -239,7 +265,7 @@ def test_a_fresh_checkout_takes_the_caches_archive_of_the_same_inputs(tmp_path, 
     # linked into output/: a fresh clone of the same commit (CI's) builds and saves nothing.
     monkeypatch.setenv("MEGDET_IMAGE_CACHE", str(tmp_path / "cache"))
     pins = b.image_pins(b.pyproject(ROOT))
-    args = b.build_args(b.VARIANTS["controller"], pins, "BASE", None, 1)
+    args = b.build_args(b.VARIANTS["controller"], b.pyproject(ROOT), "BASE", None, 1)
     key = b.json.dumps({k: pins[k] for k in ("debian_suite", "base_packages")})
     digest = b.inputs_digest(ROOT, "controller", args, [key, *b.ENGINE_FLAGS])
     kept = b.archive_path(tmp_path / "cache" / "archives", b.VARIANTS["controller"], digest)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from imagebuild import recipes
 from imagebuild.pins import load_pyproject, requirements
 from megdet import __version__
 
@@ -26,34 +27,8 @@ def pinned_versions(pyproject: dict) -> dict[str, str]:
     return {name.strip().lower(): version.strip() for name, _, version in pins}
 
 
-def instructions(text: str) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, with continuation lines joined and comments dropped."""
-    out: list[tuple[str, str]] = []
-    current = ""
-    for line in text.splitlines():
-        stripped = line.strip()
-        if not current and (not stripped or stripped.startswith("#")):
-            continue
-        if current and stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        current += " " + stripped.removesuffix("\\") if current else stripped.removesuffix("\\")
-        if not stripped.endswith("\\"):
-            keyword, _, rest = current.strip().partition(" ")
-            out.append((keyword.upper(), rest.strip()))
-            current = ""
-    return out
-
-
 def stages(text: str) -> dict[str, list[tuple[str, str]]]:
-    """Instructions by stage name ("global" for the ARGs before the first FROM)."""
-    result: dict[str, list[tuple[str, str]]] = {"global": []}
-    name = "global"
-    for keyword, rest in instructions(text):
-        if keyword == "FROM":
-            name = rest.split(" AS ")[-1].strip() if " AS " in rest else rest
-            result[name] = []
-        result[name].append((keyword, rest))
-    return result
+    return recipes.stage_instructions(text)
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +38,7 @@ def dockerfile() -> str:
 
 @pytest.fixture(scope="module")
 def global_args(dockerfile) -> dict[str, str]:
-    args = {}
-    for keyword, rest in stages(dockerfile)["global"]:
-        assert keyword == "ARG", f"only ARGs may precede the first FROM, found {keyword}"
-        name, _, default = rest.partition("=")
-        args[name] = default.strip('"')
-    return args
+    return recipes.global_args(dockerfile)  # fails unless only ARGs precede the first FROM
 
 
 @pytest.fixture(scope="module")
@@ -103,48 +73,38 @@ def test_build_arg_pins_equal_the_pyproject_pins(global_args, pyproject):
     assert global_args["TORCHVISION_VERSION"] == pins["torchvision"]
     assert global_args["DETECTRON2_REPO"] == tool["detectron2_repo"]
     assert global_args["DETECTRON2_COMMIT"] == tool["detectron2_commit"]
-    assert global_args["CUDA_VERSION"] == tool["cuda_version"]
-    assert global_args["TORCH_CUDA_TAG"] == tool["torch_cuda_tag"]
     assert global_args["VERSION"] == pyproject["project"]["version"] == __version__
 
 
-def test_base_image_args_default_to_the_registry_build(global_args, pyproject):
-    # `docker build .` with a registry: NVIDIA's CUDA images at the pinned CUDA, PyTorch's
-    # index for its tag, detectron2 from git. `make image` overrides these (test_build.py).
-    cuda = pyproject["tool"]["megdet"]["cuda_version"]
-    assert global_args["BUILD_BASE"] == f"nvidia/cuda:{cuda}-devel-ubuntu24.04"
-    assert global_args["RUNTIME_BASE"] == f"nvidia/cuda:{cuda}-runtime-ubuntu24.04"
-    assert global_args["CONTROLLER_BASE"] == "python:3.12-slim-bookworm"
-    assert global_args["PYTHON"] == "python3.12"  # Ubuntu 24.04's and the python image's
-    tag = global_args["TORCH_CUDA_TAG"]
-    assert global_args["TORCH_INDEX_URL"] == f"https://download.pytorch.org/whl/{tag}"
-    assert global_args["DETECTRON2_SOURCE"] == "git"
+def test_base_image_args_default_to_the_registry_debian_make_image_bootstraps(
+    global_args, pyproject
+):
+    # `docker build .`: the registry's Debian image of the suite `make image` makes its own base
+    # from (docs/image.md says what differs), Debian's Python, PyPI's torch, detectron2's
+    # Python code from PyPI: what `make image` builds (test_arg_sets.py).
+    suite = pyproject["tool"]["megdet"]["image"]["debian_suite"]
+    for arg in ("BUILD_BASE", "RUNTIME_BASE", "CONTROLLER_BASE"):
+        assert global_args[arg] == f"docker.io/library/debian:{suite}", arg
+    assert global_args["PYTHON"] == "python3.11"  # Debian 12's python3
+    assert global_args["TORCH_INDEX_URL"] == "https://pypi.org/simple"
+    assert global_args["DETECTRON2_SOURCE"] == "pypi"
 
 
-def test_every_build_arg_that_make_image_sets_exists(global_args):
+def test_every_build_arg_that_make_image_sets_exists(global_args, pyproject):
     from imagebuild import build
 
-    pins = build.image_pins(pyproject_data := load_pyproject(ROOT / "pyproject.toml"))
-    commit = pyproject_data["tool"]["megdet"]["detectron2_commit"]
+    commit = pyproject["tool"]["megdet"]["detectron2_commit"]
     for name, variant in build.VARIANTS.items():
-        for arg in build.build_args(variant, pins, "B", commit, 1):
-            assert arg in global_args or arg == "MAX_JOBS", f"{name}: {arg} is no Dockerfile ARG"
-
-
-def test_the_cuda_tag_matches_the_cuda_version(global_args):
-    major, minor, *_ = global_args["CUDA_VERSION"].split(".")
-    assert global_args["TORCH_CUDA_TAG"] == f"cu{major}{minor}"
+        for src in (None, commit):
+            for arg in build.build_args(variant, pyproject, "B", src, 1):
+                assert arg in global_args or arg == "MAX_JOBS", (
+                    f"{name}: {arg} is no Dockerfile ARG"
+                )
 
 
 def test_detectron2_commit_is_a_full_sha(global_args, pyproject):
     assert re.fullmatch(r"[0-9a-f]{40}", global_args["DETECTRON2_COMMIT"])
     assert re.fullmatch(r"[0-9a-f]{40}", pyproject["tool"]["megdet"]["detectron2_commit"])
-
-
-def test_arch_list_covers_v100_a100_h100_with_ptx(global_args):
-    archs = global_args["TORCH_CUDA_ARCH_LIST"].split(";")
-    assert {"7.0", "8.0"} <= set(archs)
-    assert archs[-1] == "9.0+PTX"
 
 
 def test_no_other_version_is_typed_in_the_dockerfile(dockerfile, pyproject):

@@ -27,7 +27,7 @@ def load():
 
 def test_arch_list_is_the_dockerfiles_minus_what_nvcc_cannot_build():
     check = load()
-    assert check.dockerfile_arch_list() == "7.0;8.0;9.0+PTX"
+    assert check.dockerfile_arch_list() == "7.5;8.0;9.0;10.0;12.0+PTX"
     # CUDA 13's nvcc has no sm_70: it is reported as dropped, not silently skipped.
     assert check.arch_list_for("7.0;8.0;9.0+PTX", {"7.5", "8.0", "9.0", "10.0"}) == (
         "8.0;9.0+PTX",
@@ -45,7 +45,7 @@ def test_nvcc_wheels_are_pinned_for_the_venv_torch_and_cuda_12_asks_for_a_toolki
     wheels = pins["nvcc_wheels"][venv_cuda]
     assert any(w.startswith("nvidia-cuda-nvcc==" + venv_cuda) for w in wheels)
     assert all("==" in w for w in wheels)
-    # The image's torch is CUDA 12.6; PyPI has no nvcc driver for it: a clear error, no pip.
+    # The cu126 set's torch is CUDA 12.6; PyPI has no nvcc driver for it: a clear error, no pip.
     monkeypatch.delenv("CUDA_HOME", raising=False)
     with pytest.raises(SystemExit) as info:
         check.get_cuda_home(tmp_path, "12.6", pins)
