@@ -243,6 +243,28 @@ def finish(driven: Driven) -> None:
         driven.trainer.after_train()
 
 
+def interleaved(
+    driven: dict[str, Driven], rounds: int, block: int, warmup: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Step every trainer ``warmup`` times, then ``rounds`` rounds of ``block`` steps each, the
+    order rotated every round (so no trainer always runs first, after a cold cache or a
+    neighbour's burst), and finish them. Returns, by name, each block's mean step time and
+    every step's time."""
+    names = list(driven)
+    for name in names:
+        step_block(driven[name], warmup)
+    blocks: dict[str, list[float]] = {name: [] for name in names}
+    steps: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            times = step_block(driven[name], block)
+            blocks[name].append(sum(times) / len(times))
+            steps[name].extend(times)
+    for d in driven.values():
+        finish(d)
+    return blocks, steps
+
+
 # --- processes ---------------------------------------------------------------------------
 
 

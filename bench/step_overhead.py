@@ -43,19 +43,8 @@ def overhead_worker(
         "megdet-step": MegDetTrainer(bundle.model, ours.data_loader, ours.optimizer),
         "simple": SimpleTrainer(bundle.model, ours.data_loader, ours.optimizer),
     }
-    driven = {name: harness.prepare(trainer, plan.max_iter) for name, trainer in loops.items()}
-    for name in LOOPS:
-        harness.step_block(driven[name], warmup)
-    blocks: dict[str, list[float]] = {name: [] for name in LOOPS}
-    steps: dict[str, list[float]] = {name: [] for name in LOOPS}
-    for r in range(rounds):
-        order = LOOPS[r % len(LOOPS) :] + LOOPS[: r % len(LOOPS)]
-        for name in order:
-            times = harness.step_block(driven[name], block)
-            blocks[name].append(sum(times) / len(times))
-            steps[name].extend(times)
-    for d in driven.values():
-        harness.finish(d)
+    driven = {name: harness.prepare(loops[name], plan.max_iter) for name in LOOPS}
+    blocks, steps = harness.interleaved(driven, rounds, block, warmup)
     return {
         "world_size": comm.get_world_size(),
         "threads_per_process": torch.get_num_threads(),

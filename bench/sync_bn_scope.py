@@ -85,16 +85,7 @@ def time_scopes(cfg, rounds: int, block: int, warmup: int) -> dict[str, Any]:
         scoped.MEGDET.SYNC_BN = scope
         bundle, plan = harness.build_bench_trainer(scoped)
         driven[scope] = harness.prepare(bundle.trainer, plan.max_iter)
-    for scope in SCOPES:
-        harness.step_block(driven[scope], warmup)
-    blocks: dict[str, list[float]] = {scope: [] for scope in SCOPES}
-    for r in range(rounds):
-        order = SCOPES[r % len(SCOPES) :] + SCOPES[: r % len(SCOPES)]
-        for scope in order:
-            times = harness.step_block(driven[scope], block)
-            blocks[scope].append(sum(times) / len(times))
-    for d in driven.values():
-        harness.finish(d)
+    blocks = harness.interleaved(driven, rounds, block, warmup)[0]
     ratios = {
         scope: harness.spread([b / n for b, n in zip(blocks[scope], blocks["none"], strict=True)])
         for scope in SCOPES
