@@ -305,11 +305,20 @@ def measure_floor(kube: Any, watch: Any, image: str, values: dict, name: str) ->
     return sample
 
 
-def measure_run(kube: Any, watch: Any, image: str, name: str) -> dict:
-    from e2e_helpers import apply_objects, get_json, mdr
+def run_spec(image: str, max_iter: int) -> dict[str, Any]:
+    """The MegDetRun's spec: the e2e tests' tiny run (examples/local), ``max_iter`` iterations
+    (its LR step and warm-up within them), the evaluation at the end."""
     from test_e2e_real_training import run_values
 
     spec = {k: v for k, v in run_values(image).items() if k != "runName"}
+    spec.update(maxIter=max_iter, steps=[max(1, max_iter - 1)], warmupIters=min(5, max_iter // 2))
+    return spec
+
+
+def measure_run(kube: Any, watch: Any, image: str, name: str, max_iter: int) -> dict:
+    from e2e_helpers import apply_objects, get_json, mdr
+
+    spec = run_spec(image, max_iter)
     created = time.time()
     apply_objects(kube, mdr(name, NS, spec))
 
@@ -344,7 +353,9 @@ def measure_run(kube: Any, watch: Any, image: str, name: str) -> dict:
     return sample
 
 
-def run(workdir: Path, archive: Path, repeats: int, also_import: tuple[Path, ...]) -> dict:
+def run(
+    workdir: Path, archive: Path, repeats: int, also_import: tuple[Path, ...], max_iter: int
+) -> dict:
     from test_e2e_real_training import run_values
 
     from bench.elastic_real_node import PodWatch, real_node_session
@@ -358,7 +369,7 @@ def run(workdir: Path, archive: Path, repeats: int, also_import: tuple[Path, ...
             for n in range(1, repeats + 1):
                 floors.append(measure_floor(kube, watch, image, values, f"floor-{n}"))
                 print(f"first_iteration: floor {n}: {floors[-1]['total']:.2f} s", file=sys.stderr)
-                runs.append(measure_run(kube, watch, image, f"first-{n}"))
+                runs.append(measure_run(kube, watch, image, f"first-{n}", max_iter))
                 print(f"first_iteration: run {n}: {runs[-1]['total']:.2f} s", file=sys.stderr)
         finally:
             watch.stop()
@@ -366,6 +377,7 @@ def run(workdir: Path, archive: Path, repeats: int, also_import: tuple[Path, ...
     return {
         "image": image,
         "imports": timings.get("imports", []),
+        "max_iter": max_iter,
         "floors": floors,
         "runs": runs,
         "summary": summarize(floors, runs),
@@ -387,6 +399,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=3, help="floor and run samples each, interleaved (>= 1)"
     )
     parser.add_argument(
+        "--max-iter", type=int, default=4,
+        help="the run's iterations (>= 2; its start-up does not depend on them; few keep it short)",
+    )  # fmt: skip
+    parser.add_argument(
         "--also-import", type=Path, action="append", default=[], metavar="ARCHIVE",
         help="another archive to time into the node's containerd first (a second size)",
     )  # fmt: skip
@@ -398,6 +414,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.max_iter < 2:
+        parser.error(f"--max-iter must be at least 2, got {args.max_iter}")
     if args.report is not None:
         if not args.report.is_file():
             parser.error(f"--report: no result file at {args.report}")
@@ -416,7 +434,9 @@ def main(argv: list[str] | None = None) -> int:
         print(format_report(json.loads(args.report.read_text())))
         return 0
     args.workdir.mkdir(parents=True, exist_ok=True)
-    result = run(args.workdir.resolve(), args.image, args.repeats, tuple(args.also_import))
+    result = run(
+        args.workdir.resolve(), args.image, args.repeats, tuple(args.also_import), args.max_iter
+    )
     (args.workdir / "result.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0

@@ -177,6 +177,9 @@ def test_arguments(tmp_path, capsys) -> None:
     with pytest.raises(SystemExit):
         bench.parse_args([])
     assert "--image is required (or --report RESULT_JSON)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--image", str(archive), "--max-iter", "1"])
+    assert "--max-iter must be at least 2, got 1" in capsys.readouterr().err
     assert bench.parse_args(["--report", str(archive)]).report == archive
 
 
@@ -213,3 +216,18 @@ def test_the_floor_program_prints_the_line_the_bench_reads() -> None:
     sample = bench.floor_sample(started, pod, lines)
     assert 0 < sample["import_s"] < sample["total"]
     assert sample["mapped_files"] > 10 and sample["mapped_mb"] > 1
+
+
+@pytest.mark.parametrize("max_iter", [2, 4, 30])
+def test_the_runs_spec_is_the_tiny_run_cut_to_a_valid_length(max_iter, tmp_path) -> None:
+    import yaml
+    from e2e_helpers import mdr  # on the path bench.first_iteration sets
+
+    from megdet.cli import main
+
+    spec = bench.run_spec("ghcr.io/megdet/megdet:0.1.0-ci", max_iter)
+    assert spec["maxIter"] == max_iter and spec["gpus"] == 2 and "runName" not in spec
+    assert spec["steps"] == [max_iter - 1] and spec["warmupIters"] < max_iter
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(mdr("first-1", bench.NS, spec)))
+    assert main(["validate", "-q", "-f", str(path)]) == 0
