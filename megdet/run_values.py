@@ -14,7 +14,7 @@ made from it:
   row with an ``immutable`` reason, on its top-level field;
 - ``megdet.controller.fields`` (the policy's classification): the ``recipe`` rows are the free
   "plan and its recipe" entry;
-- docs/helm.md's "Where each run value goes" is :func:`markdown` (``make docs-tables``).
+- docs/helm.md's "Where each run value goes" is :func:`markdown` (``make doc-tables``).
 
 What the tests hold against it (``tests/megdet/test_run_values.py``,
 ``tests/chart/test_chart_run_values.py``): every row is a value of ``values.schema.json`` and a
