@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import inspect
 import json
 import os
 import random
@@ -224,7 +225,13 @@ def serve_child(tls: bool, with_kmock: bool) -> None:
     tree = Path(os.environ.get("MEGDET_TREE", ROOT))
     runs = {(NS, RUN): {"metadata": {"name": RUN, "namespace": NS, "uid": f"uid-{RUN}"},
                         "spec": {"target": "pytorchjob"}, "status": {}}}  # fmt: skip
-    hub = ProgressHub(lambda ns, n: runs.get((ns, n)), lambda *a: None, lambda *a: None)
+    if "view" in inspect.signature(ProgressHub).parameters:  # the run's view from the watch
+        from megdet.controller.progress_binding import run_ref
+
+        view = lambda ns, n: run_ref(runs.get((ns, n)))  # noqa: E731
+        hub = ProgressHub(view, view, lambda *a: None)
+    else:  # a tree whose hub reads the run itself and posts the milestone events
+        hub = ProgressHub(lambda ns, n: runs.get((ns, n)), lambda *a: None, lambda *a: None)
     context = ca = None
     if tls:
         from megdet.controller.progress_ca import ServingCert

@@ -7,8 +7,8 @@ kopf's health endpoint on ``--health-port`` (``/healthz``, plain HTTP, for the p
 
 High availability: every replica joins the kopf peering object ``--peering`` with a priority
 (``random`` by default, so replicas differ); kopf pauses a replica while a live peer with a
-higher priority exists, so exactly one acts. The progress endpoint follows the same peering
-(controller/progress_leader.py): only the active replica serves it. See docs/operations.md.
+higher priority exists, so exactly one acts. The progress endpoint is no part of that: every
+replica serves it (controller/progress_server.py). See docs/operations.md.
 """
 
 from __future__ import annotations
@@ -330,35 +330,10 @@ def run(args: argparse.Namespace) -> int:
 
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout)
     metrics.serve(args.metrics_port, limits=limits, **metrics_options)
-    # kopf's own identity in the peering object (the pod name, POD_ID), fixed here so that the
-    # progress endpoint's leadership reads the same entry kopf writes.
-    from kopf._core.engines.peering import detect_own_id
-
-    identity = detect_own_id(manual=False)
     service = None
     if args.progress_url:
         from megdet.controller import progress_server
-        from megdet.controller.progress_leader import (
-            Always,
-            PeeringLeadership,
-            PodLabel,
-            kubernetes_pod_labeller,
-        )
 
-        if args.standalone:
-            active = Always().active
-        else:
-            leadership = PeeringLeadership(
-                identity, args.priority, [None] if not args.namespace else list(args.namespace)
-            ).watch(api, args.peering, args.api_timeout)
-            active = leadership.active
-        # In a pod (the chart sets both): label it while active, for the progress Service.
-        pod_ns, pod_name = os.environ.get("POD_NAMESPACE"), os.environ.get("POD_NAME")
-        label = None
-        if pod_ns and pod_name:
-            label = PodLabel(
-                kubernetes_pod_labeller(api, pod_ns, pod_name, args.api_timeout), active
-            )
         try:
             service = progress_server.start(
                 api,
@@ -367,12 +342,8 @@ def run(args: argparse.Namespace) -> int:
                 cert_dir=args.progress_cert_dir,
                 ca_secret=args.progress_ca_secret,
                 interval=args.progress_interval,
-                checkpoint_every=args.progress_checkpoint_events,
                 timeout=args.api_timeout,
-                instance=settings.posting.reporting_instance,
-                active=active,
                 namespaces=list(args.namespace),
-                label=label,
                 limits=limits,
             )
         except ValueError as err:
@@ -383,8 +354,7 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         except OSError as err:
             raise UsageError(f"--progress-port {args.progress_port}: {err}") from None
-    # The run handlers and, with --progress-url, the progress endpoint's (operator.py).
-    registry = build_registry(reconciler, progress=service)
+    registry = build_registry(reconciler)
     if args.worker_limit:
         limit_workers(registry, settings, args.worker_limit)
 
@@ -401,7 +371,6 @@ def run(args: argparse.Namespace) -> int:
         kopf.run(
             registry=registry,
             settings=settings,
-            identity=identity,
             clusterwide=not args.namespace,
             namespaces=args.namespace,
             liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
@@ -409,5 +378,5 @@ def run(args: argparse.Namespace) -> int:
     finally:
         trimmer.stop()
         if service is not None:
-            service.stop()  # off the progress Service before the process goes
+            service.stop()
     return 0

@@ -16,18 +16,16 @@ Where the rest lives: :mod:`~megdet.controller.api` (group, version, kinds),
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import kopf
 
+from megdet.controller import progress_events
 from megdet.controller.api import FINALIZER, GROUP, OWNED_KINDS, PLURAL, TARGET_BY_KIND, VERSION
 from megdet.controller.diffbase import ProgressAnnotations, StatusDiffBase
 from megdet.controller.lifecycle_watch import LifecycleWatch
 from megdet.controller.pod_problems import PART_OF
 from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
-
-if TYPE_CHECKING:
-    from megdet.controller.progress_server import ProgressService
 
 __all__ = ["IDLE_SECONDS", "IndexedWorkerLimit", "build_registry", "configure", "limit_workers"]
 
@@ -80,12 +78,11 @@ class IndexedWorkerLimit:
         return f"IndexedWorkerLimit({self.limit}, {state})"
 
 
-def build_registry(
-    handlers: Reconciler, progress: ProgressService | None = None
-) -> kopf.OperatorRegistry:
+def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
     """A kopf registry with the MegDetRun handlers of ``handlers`` (one operator's
-    :class:`~megdet.controller.reconciler.Reconciler`: its cluster, policy, backoff) and, with
-    ``progress`` (the progress endpoint, ``--progress-url``), the endpoint's."""
+    :class:`~megdet.controller.reconciler.Reconciler`: its cluster, policy, backoff). The
+    progress endpoint needs none: every replica serves it from watches of its own
+    (controller/progress_server.py)."""
     registry = kopf.OperatorRegistry()
     for register in (kopf.on.create, kopf.on.resume, kopf.on.update):
         register(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")(handlers.reconcile)
@@ -131,26 +128,8 @@ def build_registry(
     )(handlers.pod_event)
     # Where the run is (Admitted, PodsScheduled, Initialized, Training, Evaluating).
     LifecycleWatch(handlers.writer).register(registry)
-    if progress is not None:
-        from megdet.controller import progress_ca
-        from megdet.controller.progress_hub import register_forget
-
-        # The served runs (uid, job) and their pods from the watches: a report costs no read.
-        runs, pods = progress.runs, progress.pods
-
-        async def note_run(event: Any, body: Any, **_: Any) -> None:
-            runs.note(body, deleted=event.get("type") == "DELETED")
-
-        async def note_pod(event: Any, body: Any, **_: Any) -> None:
-            pods.note(body, deleted=event.get("type") == "DELETED")
-
-        kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-runs")(note_run)
-        kopf.on.event(
-            "v1", "pods", registry=registry, labels={PART_OF[0]: PART_OF[1]}, id="progress-pods"
-        )(note_pod)
-        register_forget(registry, progress.hub)  # a deleted run's progress state goes with it
-        if progress.keeper is not None:  # the CA ConfigMap in each run's namespace
-            progress_ca.register(registry, progress.keeper)
+    # Milestone events from the old and new status.progress, both targets (progress_events.py).
+    progress_events.register(registry, handlers.records, handlers.checkpoint_events)
     return registry
 
 

@@ -20,8 +20,9 @@ pod names that no live pod holds, and anything run inside the job's own pods (``
 exec``).
 
 :class:`RunDirectory` is what the controller knows of the runs from their watch (uid, job name
-and uid), so that a report costs no read of the run; the job is read once in a while per run
-(its replica counts).
+and uid, ``status.progress``), so that a report costs no read of the run; the job is read once
+in a while per run (its replica counts). Every replica keeps both directories from watches of
+its own (:mod:`~megdet.controller.progress_watch`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ __all__ = [
     "JOB_API_VERSION",
     "PodBinding",
     "PodDirectory",
+    "PodRef",
     "RunDirectory",
     "RunRef",
     "kubernetes_job_reader",
+    "run_ref",
 ]
 
 #: The job kind whose pods report to this endpoint (target pytorchjob).
@@ -59,12 +62,17 @@ ReadFn = Callable[[str, str], Mapping[str, Any] | None]
 
 @dataclass(frozen=True)
 class RunRef:
-    """A ``target: pytorchjob`` run as the controller last saw it."""
+    """A ``target: pytorchjob`` run as the controller last saw it: what a report is checked
+    against, and the view its ``status.progress`` write starts from."""
 
     name: str
     uid: str
     job_name: str = ""
     job_uid: str = ""
+    #: Its ``metadata.resourceVersion`` and ``status.progress`` (a progress write's base).
+    version: str = ""
+    progress: Mapping[str, Any] = field(default_factory=dict)
+    deleting: bool = False
 
     @property
     def job(self) -> str:
@@ -72,40 +80,76 @@ class RunRef:
         return self.job_name or self.name
 
 
-class RunDirectory:
-    """(namespace, name) -> :class:`RunRef` of every served ``target: pytorchjob`` run, kept
-    from the runs' watch events (:meth:`note`). Thread-safe."""
+def run_ref(body: Mapping[str, Any] | None) -> RunRef | None:
+    """The :class:`RunRef` of a run object; None for no object, or a ``target: trainjob`` run
+    (its pods report to Kubeflow Trainer's status server)."""
+    if not isinstance(body, Mapping) or (identity := _identity(body)) is None:
+        return None
+    spec = body.get("spec") if isinstance(body.get("spec"), Mapping) else {}
+    if spec.get("target") == "trainjob":
+        return None
+    meta, status = body["metadata"], body.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    progress = status.get("progress")
+    return RunRef(
+        name=identity[1],
+        uid=identity[2],
+        job_name=_text(status.get("jobName")),
+        job_uid=_text(status.get("jobUID")),
+        version=_text(meta.get("resourceVersion")),
+        progress=dict(progress) if isinstance(progress, Mapping) else {},
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+class _Directory:
+    """(namespace, name) -> what :meth:`entry` keeps of each watched object, from the watch's
+    lists (:meth:`relist`) and events (:meth:`note`). Thread-safe."""
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[str, str], RunRef] = {}
+        self._items: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+
+    def entry(self, body: Mapping[str, Any]) -> Any:
+        """What is kept of ``body`` (with a ``uid``), None for nothing."""
+        raise NotImplementedError
 
     def note(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         if (identity := _identity(body)) is None:
             return
-        namespace, name, uid = identity
-        spec = body.get("spec") if isinstance(body.get("spec"), Mapping) else {}
-        status = body.get("status") if isinstance(body.get("status"), Mapping) else {}
-        key = (namespace, name)
+        key = identity[:2]
+        kept = None if deleted else self.entry(body)
         with self._lock:
-            if deleted or spec.get("target") == "trainjob":
-                if (known := self._runs.get(key)) is not None and known.uid == uid:
-                    del self._runs[key]
-                return
-            self._runs[key] = RunRef(
-                name=name,
-                uid=uid,
-                job_name=_text(status.get("jobName")),
-                job_uid=_text(status.get("jobUID")),
-            )
+            if kept is not None:
+                self._items[key] = kept
+            elif (known := self._items.get(key)) is not None and known.uid == identity[2]:
+                del self._items[key]
 
-    def get(self, namespace: str, name: str) -> RunRef | None:
+    def relist(self, items: list[dict[str, Any]], namespace: str | None = None) -> None:
+        """A full list of ``namespace`` (None: all): what it lacks is gone."""
         with self._lock:
-            return self._runs.get((namespace, name))
+            for key in [k for k in self._items if namespace is None or k[0] == namespace]:
+                del self._items[key]
+        for body in items:
+            self.note(body)
+
+    def get(self, namespace: str, name: str) -> Any:
+        with self._lock:
+            return self._items.get((namespace, name))
 
     def __len__(self) -> int:
         with self._lock:
-            return len(self._runs)
+            return len(self._items)
+
+
+class RunDirectory(_Directory):
+    """(namespace, name) -> :class:`RunRef` of every served ``target: pytorchjob`` run."""
+
+    def entry(self, body: Mapping[str, Any]) -> RunRef | None:
+        return run_ref(body)
+
+    def get(self, namespace: str, name: str) -> RunRef | None:
+        return super().get(namespace, name)
 
 
 def _identity(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -119,47 +163,29 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _controller_ref(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), Mapping) else {}
-    refs = meta.get("ownerReferences")
-    for ref in refs if isinstance(refs, list) else []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return ref
-    return None
+@dataclass(frozen=True)
+class PodRef:
+    uid: str
+    #: Its controller owner reference: kind, apiVersion, name, uid.
+    owner: tuple[str, ...]
 
 
-class PodDirectory:
-    """(namespace, pod name) -> (uid, controller owner: kind, apiVersion, name, uid) of every
-    pod the controller watches (the runs' pods), kept from the pods' watch events
-    (:meth:`note`). Thread-safe."""
+class PodDirectory(_Directory):
+    """(namespace, pod name) -> :class:`PodRef` of every pod of the runs (the run chart's
+    label)."""
 
-    def __init__(self) -> None:
-        self._pods: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {}
-        self._lock = threading.Lock()
-
-    def note(self, body: Mapping[str, Any], deleted: bool = False) -> None:
-        if (identity := _identity(body)) is None:
-            return
-        namespace, name, uid = identity
-        key = (namespace, name)
-        with self._lock:
-            if deleted:
-                if (known := self._pods.get(key)) is not None and known[0] == uid:
-                    del self._pods[key]
-                return
-            ref = _controller_ref(body) or {}
-            owner = tuple(str(ref.get(k) or "") for k in ("kind", "apiVersion", "name", "uid"))
-            self._pods[key] = (uid, owner)
+    def entry(self, body: Mapping[str, Any]) -> PodRef:
+        meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+        refs = meta.get("ownerReferences")
+        ref = next((r for r in (refs if isinstance(refs, list) else [])
+                    if isinstance(r, Mapping) and r.get("controller") is True), {})  # fmt: skip
+        owner = tuple(str(ref.get(k) or "") for k in ("kind", "apiVersion", "name", "uid"))
+        return PodRef(str(meta.get("uid")), owner)
 
     def owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
         """The controller owner of the live pod ``namespace/name`` whose uid is ``uid``."""
-        with self._lock:
-            found = self._pods.get((namespace, name))
-        return found[1] if found is not None and found[0] == uid else None
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._pods)
+        found = self.get(namespace, name)
+        return found.owner if found is not None and found.uid == uid else None
 
 
 @dataclass

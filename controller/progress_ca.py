@@ -7,9 +7,10 @@ every replica serves the same certificate and the CA stays the same across resta
 failovers), or are made at start for this process only. The CA is published in each
 ``target: pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key ``ca.crt``),
 which the run chart mounts next to the token, and kept so (:class:`CAKeeper`, told of each
-namespace with runs by :func:`register`: a watch of the ConfigMaps of that name; one that is
+namespace with runs by the runs' watch: a watch of the ConfigMaps of that name; one that is
 missing, or that a namespace editor changed or deleted, is written at once; nothing is written
-while they are right).
+while they are right). Every replica keeps them: they all hold the same CA (the shared Secret,
+or the same mounted one), so two writes of one ConfigMap write the same data.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megdet.controller.api import GROUP, PLURAL, VERSION
 from megdet.controller.tls import ca_and_serving_cert, context_from_dir, context_from_pem
 
 __all__ = [
@@ -33,7 +33,6 @@ __all__ = [
     "CAKeeper",
     "ServingCert",
     "ca_config_map",
-    "register",
     "service_hosts",
 ]
 
@@ -166,21 +165,15 @@ class CAKeeper:
 
     A namespace editor may change or delete that ConfigMap (``edit`` covers ConfigMaps); the
     pods would then trust another CA, or none. A watch of the ConfigMaps of that one name
-    (:meth:`watch`; RBAC lets the controller list and watch no other) hears of it, and the
-    active replica (``active``) writes the CA back at once: level-triggered (every list and
-    every event is compared with the CA), no request while they are right. ``write(namespace,
-    found)`` creates (``found`` None) or patches the ConfigMap.
+    (:meth:`watch`; RBAC lets the controller list and watch no other) hears of it, and the CA
+    is written back at once: level-triggered (every list and every event is compared with the
+    CA), no request while they are right. ``write(namespace, found)`` creates (``found`` None)
+    or patches the ConfigMap.
     """
 
-    def __init__(
-        self,
-        ca_pem: str,
-        write: Callable[[str, Mapping[str, Any] | None], Any],
-        active: Callable[[], bool],
-    ) -> None:
+    def __init__(self, ca_pem: str, write: Callable[[str, Mapping[str, Any] | None], Any]) -> None:
         self.ca_pem = ca_pem
         self.write = write
-        self.active = active
         self.published: set[str] = set()
         self.seen: dict[str, Mapping[str, Any]] = {}
         #: The watches that have listed (None: all namespaces).
@@ -229,8 +222,8 @@ class CAKeeper:
 
     def resync(self) -> None:
         """Compare every kept namespace with what the watch last saw, and write what is missing
-        or wrong (the active replica's leadership thread calls it twice a second: no request
-        while all is right). Namespaces whose watch has not listed yet wait for it."""
+        or wrong (the service's thread calls it twice a second: no request while all is
+        right). Namespaces whose watch has not listed yet wait for it."""
         with self._lock:
             namespaces = [
                 ns for ns in sorted(self.published) if None in self.listed or ns in self.listed
@@ -240,7 +233,7 @@ class CAKeeper:
 
     def _keep(self, namespace: str) -> None:
         """Write the namespace's ConfigMap if what the watch last saw of it is missing or
-        wrong. One at a time (the watch thread and the leadership thread both call it), each
+        wrong. One at a time (the watch thread and the service's thread both call it), each
         deciding on the latest view, so one change costs one write."""
         with self._write_lock:
             self._keep_locked(namespace)
@@ -252,8 +245,6 @@ class CAKeeper:
             with self._lock:
                 self.kept.add(namespace)
             return
-        if not self.active():
-            return  # the active replica does it; this one resyncs when it becomes active
         try:
             self.write(namespace, found)
         except Exception as err:  # the next event or resync tries again
@@ -282,23 +273,20 @@ class CAKeeper:
         in each of ``namespaces`` (a controller serving only those)."""
         from kubernetes import client as k8s
 
-        from megdet.controller.progress_leader import NamedWatch
+        from megdet.controller.progress_watch import ListWatch, lister, named
 
         core = k8s.CoreV1Api(api_client)
         for namespace in namespaces or [None]:
-            if namespace is None:
-                list_fn: Callable[..., Any] = core.list_config_map_for_all_namespaces
-            else:
-
-                def list_fn(ns: str = namespace, **kw: Any) -> Any:
-                    return core.list_namespaced_config_map(ns, **kw)
+            list_fn = lister(core.list_config_map_for_all_namespaces,
+                             core.list_namespaced_config_map, namespace)  # fmt: skip
 
             def on_list(items: list[dict[str, Any]], ns: str | None = namespace) -> None:
                 self.on_list(items, ns)
 
             self.watches.append(
-                NamedWatch(
-                    api_client, list_fn, CA_CONFIG_MAP, on_list, self.on_event,
+                ListWatch(
+                    list_fn, on_list, self.on_event, keep=named(CA_CONFIG_MAP),
+                    selectors={"field_selector": f"metadata.name={CA_CONFIG_MAP}"},
                     timeout=timeout, what=f"ConfigMaps {CA_CONFIG_MAP}",
                 ).start()
             )  # fmt: skip
@@ -332,24 +320,3 @@ def kubernetes_ca_writer(
         )
 
     return write
-
-
-def register(registry: Any, keeper: CAKeeper) -> None:
-    """A kopf event handler that hands each ``target: pytorchjob`` run's namespace to
-    ``keeper``, which makes its ConfigMap (within its next look) and keeps it right.
-
-    An event handler, not a create/resume one: it is no part of kopf's creation cycle, so a spec
-    change while the CA is being written is not folded into the creation (kopf records the new
-    spec as handled when the cycle ends) and no reconcile is lost. It runs on every watch event
-    of a run and costs no request (the keeper compares with what its watch saw)."""
-    import kopf
-
-    def publish(body: Any, **_: Any) -> None:
-        run = dict(body)
-        if (run.get("spec") or {}).get("target") == "trainjob":
-            return
-        namespace = (run.get("metadata") or {}).get("namespace")
-        if isinstance(namespace, str) and namespace:
-            keeper.publish(namespace)
-
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-ca")(publish)

@@ -1,66 +1,63 @@
-"""Progress reports -> ``status.progress`` writes and milestone events, never blocking.
+"""Progress reports -> ``status.progress`` writes, coalesced per run, never blocking.
 
-A report only replaces the run's latest progress in memory (:class:`ProgressHub`; the first
-report of a run after a start also reads the run once, to answer 404 for an unknown run and to
-know what was written before). A flusher thread writes ``status.progress`` (a merge patch of
-the status subresource, only that key) at most once per run every ``interval`` seconds, and
-only when it changed: 1,000 reporting runs cost 1000/interval writes a second
-(docs/operations.md, "Progress reporting").
+A report only replaces the run's latest progress in memory (:class:`ProgressHub`), checked
+against the run as this replica's watch last saw it (:class:`~megdet.controller.progress_binding.
+RunDirectory`: no read of the run). A flusher thread writes ``status.progress`` at most once per
+run every ``interval`` seconds (a new stage at once), and only when it changed: 1,000 reporting
+runs cost 1000/interval writes a second (docs/operations.md, "Progress reporting").
+
+Every controller replica serves reports, and the Service spreads a run's reports over them, so
+two replicas may each hold a report of the same run. A write therefore never replaces a newer
+report with an older one: it is a merge patch of ``status.progress`` conditional on the
+resourceVersion of the run it was compared with (409 if anything wrote the run since: the run is
+read again and compared again, at most :data:`ATTEMPTS` times), and it is made only when the
+report is at least as new (its ``updatedTime``, the trainer's ``lastUpdatedTime``) as the
+progress the run holds and changes it. Milestone events are no part of it: the run's watch posts
+them from the old and new ``status.progress`` (:mod:`~megdet.controller.progress_events`).
 
 The run's fabric, when a report carries it, sets the run's ``FabricDegraded`` condition
 (``write_fabric``: :func:`megdet.controller.fabric_condition.condition_writer`) when it
 changes, not on every report.
 
-Events: a Normal ``Evaluated`` event for each new evaluation (AP, AP50, iteration) and a Normal
-``Checkpointed`` event every K-th checkpoint (:class:`Milestones`), through a per-run token
-bucket (at most :data:`EVENT_BURST` at once, :data:`EVENTS_PER_HOUR` an hour). The TrainJob
-mirror (:mod:`megdet.controller.reconciler`) uses the same :class:`Milestones`.
-
 Bounded: values outside their ranges are refused before they are kept (:func:`out_of_range`);
-at most ``max_runs`` runs are held (:class:`HubFull` beyond); a run is forgotten when it is
-deleted (:func:`register_forget`: a kopf handler for the run's DELETED event), and a run not
-reported for ``idle_forget`` seconds is forgotten too (its next report reads it again). A
-status write the API server refuses (400, 422) is dropped and counted, never retried
+at most ``max_runs`` runs are held (:class:`HubFull` beyond); a run is forgotten when its watch
+says it was deleted, when a write finds it gone, and after ``idle_forget`` seconds without
+reports. A status write the API server refuses (400, 422) is dropped and counted, never retried
 (``megdet_controller_progress_writes_total{result}``).
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from megdet import progress as protocol
 from megdet.controller import metrics
-from megdet.controller.api import GROUP, KIND, PLURAL, RUN_API_VERSION, VERSION
+from megdet.controller.progress_binding import RunRef
+from megdet.controller.progress_events import Milestones  # noqa: F401  (reconciler.py's import)
 from megdet.fabric_report import FabricReport
 
 __all__ = [
-    "EVENTS_PER_HOUR",
-    "EVENT_BURST",
+    "ATTEMPTS",
     "MAX_INT64",
     "RANGES",
     "WRITE_RESULTS",
     "HubFull",
     "InvalidProgress",
-    "Milestones",
     "ProgressHub",
-    "TokenBucket",
     "UnknownRun",
-    "kubernetes_event_poster",
     "out_of_range",
-    "register_forget",
 ]
 
 logger = logging.getLogger(__name__)
 
-#: Per-run event budget: a bucket of EVENT_BURST tokens refilled at EVENTS_PER_HOUR.
-EVENT_BURST = 3
-EVENTS_PER_HOUR = 6
+#: Tries of one conditional write (each after a 409 reads the run again).
+ATTEMPTS = 3
 
 MAX_INT64 = 2**63 - 1
 #: ``status.progress`` field -> (kind, lowest, highest) it may hold: what the CRD's schema
@@ -79,7 +76,8 @@ RANGES: dict[str, tuple[type, float, float]] = {
     "ap50": (float, 0, 100),
 }
 #: Values of the ``result`` label of ``megdet_controller_progress_writes_total``.
-WRITE_RESULTS = ("written", "refused", "error", "gone")
+#: ``superseded``: the run held this report or a newer one already (another replica's write).
+WRITE_RESULTS = ("written", "superseded", "refused", "error", "gone")
 
 
 def out_of_range(progress: Mapping[str, Any]) -> list[str]:
@@ -112,84 +110,23 @@ def out_of_range(progress: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-@dataclass
-class TokenBucket:
-    """``capacity`` tokens, refilled at ``per_hour`` an hour; :meth:`take` spends one."""
-
-    capacity: float = EVENT_BURST
-    per_hour: float = EVENTS_PER_HOUR
-    tokens: float = EVENT_BURST
-    at: float | None = None
-
-    def take(self, now: float) -> bool:
-        if self.at is not None:
-            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_hour / 3600)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
+def _time(progress: Mapping[str, Any] | None) -> Any:
+    return protocol.parse_time((progress or {}).get("updatedTime"))
 
 
-@dataclass
-class Milestones:
-    """Which reports deserve an event: each new evaluation (``Evaluated``, with AP and AP50)
-    and every ``checkpoint_every``-th new checkpoint (``Checkpointed``), through a per-run
-    :class:`TokenBucket`. One per run, for both targets (the TrainJob mirror uses it too)."""
-
-    checkpoint_every: int = 5
-    eval_iteration: int | None = None
-    checkpoint_iteration: int | None = None
-    checkpoints: int = 0
-    bucket: TokenBucket = field(default_factory=TokenBucket)
-
-    @classmethod
-    def from_written(cls, written: Mapping[str, Any], checkpoint_every: int) -> Milestones:
-        """Continue from a written ``status.progress`` (a restarted controller repeats none)."""
-        return cls(
-            checkpoint_every=checkpoint_every,
-            eval_iteration=written.get("evalIteration"),
-            checkpoint_iteration=written.get("checkpointIteration"),
-        )
-
-    def note(self, p: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
-        events = []
-        ev = p.get("evalIteration")
-        if isinstance(ev, int) and (self.eval_iteration is None or ev > self.eval_iteration):
-            self.eval_iteration = ev
-            if p.get("ap") is not None and self.bucket.take(now):
-                events.append(
-                    (
-                        "Evaluated",
-                        f"evaluated at iteration {ev}: AP {_num(p.get('ap'))}, "
-                        f"AP50 {_num(p.get('ap50'))}",
-                    )
-                )
-        ck = p.get("checkpointIteration")
-        if isinstance(ck, int) and (
-            self.checkpoint_iteration is None or ck > self.checkpoint_iteration
-        ):
-            self.checkpoint_iteration = ck
-            self.checkpoints += 1
-            if self.checkpoints % self.checkpoint_every == 0 and self.bucket.take(now):
-                when = p.get("checkpointTime")
-                events.append(
-                    (
-                        "Checkpointed",
-                        f"checkpoint at iteration {ck}" + (f" ({when})" if when else ""),
-                    )
-                )
-        return events
+def older(progress: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
+    """Whether ``progress`` was reported before ``than`` (by their ``updatedTime``; a progress
+    without one is older than one with it)."""
+    mine, theirs = _time(progress), _time(than)
+    return theirs is not None and (mine is None or mine < theirs)
 
 
 @dataclass
 class _Run:
-    uid: str
-    milestones: Milestones
     latest: dict[str, Any] | None = None
-    written: dict[str, Any] = field(default_factory=dict)
+    #: What the run holds of ``latest`` (written by this replica, or found there or newer).
+    written: dict[str, Any] | None = None
     last_write: float | None = None
-    events: list[tuple[str, str]] = field(default_factory=list)
     reported: float = 0.0
     #: The run's fabric as last reported, as last written to its condition, and when the
     #: write was last tried (controller/fabric_condition.py).
@@ -211,27 +148,26 @@ class InvalidProgress(ValueError):
     """A value outside its range (:func:`out_of_range`); the message names them."""
 
 
-#: (namespace, name) -> the run object, or None.
-GetRunFn = Callable[[str, str], Mapping[str, Any] | None]
-#: (namespace, name, status patch) -> None; raises ApiException-like (``.status``) errors.
-PatchStatusFn = Callable[[str, str, Mapping[str, Any]], Any]
-#: (namespace, name, uid, reason, message) -> None.
-PostEventFn = Callable[[str, str, str, str, str], Any]
+#: (namespace, name) -> the run as the watch saw it (``view``) or as read now (``read``).
+RunFn = Callable[[str, str], RunRef | None]
+#: (namespace, name, status patch, resourceVersion) -> None; raises ApiException-like
+#: (``.status``) errors.
+PatchStatusFn = Callable[[str, str, Mapping[str, Any], str | None], Any]
 #: (namespace, name, the run's fabric) -> whether the run's condition holds it now.
 WriteFabricFn = Callable[[str, str, FabricReport], bool]
 
 
 class ProgressHub:
-    """The latest progress per run, and the rate-limited writer of ``status.progress``."""
+    """The latest progress per run, and the rate-limited, conditional writer of
+    ``status.progress``."""
 
     def __init__(
         self,
-        get_run: GetRunFn,
+        view: RunFn,
+        read: RunFn,
         patch_status: PatchStatusFn,
-        post_event: PostEventFn,
         *,
         interval: float = 30.0,
-        checkpoint_every: int = 5,
         clock: Callable[[], float] = time.monotonic,
         max_runs: int = 10_000,
         idle_forget: float = 3600.0,
@@ -239,17 +175,12 @@ class ProgressHub:
     ) -> None:
         if max_runs < 1:
             raise ValueError(f"max_runs must be >= 1, got {max_runs}")
-        if idle_forget <= 0:
-            raise ValueError(f"idle_forget must be > 0, got {idle_forget}")
-        if interval <= 0:
-            raise ValueError(f"interval must be > 0, got {interval}")
-        if checkpoint_every < 1:
-            raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-        self.get_run = get_run
+        if not idle_forget > 0 or not interval > 0:
+            raise ValueError(f"idle_forget and interval must be > 0, got {idle_forget}, {interval}")
+        self.view = view
+        self.read = read
         self.patch_status = patch_status
-        self.post_event = post_event
         self.interval = interval
-        self.checkpoint_every = checkpoint_every
         self.clock = clock
         self.max_runs = max_runs
         self.idle_forget = idle_forget
@@ -257,8 +188,6 @@ class ProgressHub:
         self.runs: dict[tuple[str, str], _Run] = {}
         self.lock = threading.Lock()
         self.writes = 0
-        # Bumped by every forget: a report that read its run before a forget reads it again.
-        self._forgets = 0
 
     def report(
         self,
@@ -268,63 +197,30 @@ class ProgressHub:
         fabric: FabricReport | None = None,
     ) -> None:
         """Remember ``progress`` (a ``status.progress`` dict) and ``fabric`` (when the report
-        has one) as the run's latest. Raises
-        :class:`UnknownRun` for a run that does not exist, is being deleted or is not ``target:
-        pytorchjob``, :class:`InvalidProgress` for a value out of its range, :class:`HubFull`
-        when ``max_runs`` other runs are held."""
+        has one) as the run's latest, unless a newer report is held already. Raises
+        :class:`UnknownRun` for a run that the watch does not know, is being deleted or is not
+        ``target: pytorchjob``, :class:`InvalidProgress` for a value out of its range,
+        :class:`HubFull` when ``max_runs`` other runs are held."""
         outside = out_of_range(progress)
         if outside:
             raise InvalidProgress("; ".join(outside))
+        known = self.view(namespace, name)
+        if known is None or known.deleting:
+            raise UnknownRun(f"MegDetRun {namespace}/{name} not found (or being deleted)")
         key = (namespace, name)
-        for _attempt in range(3):
-            with self.lock:
-                run = self.runs.get(key)
-                forgets = self._forgets
+        with self.lock:
+            run = self.runs.get(key)
             if run is None:
-                with self.lock:
-                    full = len(self.runs) >= self.max_runs
-                if full:
+                if len(self.runs) >= self.max_runs:
                     raise HubFull(f"progress of {self.max_runs} runs held already; retry later")
-                run = self._load(namespace, name)
-            with self.lock:
-                if key not in self.runs and self._forgets != forgets:
-                    continue  # forgotten while it was read: perhaps deleted; read it again
-                if key not in self.runs and len(self.runs) >= self.max_runs:
-                    raise HubFull(f"progress of {self.max_runs} runs held already; retry later")
-                run = self.runs.setdefault(key, run)
-                merged = {**(run.latest or run.written), **progress}
-                run.latest = merged
-                run.fabric = fabric or run.fabric
-                run.reported = self.clock()
-                self._note_events(run, merged)
-                return
-        raise UnknownRun(f"MegDetRun {namespace}/{name} is being deleted")
-
-    def _load(self, namespace: str, name: str) -> _Run:
-        body = self.get_run(namespace, name)
-        if body is None:
-            raise UnknownRun(f"MegDetRun {namespace}/{name} not found")
-        if (body.get("metadata") or {}).get("deletionTimestamp"):
-            raise UnknownRun(f"MegDetRun {namespace}/{name} is being deleted")
-        spec = body.get("spec") or {}
-        if spec.get("target") == "trainjob":
-            raise UnknownRun(
-                f"MegDetRun {namespace}/{name} has target trainjob: its pods report to "
-                "Kubeflow Trainer's status server"
-            )
-        status = body.get("status") or {}
-        written = status.get("progress") if isinstance(status.get("progress"), Mapping) else {}
-        return _Run(
-            uid=str((body.get("metadata") or {}).get("uid") or ""),
-            milestones=Milestones.from_written(written, self.checkpoint_every),
-            written=dict(written),
-        )
-
-    def _note_events(self, run: _Run, p: Mapping[str, Any]) -> None:
-        run.events.extend(run.milestones.note(p, self.clock()))
+                run = self.runs[key] = _Run()
+            if run.latest is None or not older(progress, run.latest):
+                run.latest = {**(run.latest or {}), **progress}
+            run.fabric = fabric or run.fabric
+            run.reported = self.clock()
 
     def due(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """The (namespace, name, merge patch of status.progress) that may be written now."""
+        """The (namespace, name, progress) that may be written now."""
         now = self.clock()
         out = []
         with self.lock:
@@ -332,81 +228,72 @@ class ProgressHub:
                 if run.latest is None or run.latest == run.written:
                     continue
                 # A new stage (megdet.progress.STAGES: an evaluation starting) goes out at once.
-                same = run.latest.get("stage") == run.written.get("stage")
+                same = run.latest.get("stage") == (run.written or {}).get("stage")
                 if same and run.last_write is not None and now - run.last_write < self.interval:
                     continue
-                patch: dict[str, Any] = dict(run.latest)
-                for gone in set(run.written) - set(run.latest):
-                    patch[gone] = None  # a merge patch deletes a key with null
-                out.append((namespace, name, patch))
+                out.append((namespace, name, dict(run.latest)))
         return out
 
+    def _write(self, namespace: str, name: str, progress: dict[str, Any]) -> str:
+        """Write ``progress`` unless the run holds it or a newer report; a result of
+        :data:`WRITE_RESULTS` (``error``: try again later)."""
+        run = self.view(namespace, name)
+        for _attempt in range(ATTEMPTS):
+            if run is None:
+                return "gone"
+            if older(progress, run.progress) or {**run.progress, **progress} == run.progress:
+                return "superseded"
+            try:
+                self.patch_status(namespace, name, {"progress": progress}, run.version or None)
+                return "written"
+            except Exception as err:
+                if getattr(err, "status", None) != 409:
+                    raise
+            run = self.read(namespace, name)  # written since the view: compare with that
+        return "error"
+
     def flush(self) -> int:
-        """Write every due run's progress and post queued events; returns the writes made.
+        """Write every due run's progress; returns the writes made.
 
         A write the API server refuses (400, 422: the value can never be stored) is dropped
-        and counted, never retried; the next report starts again from what was written. A
-        404 forgets the run; any other failure is tried again after a full interval."""
+        and counted, never retried; a run that is gone is forgotten; any other failure is tried
+        again after a full interval."""
         done = 0
-        for namespace, name, patch in self.due():
+        for namespace, name, progress in self.due():
             try:
-                self.patch_status(namespace, name, {"progress": patch})
+                result = self._write(namespace, name, progress)
             except Exception as err:
                 code = getattr(err, "status", None)
-                if code == 404:
-                    metrics.PROGRESS_WRITES.labels("gone").inc()
-                    self.forget(namespace, name)
-                    continue
-                refused = code in (400, 422)
-                metrics.PROGRESS_WRITES.labels("refused" if refused else "error").inc()
-                logger.warning(
-                    "progress: status write of %s/%s %s: %s",
-                    namespace,
-                    name,
-                    "refused, dropped" if refused else "failed",
-                    str(err)[:500],
-                )
-                with self.lock:  # try again after a full interval, not in a tight loop
-                    run = self.runs.get((namespace, name))
-                    if run is not None:
-                        run.last_write = self.clock()
-                        if refused:
-                            run.latest = None  # never written again
+                result = "gone" if code == 404 else "refused" if code in (400, 422) else "error"
+                if result != "gone":
+                    logger.warning("progress: status write of %s/%s %s: %s", namespace, name,
+                                   "refused, dropped" if result == "refused" else "failed",
+                                   str(err)[:500])  # fmt: skip
+            metrics.PROGRESS_WRITES.labels(result).inc()
+            if result == "gone":
+                self.forget(namespace, name)
                 continue
-            done += 1
-            metrics.PROGRESS_WRITES.labels("written").inc()
             with self.lock:
-                self.writes += 1
                 run = self.runs.get((namespace, name))
-                if run is not None:
-                    run.written = {k: v for k, v in patch.items() if v is not None}
-                    run.last_write = self.clock()
+                if run is None:
+                    continue
+                run.last_write = self.clock()  # an error: tried again after a full interval
+                if result != "error":
+                    run.written = progress  # written, refused, or the run holds as new
+                if result == "written":
+                    done += 1
+                    self.writes += 1
         self._write_fabrics()
+        now = self.clock()
         with self.lock:
-            pending = [
-                (ns, name, run.uid, events)
-                for (ns, name), run in self.runs.items()
-                for events in [run.events]
-                if events
-            ]
-            for run in self.runs.values():
-                run.events = []
-            now = self.clock()
-            idle = [
+            for key in [
                 key
                 for key, run in self.runs.items()
                 if now - run.reported > self.idle_forget
-                and (run.latest is None or run.latest == run.written)
+                and run.latest == run.written
                 and run.fabric == run.fabric_written
-            ]
-            for key in idle:
+            ]:
                 del self.runs[key]
-        for namespace, name, uid, events in pending:
-            for reason, message in events:
-                try:
-                    self.post_event(namespace, name, uid, reason, message)
-                except Exception as err:
-                    logger.warning("progress: event %s for %s/%s: %s", reason, namespace, name, err)
         return done
 
     def _write_fabrics(self) -> None:
@@ -438,57 +325,6 @@ class ProgressHub:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop everything held for the run (it was deleted): a run re-created under the same
-        name starts clean, with its own uid, progress and milestones."""
+        name starts clean."""
         with self.lock:
             self.runs.pop((namespace, name), None)
-            self._forgets += 1
-
-
-def register_forget(registry: Any, hub: ProgressHub) -> None:
-    """A kopf handler on ``registry`` that forgets a run in ``hub`` when it is deleted (its
-    watch's DELETED event). An event handler: no finalizer of
-    its own, no annotation written, and async, so it costs no thread per event."""
-    import kopf
-
-    async def forget(event: Mapping[str, Any], name: str, namespace: str, **_: Any) -> None:
-        if event.get("type") == "DELETED":
-            hub.forget(namespace, name)
-
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-forget")(forget)
-
-
-def _num(value: Any) -> str:
-    return "?" if value is None else f"{float(value):.2f}"
-
-
-def kubernetes_event_poster(api_client: Any, timeout: float, instance: str) -> PostEventFn:
-    from kubernetes import client as k8s
-
-    core = k8s.CoreV1Api(api_client)
-
-    def post(namespace: str, name: str, uid: str, reason: str, message: str) -> None:
-        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": RUN_API_VERSION,
-                "kind": KIND,
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "reason": reason,
-            "message": message[:1000],
-            "type": "Normal",
-            "source": {"component": "megdet-controller"},
-            "reportingComponent": "megdet-controller",
-            "reportingInstance": instance,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        core.create_namespaced_event(namespace, body, _request_timeout=timeout)
-
-    return post

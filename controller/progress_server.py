@@ -17,23 +17,22 @@ keeps them: 422 names the field and the range.
 
 The endpoint serves ``target: pytorchjob`` runs: the trainer POSTs Kubeflow Trainer's
 runtime-status protocol (``megdet.progress``: the same body, env and token scheme as Trainer
-v2.3.0's status server). :func:`start` serves it (``megdet controller --progress-url``) with
-its neighbours:
+v2.3.0's status server). Every controller replica serves it, as Trainer's status server runs on
+every replica (``pkg/statusserver/server.go``: ``NeedLeaderElection`` returns false), behind one
+Service that selects them all. :func:`start` serves it (``megdet controller --progress-url``)
+with its neighbours, none of which waits for kopf's peering:
 
 - :class:`~megdet.controller.progress_auth.RunAuthenticator`: only the run's own pods may report
   (a token the cluster's issuer signed for the run's audience, its uid in it, verified here
   with the issuer's keys, bound to a live pod of the run's job:
-  :mod:`~megdet.controller.progress_binding`); no API call per report;
-- :mod:`~megdet.controller.progress_hub`: reports -> rate-limited ``status.progress`` writes
-  and milestone events, never blocking the request;
+  :mod:`~megdet.controller.progress_binding`), checked against this replica's own watches of
+  the runs and their pods (:mod:`~megdet.controller.progress_watch`); no API call per report;
+- :mod:`~megdet.controller.progress_hub`: reports -> rate-limited, conditional
+  ``status.progress`` writes that never put an older report over a newer one, never blocking
+  the request (milestone events come from the run's watch: progress_events.py);
 - :mod:`~megdet.controller.progress_ca`: the serving certificate (shared by the replicas
   through a Secret), and its CA published in each run's namespace as ConfigMap
-  ``megdet-progress-ca``, which the run chart mounts, and written back when edited;
-- :mod:`~megdet.controller.progress_leader`: only the active replica (kopf's peering) serves:
-  the other answers 503, writes nothing, and its pod is not in the progress Service.
-
-Its kopf handlers are registered with the operator's others
-(:func:`megdet.controller.operator.build_registry`).
+  ``megdet-progress-ca``, which the run chart mounts, and written back when edited.
 """
 
 from __future__ import annotations
@@ -63,6 +62,7 @@ from megdet.controller.progress_binding import (
     PodDirectory,
     RunDirectory,
     kubernetes_job_reader,
+    run_ref,
 )
 from megdet.controller.progress_ca import (
     CAKeeper,
@@ -70,15 +70,9 @@ from megdet.controller.progress_ca import (
     kubernetes_ca_writer,
     service_hosts,
 )
-from megdet.controller.progress_hub import (
-    HubFull,
-    ProgressHub,
-    TokenBucket,
-    UnknownRun,
-    kubernetes_event_poster,
-    out_of_range,
-)
-from megdet.controller.progress_leader import ACTIVE_LABEL, Always, PodLabel
+from megdet.controller.progress_events import TokenBucket
+from megdet.controller.progress_hub import HubFull, ProgressHub, UnknownRun, out_of_range
+from megdet.controller.progress_watch import ListWatch, labelled, lister
 from megdet.controller.tokenauth import Verdict
 from megdet.fabric_report import from_metrics
 
@@ -86,8 +80,6 @@ __all__ = [
     "MAX_BODY",
     "MAX_LOGGED",
     "RESULTS",
-    "ActiveOnlyServer",
-    "NotActive",
     "ProgressServer",
     "ProgressService",
     "run_of_path",
@@ -278,7 +270,7 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
         except Exception as err:
             metrics.PROGRESS_REPORTS.labels("error").inc()
             logger.error("progress: %s/%s: %s: %s", namespace, name, type(err).__name__, err)
-            return 500, _status_body(500, "InternalError", "the run could not be read")
+            return 500, _status_body(500, "InternalError", "the report could not be kept")
         metrics.PROGRESS_REPORTS.labels("accepted").inc()
         return 200, body
 
@@ -320,104 +312,93 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
         )
 
 
-class NotActive(Exception):
-    """A write attempted by a replica that is not the active one (never sent)."""
-
-    status = 503
-
-
-class ActiveOnlyServer(ProgressServer):
-    """The endpoint, answering only while ``active()``: 503 on a standby replica (a report that
-    reaches it between a failover and the Service's update is retried by the trainer)."""
-
-    active: Callable[[], bool] = Always().active
-
-    def handle(self, path: str, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
-        if not self.active():
-            metrics.PROGRESS_REPORTS.labels("busy").inc()
-            return 503, _status_body(
-                503, "ServiceUnavailable", "this controller replica is on standby"
-            )
-        return super().handle(path, *args, **kwargs)
-
-
 @dataclass
 class ProgressService:
-    """The running endpoint: server thread, flusher thread, leadership thread."""
+    """The running endpoint: server thread, flusher thread, the CA keeper's resync thread, and
+    the watches of the served runs and their pods (what a report is checked against)."""
 
     server: ProgressServer
     hub: ProgressHub
     cert: ServingCert
-    active: Callable[[], bool] = field(default_factory=lambda: Always().active)
     keeper: CAKeeper | None = None
-    label: PodLabel | None = None
-    #: The served runs and their pods, from their watches (what a report is checked against).
     runs: RunDirectory = field(default_factory=RunDirectory)
     pods: PodDirectory = field(default_factory=PodDirectory)
     stop_event: threading.Event = field(default_factory=threading.Event)
-    #: Whether this replica was the active one at the last look of the leadership thread.
-    was_active: bool = False
+    watches: list[ListWatch] = field(default_factory=list)
 
     @property
     def port(self) -> int:
         return self.server.server_address[1]
 
     def start(self, flush_every: float = 1.0, look_every: float = 0.5) -> None:
+        def every(seconds: float, step: Callable[[], Any], what: str) -> None:
+            while not self.stop_event.wait(seconds):
+                try:
+                    step()
+                except Exception:  # never let the thread die
+                    logger.exception("progress: %s failed", what)
+
         threading.Thread(
             target=self.server.serve_forever, name="megdet-progress", daemon=True
         ).start()
+        threading.Thread(target=every, args=(flush_every, self.hub.flush, "flush"),
+                         name="megdet-progress-flush", daemon=True).start()  # fmt: skip
+        if self.keeper is not None:  # in memory; a request only for a missing or wrong one
+            threading.Thread(target=every, args=(look_every, self.keeper.resync, "CA resync"),
+                             name="megdet-progress-ca", daemon=True).start()  # fmt: skip
 
-        def flusher() -> None:
-            while not self.stop_event.wait(flush_every):
-                if not self.active():
-                    continue  # a standby replica writes nothing
-                try:
-                    self.hub.flush()
-                except Exception:  # never let the writer thread die
-                    logger.exception("progress: flush failed")
+    def note_run(self, kind: str, body: dict[str, Any]) -> None:
+        """A run's watch event: the directory follows it, a deleted run's progress goes, and
+        a pytorchjob run's namespace gets the CA."""
+        deleted = kind == "DELETED"
+        self.runs.note(body, deleted=deleted)
+        meta = body.get("metadata") or {}
+        if deleted:
+            self.hub.forget(meta.get("namespace"), meta.get("name"))
+        elif self.keeper is not None and run_ref(body) is not None:
+            self.keeper.publish(meta["namespace"])
 
-        def leadership() -> None:
-            while True:
-                try:
-                    self.look()
-                except Exception:
-                    logger.exception("progress: leadership check failed")
-                if self.stop_event.wait(look_every):
-                    return
+    def note_runs(self, items: list[dict[str, Any]], namespace: str | None) -> None:
+        self.runs.relist(items, namespace)
+        for body in items:
+            self.note_run("ADDED", body)
 
-        threading.Thread(target=flusher, name="megdet-progress-flush", daemon=True).start()
-        threading.Thread(target=leadership, name="megdet-progress-active", daemon=True).start()
+    def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> None:
+        """Start the watches of the runs and of their pods (the run chart's label), in every
+        served namespace (all without ``namespaces``)."""
+        from kubernetes import client as k8s
 
-    def look(self) -> None:
-        """Twice a second: the active replica makes or restores the CA ConfigMaps that are
-        missing or wrong (a standby writes none); one that stopped being active forgets what it
-        held (the new active replica reads the written progress); the pod label follows."""
-        now = self.active()
-        if now and self.keeper is not None:
-            self.keeper.resync()  # in memory; a request only for a missing or wrong ConfigMap
-        if not now and self.was_active:
-            with self.hub.lock:
-                held = list(self.hub.runs)
-            for namespace, name in held:
-                self.hub.forget(namespace, name)
-        self.was_active = now
-        if self.label is not None:
-            self.label.step()
+        from megdet.controller.pod_problems import PART_OF
+
+        custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
+        for ns in namespaces or [None]:
+            runs = lister(
+                lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw),
+                lambda n, **kw: custom.list_namespaced_custom_object(
+                    GROUP, VERSION, n, PLURAL, **kw
+                ),
+                ns,
+            )
+            pods = lister(core.list_pod_for_all_namespaces, core.list_namespaced_pod, ns)
+            self.watches += [
+                ListWatch(runs, lambda items, ns=ns: self.note_runs(items, ns), self.note_run,
+                          timeout=timeout, what="MegDetRuns").start(),
+                ListWatch(pods, lambda items, ns=ns: self.pods.relist(items, ns),
+                          lambda kind, body: self.pods.note(body, deleted=kind == "DELETED"),
+                          keep=labelled(*PART_OF), selectors={"label_selector": "=".join(PART_OF)},
+                          timeout=timeout, what="pods").start(),
+            ]  # fmt: skip
+        if self.keeper is not None:
+            self.keeper.watch(api_client, timeout, namespaces)
 
     def stop(self) -> None:
-        """Stop serving; a replica that labelled its pod removes the label (best effort: a
-        process that dies leaves it to its pod's next process, which removes it at its first
-        look, and the pod is not ready meanwhile)."""
         self.stop_event.set()
+        for w in self.watches:
+            w.stop()
         if self.keeper is not None:
             self.keeper.stop()
         self.server.shutdown()
         self.server.server_close()
-        if self.label is not None and self.label.labelled:
-            try:
-                self.label.patch_labels({ACTIVE_LABEL: None})
-            except Exception as err:
-                logger.warning("progress: removing this replica's pod label: %s", err)
 
 
 def _certificate(
@@ -439,63 +420,36 @@ def start(
     port: int,
     cert_dir: str | None,
     interval: float,
-    checkpoint_every: int,
     timeout: float,
-    instance: str,
     addr: str = "0.0.0.0",
     ca_secret: str = "",
-    active: Callable[[], bool] | None = None,
     namespaces: list[str] | None = None,
-    label: PodLabel | None = None,
     limits: Limits | None = None,
 ) -> ProgressService:
-    """Serve the endpoint on ``addr:port``; its kopf handlers (the served runs' watch, the
-    forget of a deleted run, the CA publisher) go on the operator's registry with the others:
-    ``build_registry(reconciler, progress=service)`` (controller/operator.py).
-
-    ``active``: whether this replica is kopf's active one (default: always, a single
-    replica); ``namespaces``: the served namespaces (default: all), where the CA ConfigMaps
-    are watched; ``label``: keeps the active replica's pod label for the progress Service;
-    ``limits``: the server's connection cap and request deadline (http_limits.py).
-    """
-    active = active or Always().active
+    """Serve the endpoint on ``addr:port``, with its watches of the served runs, their pods
+    and the CA ConfigMaps in ``namespaces`` (default: all); ``limits``: the server's connection
+    cap and request deadline (http_limits.py)."""
     cert = _certificate(api_client, timeout, url, cert_dir, ca_secret)
     cluster = Cluster(api_client, timeout=timeout)
-
-    def patch_status(namespace: str, name: str, status: Any) -> Any:
-        if not active():  # the flusher checked a moment ago: this closes the gap
-            raise NotActive(f"not the active replica: {namespace}/{name} not written")
-        return cluster.patch_run_status(namespace, name, status)
-
     from megdet.controller.status_writer import now_text
 
-    def patch_conditions(namespace: str, name: str, status: Any, version: str | None) -> Any:
-        if not active():
-            raise NotActive(f"not the active replica: {namespace}/{name} not written")
-        return cluster.patch_run_status(namespace, name, status, version)
-
-    hub = ProgressHub(
-        cluster.get_run,
-        patch_status,
-        kubernetes_event_poster(api_client, timeout, instance),
-        interval=interval,
-        checkpoint_every=checkpoint_every,
-        write_fabric=condition_writer(cluster.get_run, patch_conditions, now_text),
-    )
-    # The served runs (uid, job) and their pods from the watches: a report costs no API call.
     runs, pods = RunDirectory(), PodDirectory()
+    hub = ProgressHub(
+        runs.get,
+        lambda ns, name: run_ref(cluster.get_run(ns, name)),
+        cluster.patch_run_status,
+        interval=interval,
+        write_fabric=condition_writer(cluster.get_run, cluster.patch_run_status, now_text),
+    )
     auth = RunAuthenticator(
         IssuerKeys(kubernetes_fetch(api_client, timeout)),
         runs.get,
         PodBinding(kubernetes_job_reader(api_client, timeout), pods),
     )
-    server = ActiveOnlyServer((addr, port), hub, auth, cert.context, limits=limits)
-    server.active = active
-    keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem), active)
-    keeper.watch(api_client, timeout, list(namespaces or []))
-    service = ProgressService(
-        server, hub, cert, active=active, keeper=keeper, label=label, runs=runs, pods=pods
-    )
+    server = ProgressServer((addr, port), hub, auth, cert.context, limits=limits)
+    keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem))
+    service = ProgressService(server, hub, cert, keeper=keeper, runs=runs, pods=pods)
+    service.watch(api_client, timeout, list(namespaces or []))
     service.start()
     logger.info("progress: serving https://%s:%d (reports every %gs at most)", addr, port, interval)
     return service

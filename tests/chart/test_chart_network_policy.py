@@ -167,7 +167,7 @@ def test_restricted_egress_reaches_the_run_and_dns_only(render):
 
 
 PROGRESS_NS = {"kubernetes.io/metadata.name": "megdet-system"}
-ACTIVE = {"megdet.io/progress-endpoint": "active", "app.kubernetes.io/component": "controller"}
+CONTROLLER = {"app.kubernetes.io/part-of": "megdet", "app.kubernetes.io/component": "controller"}
 
 
 def progress_values(url: str) -> dict[str, Any]:
@@ -180,8 +180,6 @@ def operator_progress_endpoint() -> tuple[str, dict[str, str], int]:
     controller as --progress-url, its pod's labels and its progress container port."""
     import helm_python
 
-    from megdet.controller.progress_leader import ACTIVE_LABEL, ACTIVE_VALUE
-
     with helm_python.Chart.load(str(CHART_DIR.parent / "megdet-operator")) as chart:
         files = chart.render(
             values={}, name="megdet-operator", namespace="megdet-system", is_install=True
@@ -191,17 +189,17 @@ def operator_progress_endpoint() -> tuple[str, dict[str, str], int]:
     (container,) = pod["spec"]["containers"]
     (url,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--progress-url=")]
     (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == "progress"]
-    return url, {**pod["metadata"]["labels"], ACTIVE_LABEL: ACTIVE_VALUE}, port
+    return url, pod["metadata"]["labels"], port
 
 
 def test_the_operator_charts_progress_endpoint_is_reachable_under_restricted_egress(render):
-    url, active_pod, port = operator_progress_endpoint()
+    url, controller_pod, port = operator_progress_endpoint()
     values = {
         "progress": progress_values(url),
         "networkPolicy": {"enabled": True, "restrictEgress": True},
     }
     (obj,) = policies(render, values)
-    assert egress_allowed(obj, active_pod, PROGRESS_NS, port)
+    assert egress_allowed(obj, controller_pod, PROGRESS_NS, port)
 
 
 @pytest.mark.parametrize(
@@ -218,13 +216,14 @@ def test_restricted_egress_reaches_the_controllers_progress_endpoint(render, url
         "networkPolicy": {"enabled": True, "restrictEgress": True},
     }
     (obj,) = policies(render, values)
-    # The active replica (the one the progress Service selects) on the URL's port only.
-    assert egress_allowed(obj, ACTIVE, PROGRESS_NS, port)
-    assert not egress_allowed(obj, ACTIVE, PROGRESS_NS, port + 1)
-    # Not a standby replica, nor the same label in another namespace.
-    standby = {k: v for k, v in ACTIVE.items() if k != "megdet.io/progress-endpoint"}
-    assert not egress_allowed(obj, standby, PROGRESS_NS, port)
-    assert not egress_allowed(obj, ACTIVE, {"kubernetes.io/metadata.name": "x"}, port)
+    # Every controller replica (each serves; the progress Service selects them all), on the
+    # URL's port only.
+    assert egress_allowed(obj, CONTROLLER, PROGRESS_NS, port)
+    assert not egress_allowed(obj, CONTROLLER, PROGRESS_NS, port + 1)
+    # Not another pod of that namespace, nor the controller's labels in another namespace.
+    other = {k: v for k, v in CONTROLLER.items() if k != "app.kubernetes.io/component"}
+    assert not egress_allowed(obj, other, PROGRESS_NS, port)
+    assert not egress_allowed(obj, CONTROLLER, {"kubernetes.io/metadata.name": "x"}, port)
     # What was reachable stays so; the rest stays closed.
     (pod, *_) = run_pods(render, values)
     assert egress_allowed(obj, pod["metadata"]["labels"], RUN_NS, 29500)
@@ -259,7 +258,7 @@ def test_no_progress_rule_without_a_progress_endpoint_or_egress_rules(render, va
     (obj,) = policies(render, values)
     for rule in obj["spec"].get("egress", []):
         assert all(p.get("port") != 8443 for p in rule.get("ports", []))
-    assert egress_allowed(obj, ACTIVE, PROGRESS_NS, 8443) == (
+    assert egress_allowed(obj, CONTROLLER, PROGRESS_NS, 8443) == (
         "Egress" not in obj["spec"]["policyTypes"]
     )
 
@@ -325,7 +324,7 @@ def test_a_megdetrun_with_restricted_egress_reaches_the_controller_it_reports_to
     planned = plan_children(run, progress_url=url)
     assert isinstance(planned, Planned), planned
     (obj,) = [o for o in planned.objects if o["kind"] == "NetworkPolicy"]
-    assert egress_allowed(obj, ACTIVE, PROGRESS_NS, 8443)
+    assert egress_allowed(obj, CONTROLLER, PROGRESS_NS, 8443)
     (job,) = [o for o in planned.objects if o["kind"] == "PyTorchJob"]
     env = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]
     assert any(

@@ -499,22 +499,19 @@ class OperatorThread:
         policy: Policy | None = None,
         namespaces: list[str] | None = None,
         progress: str | None = None,
-        pod_namespace: str | None = None,
         progress_url: str = "",
         worker_limit: int = 0,
     ) -> None:
         """``progress``: also serve the progress endpoint (on 127.0.0.1, a free port), its CA
-        in this Secret (NAMESPACE/NAME), following the peering as ``megdet controller`` does;
-        ``pod_namespace``: the replica's pod is ``<pod_namespace>/<identity>`` (labelled while
-        active); ``progress_url``: the Reconciler's (``--progress-url``, given to the runs);
+        in this Secret (NAMESPACE/NAME), from watches of its own whatever the peering says, as
+        ``megdet controller`` does; ``progress_url``: the Reconciler's (``--progress-url``,
+        given to the runs);
         ``worker_limit``: ``--worker-limit`` (0: none, as the other tests run kopf)."""
         self.url = url
         self.progress = progress
         self.progress_url = progress_url
-        self.pod_namespace = pod_namespace
         self.progress_service: Any = None
         self.reconciler: Reconciler | None = None
-        self.leadership: Any = None
         self.namespaces = namespaces or []
         self.peering = peering
         self.priority = priority
@@ -553,7 +550,7 @@ class OperatorThread:
         )
         if self.progress is not None:
             self._start_progress()
-        registry = build_registry(self.reconciler, progress=self.progress_service)
+        registry = build_registry(self.reconciler)
 
         @kopf.on.login(registry=registry)
         def login(**_: Any) -> kopf.ConnectionInfo:
@@ -576,38 +573,17 @@ class OperatorThread:
 
     def _start_progress(self) -> None:
         from megdet.controller import progress_server
-        from megdet.controller.progress_leader import (
-            Always,
-            PeeringLeadership,
-            PodLabel,
-            kubernetes_pod_labeller,
-        )
 
-        client = self._client()
-        active = Always().active
-        if self.peering is not None:
-            self.leadership = PeeringLeadership(
-                self.identity, self.priority, list(self.namespaces) or [None]
-            ).watch(client, self.peering, self.timeout)
-            active = self.leadership.active
-        label = None
-        if self.pod_namespace:
-            patch = kubernetes_pod_labeller(client, self.pod_namespace, self.identity, self.timeout)
-            label = PodLabel(patch, active)
         self.progress_service = progress_server.start(
-            client,
+            self._client(),
             url="https://megdet-operator-progress.ops.svc:8443",
             port=0,
             addr="127.0.0.1",
             cert_dir=None,
             ca_secret=self.progress or "",
             interval=0.2,
-            checkpoint_every=5,
             timeout=self.timeout,
-            instance=self.identity,
-            active=active,
             namespaces=list(self.namespaces),
-            label=label,
         )
 
     def stop(self) -> None:
@@ -615,8 +591,6 @@ class OperatorThread:
         self.thread.join(15)
         if self.progress_service is not None:
             self.progress_service.stop()
-        if self.leadership is not None:
-            self.leadership.stop()
         if self.error is not None:
             raise self.error
 

@@ -38,19 +38,13 @@ def obj(api: Any, resource: str, namespace: str, name: str) -> dict[str, Any] | 
     return None
 
 
-def put(api: Any, resource: str, namespace: str, body: dict[str, Any]) -> None:
-    api.objects[resource, namespace, body["metadata"]["name"]] = body
-
-
 async def start_progress_operator(
     api: Any, priority: int | None = None, peering: str | None = None, **kwargs: Any
 ) -> OperatorThread:
     """An operator serving the progress endpoint (its CA in the Secret ``SECRET``), joining
-    ``peering`` with ``priority`` if given; its pod exists in ``ops``, to be labelled."""
+    ``peering`` with ``priority`` if given."""
     options: dict[str, Any] = {"peering": peering, "priority": priority or 0} if peering else {}
-    op = OperatorThread(str(api.url), progress=SECRET, pod_namespace=OPS, **options, **kwargs)
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": op.identity, "namespace": OPS}}
-    put(api, "v1/pods", OPS, pod)
+    op = OperatorThread(str(api.url), progress=SECRET, **options, **kwargs)
     op.thread.start()
     await eventually(
         lambda: op.ready_flag.is_set() and op.progress_service is not None,
@@ -73,14 +67,15 @@ def serve_issuer(api: Any, issuer: FakeIssuer) -> None:
     api << react
 
 
-def post(op: OperatorThread, token: str, run: str, iteration: int) -> tuple[int, str]:
-    """POST a report to ``op``'s endpoint, verifying its certificate with its published CA."""
+def post(
+    op: OperatorThread, token: str, run: str, iteration: int, at: str = "2026-01-01T00:00:00Z"
+) -> tuple[int, str]:
+    """POST a report to ``op``'s endpoint, verifying its certificate with its published CA;
+    ``at``: its ``lastUpdatedTime``."""
     service = op.progress_service
     context = ssl.create_default_context(cadata=service.cert.ca_pem)
     conn = http.client.HTTPSConnection("127.0.0.1", service.port, context=context, timeout=10)
-    report = protocol.Progress(
-        iteration=iteration, max_iter=100, updated_time="2026-01-01T00:00:00Z"
-    )
+    report = protocol.Progress(iteration=iteration, max_iter=100, updated_time=at)
     conn.request(
         "POST",
         protocol.run_status_path(NAMESPACE, run),
@@ -93,8 +88,10 @@ def post(op: OperatorThread, token: str, run: str, iteration: int) -> tuple[int,
     return resp.status, data
 
 
-async def apost(op: OperatorThread, token: str, run: str, iteration: int) -> tuple[int, str]:
-    return await asyncio.to_thread(post, op, token, run, iteration)
+async def apost(
+    op: OperatorThread, token: str, run: str, iteration: int, *at: str
+) -> tuple[int, str]:
+    return await asyncio.to_thread(post, op, token, run, iteration, *at)
 
 
 async def run_with_pod(api: Any, name: str, issuer: FakeIssuer) -> str:

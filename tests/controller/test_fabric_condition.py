@@ -13,7 +13,6 @@ from test_progress_endpoint import NS, FakeAPI, report, run_obj
 from megdet import progress as protocol
 from megdet.controller.fabric_condition import condition_writer, trainjob_fabric, with_fabric
 from megdet.controller.planning import plan_children
-from megdet.controller.progress_hub import ProgressHub
 from megdet.controller.status import Observed, condition_of, desired_status
 from megdet.fabric_report import FabricReport
 
@@ -120,8 +119,7 @@ def test_the_hub_writes_the_condition_when_the_fabric_changes_and_retries_after_
         written.append(fabric)
         return True
 
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock,
-                      write_fabric=write)  # fmt: skip
+    hub = api.hub(interval=30, clock=clock, write_fabric=write)  # fmt: skip
     progress, _ = protocol.to_status(report(10)["trainerStatus"])
     hub.report(NS, "r1", progress, DEGRADED)
     hub.flush()  # the write failed: tried again after a full interval, not at once

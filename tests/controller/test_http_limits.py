@@ -47,7 +47,7 @@ def cert() -> ServingCert:
 
 @pytest.fixture()
 def progress_server(cert) -> Iterator[ProgressServer]:
-    hub = ProgressHub(lambda ns, n: None, lambda *a: None, lambda *a: None)
+    hub = ProgressHub(lambda ns, n: None, lambda ns, n: None, lambda *a: None)
     server = ProgressServer(("127.0.0.1", 0), hub, _NoAuth(), cert.context, limits=LIMITS)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server

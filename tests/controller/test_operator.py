@@ -369,7 +369,7 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
     assert deleted == {("pytorchjobs", "pe"), ("trainjobs", "te")}
     if namespaces:
         # No cluster-wide grant but the progress endpoint's issuer discovery (non-resource
-        # URLs); the release namespace ("ops") holds only its CA Secret and the pod label.
+        # URLs); the release namespace ("ops") holds only its CA Secret.
         assert {grant[0] for grant in grants if grant[1] != NON_RESOURCE} == {NAMESPACE, "ops"}
-        assert {grant[2] for grant in grants if grant[0] == "ops"} == {"secrets", "pods"}
+        assert {grant[2] for grant in grants if grant[0] == "ops"} == {"secrets"}
         assert ("kopf.dev", "kopfpeerings", "patch") in {call[1:] for call in used}

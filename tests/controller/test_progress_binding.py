@@ -221,6 +221,16 @@ def test_run_directory_follows_the_watch() -> None:
     assert runs.get(NS, "r") is None and len(runs) == 0
     runs.note({"metadata": {"name": "no-uid", "namespace": NS}})
     assert len(runs) == 0
+    # A list after a watch ended (410 Gone): what it lacks was deleted meanwhile, in the listed
+    # namespace only; what the run holds (its version, progress) is what the write starts from.
+    other = {**body, "metadata": {**body["metadata"], "namespace": "other"}}
+    runs.note(body)
+    runs.note(other)
+    listed = {**body, "metadata": {**body["metadata"], "name": "s", "resourceVersion": "7"},
+              "status": {"progress": {"iteration": 3}}}  # fmt: skip
+    runs.relist([listed], NS)
+    assert runs.get(NS, "r") is None and runs.get("other", "r") is not None
+    assert (runs.get(NS, "s").version, runs.get(NS, "s").progress) == ("7", {"iteration": 3})
 
 
 def test_pod_directory_follows_the_watch() -> None:

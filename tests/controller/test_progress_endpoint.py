@@ -1,6 +1,8 @@
 """The controller's progress endpoint (controller/progress_server.py) with a fake issuer: the auth
-matrix over real HTTPS, the payload checks, rate-limited status writes counted with an injected
-clock, and the per-run event budget. No API server: tests/e2e/test_progress.py has the real one."""
+matrix over real HTTPS, the payload checks, rate-limited and conditional status writes counted
+with an injected clock (two replicas' hubs on one run: each report lands once, never an older
+over a newer), and the milestone events' budget. No API server: tests/e2e/test_progress.py has
+the real one."""
 
 from __future__ import annotations
 
@@ -16,40 +18,76 @@ from progress_fakes import Clock, FakeIssuer, FakeNamespace
 from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.planning import plan_children
+from megdet.controller.progress_binding import run_ref
 from megdet.controller.progress_ca import ServingCert, service_hosts
-from megdet.controller.progress_hub import ProgressHub, TokenBucket, UnknownRun
+from megdet.controller.progress_events import Milestones, TokenBucket
+from megdet.controller.progress_hub import ProgressHub, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
 
 NS = "vision"
 
 
+class Conflict(Exception):
+    status = 409
+
+
 class FakeAPI:
+    """The runs as the API server keeps them: a status patch merges into the stored status
+    (a merge patch) and moves the resourceVersion on; one that names an older version is a
+    409. ``views``: what each replica's watch shows, None for the stored run (up to date)."""
+
     def __init__(self, runs: dict[tuple[str, str], dict[str, Any]]) -> None:
         self.runs = runs
         self.patches: list[tuple[str, str, dict[str, Any]]] = []
-        self.events: list[tuple[str, str, str]] = []
+        self.reads = 0
+        #: Errors the next patches raise, in order.
+        self.fail: list[Exception] = []
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.runs.get((namespace, name))
 
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        self.patches.append((namespace, name, json.loads(json.dumps(status))))
+    def view(self, namespace: str, name: str) -> Any:
+        return run_ref(json.loads(json.dumps(self.runs.get((namespace, name)))))
 
-    def post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
-        self.events.append((name, reason, message))
+    def read(self, namespace: str, name: str) -> Any:
+        self.reads += 1
+        return self.view(namespace, name)
+
+    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any],
+                     version: str | None = None) -> None:  # fmt: skip
+        if self.fail:
+            raise self.fail.pop(0)
+        run = self.runs[(namespace, name)]
+        meta = run["metadata"]
+        if version is not None and version != meta.get("resourceVersion"):
+            raise Conflict(f"{name}: version {version} is not {meta.get('resourceVersion')}")
+        patch = json.loads(json.dumps(status))
+        self.patches.append((namespace, name, patch))
+        stored = run.setdefault("status", {})
+        for key, value in patch.items():
+            if isinstance(value, dict) and isinstance(stored.get(key), dict):
+                stored[key] = {k: v for k, v in {**stored[key], **value}.items() if v is not None}
+            else:
+                stored[key] = value
+        meta["resourceVersion"] = str(int(meta.get("resourceVersion", "1")) + 1)
+
+    def hub(self, view: Any = None, **options: Any) -> ProgressHub:
+        """A replica's hub: its watch's ``view`` of the runs (default: up to date)."""
+        return ProgressHub(view or self.view, self.read, self.patch_status, **options)
 
 
 def run_obj(name: str, target: str = "pytorchjob", progress: dict | None = None) -> dict:
     status = {"progress": progress} if progress else {}
     return {
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}"},
+        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "resourceVersion": "1"},
         "spec": {"target": target},
         "status": status,
     }
 
 
 def report(iteration: int, *, ap: float | None = None, ev: int | None = None, ck: int | None = None,
-           max_iter: int = 1000, eta: int | None = 600) -> dict[str, Any]:  # fmt: skip
+           max_iter: int = 1000, eta: int | None = 600,
+           at: str = "2026-01-01T00:00:00Z") -> dict[str, Any]:  # fmt: skip
     p = protocol.Progress(
         iteration=iteration,
         max_iter=max_iter,
@@ -58,7 +96,7 @@ def report(iteration: int, *, ap: float | None = None, ev: int | None = None, ck
         ap50=None if ap is None else ap + 20,
         eval_iteration=ev,
         checkpoint_iteration=ck,
-        updated_time="2026-01-01T00:00:00Z",
+        updated_time=at,
     )
     return protocol.to_request(p)
 
@@ -75,7 +113,7 @@ def endpoint(cert):
                    (NS, "tj"): run_obj("tj", "trainjob")})  # fmt: skip
     review = FakeIssuer()
     auth = FakeNamespace().authenticator(review)
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub = api.hub(interval=30, clock=clock)
     server = ProgressServer(("127.0.0.1", 0), hub, auth, cert.context, clock=clock)
     import threading
 
@@ -164,7 +202,7 @@ def test_unknown_run_404_trainjob_run_404_bad_payload_422(endpoint) -> None:
     assert auth_ok.check(f"Bearer {ghost3}", NS, "ghost").status == 200
     with pytest.raises(UnknownRun):
         hub.report(NS, "ghost", {"iteration": 1})
-    with pytest.raises(UnknownRun, match="trainjob"):
+    with pytest.raises(UnknownRun):
         hub.report(NS, "tj", {"iteration": 1})
 
     token = review.mint("tok-422", "r1")
@@ -194,7 +232,7 @@ def test_status_writes_are_rate_limited_and_only_when_changed() -> None:
     clock = Clock()
     runs = {(NS, f"r{i}"): run_obj(f"r{i}") for i in range(1000)}
     api = FakeAPI(runs)
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub = api.hub(interval=30, clock=clock)
     seconds, period = 600, 5
     for t in range(0, seconds, period):
         clock.now = 1000.0 + t
@@ -220,7 +258,7 @@ def test_a_new_stage_is_written_at_once_inside_the_interval() -> None:
     written at the next flush, not held for the rest of the interval; iterations are."""
     clock = Clock()
     api = FakeAPI({(NS, "r1"): run_obj("r1")})
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub = api.hub(interval=30, clock=clock)
     hub.report(NS, "r1", {"iteration": 10, "stage": "training"})
     assert hub.flush() == 1
     clock.now += 1
@@ -231,59 +269,98 @@ def test_a_new_stage_is_written_at_once_inside_the_interval() -> None:
     assert api.patches[-1][2]["progress"]["stage"] == "evaluating"
 
 
-def test_status_write_drops_keys_the_report_no_longer_has() -> None:
+def test_a_report_without_a_key_keeps_the_runs() -> None:
     clock = Clock()
     api = FakeAPI({(NS, "r1"): run_obj("r1", progress={"iteration": 5, "etaSeconds": 9})})
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub = api.hub(interval=30, clock=clock)
     hub.report(NS, "r1", {"iteration": 6})
     hub.flush()
-    ((_ns, _name, patch),) = api.patches
-    # Progress is merged over what was written before, so a report without the ETA keeps it.
-    assert patch["progress"]["iteration"] == 6 and patch["progress"]["etaSeconds"] == 9
+    assert [patch for _ns, _name, patch in api.patches] == [{"progress": {"iteration": 6}}]
+    # A merge patch of status.progress: a report without the ETA keeps the run's.
+    assert api.runs[(NS, "r1")]["status"]["progress"] == {"iteration": 6, "etaSeconds": 9}
 
 
-def test_a_restarted_controller_continues_from_the_written_progress() -> None:
-    clock = Clock()
-    written = {"iteration": 500, "evalIteration": 400, "ap": 30.0, "checkpointIteration": 400}
-    api = FakeAPI({(NS, "r1"): run_obj("r1", progress=written)})
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
-    # The same evaluation reported again after the restart: no second Evaluated event.
-    hub.report(NS, "r1", {**written, "iteration": 510})
-    hub.flush()
-    assert api.events == []
-    assert api.patches[-1][2]["progress"]["iteration"] == 510
+def _progress(iteration: int, at: str) -> dict[str, Any]:
+    return protocol.to_status(report(iteration, at=at)["trainerStatus"])[0]
 
 
-def test_events_one_per_evaluation_every_kth_checkpoint_and_bounded_per_hour() -> None:
+T0, T1, T2 = "2026-01-01T00:00:00Z", "2026-01-01T00:00:10Z", "2026-01-01T00:00:20Z"
+
+
+def test_two_replicas_each_report_lands_once_and_never_an_older_over_a_newer() -> None:
+    """The Service spreads a run's reports over the replicas: each hub writes what it got,
+    once, and a report older than what the run holds (another replica wrote a newer one) is
+    not written at all."""
     clock = Clock()
     api = FakeAPI({(NS, "r1"): run_obj("r1")})
-    hub = ProgressHub(
-        api.get_run, api.patch_status, api.post_event, interval=30, checkpoint_every=2,
-        clock=clock,
-    )  # fmt: skip
+    a, b = api.hub(interval=30, clock=clock), api.hub(interval=30, clock=clock)
+    a.report(NS, "r1", _progress(10, T0))
+    assert a.flush() == 1 and b.flush() == 0  # a report to either lands once
+    b.report(NS, "r1", _progress(30, T2))
+    a.report(NS, "r1", _progress(20, T1))  # older than b's, and a's flush comes later
+    assert b.flush() == 1
+    clock.now += 31
+    assert a.flush() == 0
+    assert api.runs[(NS, "r1")]["status"]["progress"]["iteration"] == 30
+    assert len(api.patches) == 2
+    assert a.flush() == 0 and b.flush() == 0  # nothing held is written again
+    # Within one replica, a report that arrives after a newer one is not kept either.
+    a.report(NS, "r1", _progress(40, "2026-01-01T00:00:40Z"))
+    a.report(NS, "r1", _progress(35, "2026-01-01T00:00:35Z"))
+    clock.now += 31
+    assert a.flush() == 1
+    assert api.runs[(NS, "r1")]["status"]["progress"]["iteration"] == 40
+
+
+def test_a_stale_view_costs_a_409_and_a_read_and_loses_nothing() -> None:
+    """A replica's watch may not have seen the other replica's write yet: its write names the
+    version it compared with, the API server refuses it (409), the run is read and compared
+    again, and the newer report it holds stays."""
+    clock = Clock()
+    api = FakeAPI({(NS, "r1"): run_obj("r1")})
+    stale = api.view(NS, "r1")  # a's watch, frozen before b's write
+    a = api.hub(lambda ns, name: stale, interval=30, clock=clock)
+    b = api.hub(interval=30, clock=clock)
+    b.report(NS, "r1", _progress(30, T2))
+    b.flush()
+    a.report(NS, "r1", _progress(20, T1))
+    assert a.flush() == 0 and api.reads == 1  # 409, read, the run holds a newer report
+    assert api.runs[(NS, "r1")]["status"]["progress"]["iteration"] == 30
+    a.report(NS, "r1", _progress(40, "2026-01-01T00:00:40Z"))
+    clock.now += 31
+    assert a.flush() == 1 and api.reads == 2  # 409, read, newer than the run's: written
+    assert api.runs[(NS, "r1")]["status"]["progress"]["iteration"] == 40
+
+
+def test_milestones_one_per_evaluation_every_kth_checkpoint_and_bounded_per_hour() -> None:
+    """What the run's watch posts as the status.progress it sees changes (progress_events.py)."""
+    seen, now, events = Milestones(checkpoint_every=2), [0.0], []
+
+    def see(progress: dict[str, Any]) -> None:
+        events.extend(seen.note(progress, now[0]))
+
     p = {"iteration": 100, "evalIteration": 100, "ap": 31.234, "ap50": 52.5}
-    hub.report(NS, "r1", p)
-    hub.report(NS, "r1", p)  # the same evaluation again
-    hub.flush()
-    assert api.events == [("r1", "Evaluated", "evaluated at iteration 100: AP 31.23, AP50 52.50")]
+    see(p)
+    see(p)  # the same evaluation again
+    assert events == [("Evaluated", "evaluated at iteration 100: AP 31.23, AP50 52.50")]
     for ck in (100, 200, 200, 300, 400):
-        hub.report(NS, "r1", {"checkpointIteration": ck})
-    hub.flush()
-    assert [e[1:] for e in api.events[1:]] == [
+        see({"checkpointIteration": ck})
+    assert events[1:] == [
         ("Checkpointed", "checkpoint at iteration 200"),
         ("Checkpointed", "checkpoint at iteration 400"),
     ]
     # The bucket (3 at once) is spent: a burst of evaluations posts nothing more ...
     for ev in range(200, 2000, 100):
-        hub.report(NS, "r1", {"evalIteration": ev, "ap": 1.0})
-    hub.flush()
-    assert len(api.events) == 3
+        see({"evalIteration": ev, "ap": 1.0})
+    assert len(events) == 3
     # ... and over a long run, at most EVENTS_PER_HOUR an hour (+ the burst).
     for minute in range(1, 601):  # 10 hours, an evaluation every minute
-        clock.now += 60
-        hub.report(NS, "r1", {"evalIteration": 10_000 + minute, "ap": 1.0})
-    hub.flush()
-    assert len(api.events) - 3 <= 6 * 10 + 1
+        now[0] += 60
+        see({"evalIteration": 10_000 + minute, "ap": 1.0})
+    assert len(events) - 3 <= 6 * 10 + 1
+    # A new look (a restart, a failover) starts from the progress the run holds: none again.
+    held = {"evalIteration": 400, "ap": 30.0, "checkpointIteration": 400}
+    assert Milestones.from_written(held, 2).note(held, 0.0) == []
 
 
 def test_token_bucket_refills_at_its_rate() -> None:

@@ -1,77 +1,62 @@
-"""The progress hub forgets a run when it is deleted, on kmock with the real
-operator: nothing the hub holds for a run outlives it, and a run re-created under the same
-name starts clean (its own uid, no old progress, its milestones from the start)."""
+"""The progress endpoint forgets a run when it is deleted, and the run's watch posts its
+milestone events, on kmock with the real operator: nothing the hub holds for a run outlives it,
+each evaluation is announced once, and a run re-created under the same name starts clean (its
+own uid, its milestones from the start)."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-import kmock_helpers
 from kmock_helpers import (
     NAMESPACE,
     RUNS,
     apply,
     collect_garbage,
     delete,
+    events_for,
     eventually,
     get,
     reconciled,
     run_body,
-    start_operator,
     stop_operator,
 )
-from kubernetes import client as k8s
-
-from megdet.controller.kubeapi import Cluster
-from megdet.controller.operator import build_registry
-from megdet.controller.progress_hub import ProgressHub, register_forget
+from progress_kmock import start_progress_operator
 
 
-def _client(url: str) -> k8s.ApiClient:
-    config = k8s.Configuration()
-    config.host = url
-    return k8s.ApiClient(config)
+def _evaluated(cluster, name: str) -> list[str]:
+    """The uids of the run objects the Evaluated events of ``name`` are about."""
+    return [e["involvedObject"].get("uid") for e in events_for(cluster, name)
+            if e.get("reason") == "Evaluated"]  # fmt: skip
 
 
-async def test_the_hub_forgets_deleted_runs_and_a_recreated_run_starts_clean(
-    cluster, monkeypatch
-) -> None:
-    cl = Cluster(_client(str(cluster.url)), timeout=2.0)
-    events: list[tuple[str, str, str]] = []
-    hub = ProgressHub(
-        cl.get_run,
-        lambda ns, name, status: cl.patch_run_status(ns, name, status),
-        lambda ns, name, uid, reason, message: events.append((name, uid, reason)),
-        interval=0.01,
-    )
-
-    def registry_with_forget(handlers: Any, progress: Any = None) -> Any:
-        registry = build_registry(handlers, progress)
-        register_forget(registry, hub)  # as controller/operator.py wires it
-        return registry
-
-    monkeypatch.setattr(kmock_helpers, "build_registry", registry_with_forget)
-    op = await start_operator(str(cluster.url))
+async def test_the_hub_forgets_deleted_runs_and_a_recreated_run_starts_clean(cluster) -> None:
+    op = await start_progress_operator(cluster)
+    service = op.progress_service
+    hub = service.hub
     try:
         names = [f"r{i}" for i in range(12)]
         for name in names:
             await apply(cluster, run_body(name))
         await reconciled(cluster, *names)
+        await eventually(lambda: len(service.runs) == len(names), message="the runs' watch")
         evaluation = {"iteration": 100, "evalIteration": 100, "ap": 30.0, "ap50": 50.0}
-        for name in names:  # the hub's blocking client runs off the loop kmock serves from
-            await asyncio.to_thread(hub.report, NAMESPACE, name, evaluation)
-        await asyncio.to_thread(hub.flush)
+        for name in names:
+            hub.report(NAMESPACE, name, evaluation)
+        await asyncio.to_thread(hub.flush)  # the hub's blocking client: off kmock's loop
         assert set(hub.runs) == {(NAMESPACE, n) for n in names}
-        assert sorted(n for n, _, reason in events if reason == "Evaluated") == sorted(names)
-        old_uid = hub.runs[(NAMESPACE, "r0")].uid
+        # The run's watch sees the new status.progress and posts the milestone, once.
+        await eventually(lambda: all(_evaluated(cluster, n) for n in names),
+                         message="an Evaluated event per run")  # fmt: skip
+        old_uid = get(cluster, RUNS, "r0")["metadata"]["uid"]
+        assert _evaluated(cluster, "r0") == [old_uid]
 
         for name in names:
             await delete(cluster, RUNS, name)
         await eventually(
             lambda: all(get(cluster, RUNS, n) is None for n in names), message="runs gone"
         )
-        await eventually(lambda: not hub.runs, message="the hub to forget every deleted run")
+        await eventually(lambda: not hub.runs and not len(service.runs),
+                         message="the hub and the view to forget every deleted run")  # fmt: skip
         # Their jobs go by garbage collection (kmock's stand-in here), as on a cluster, before
         # the name is used again.
         assert len(await collect_garbage(cluster)) == len(names)
@@ -79,14 +64,12 @@ async def test_the_hub_forgets_deleted_runs_and_a_recreated_run_starts_clean(
         # The same name again: a new run, its own uid; the same evaluation is news to it.
         await apply(cluster, run_body("r0"))
         await reconciled(cluster, "r0")
-        await asyncio.to_thread(hub.report, NAMESPACE, "r0", evaluation)
-        run = hub.runs[(NAMESPACE, "r0")]
-        assert run.uid == get(cluster, RUNS, "r0")["metadata"]["uid"] != old_uid
-        assert run.written == {} and run.milestones.eval_iteration == 100
-        await asyncio.to_thread(hub.flush)
-        assert [(n, u) for n, u, reason in events if n == "r0" and reason == "Evaluated"] == [
-            ("r0", old_uid),
-            ("r0", run.uid),
-        ]
+        new_uid = get(cluster, RUNS, "r0")["metadata"]["uid"]
+        await eventually(lambda: getattr(service.runs.get(NAMESPACE, "r0"), "uid", "") == new_uid,
+                         message="the new run in the view")  # fmt: skip
+        hub.report(NAMESPACE, "r0", evaluation)
+        assert await asyncio.to_thread(hub.flush) == 1
+        await eventually(lambda: len(_evaluated(cluster, "r0")) == 2, message="its own event")
+        assert _evaluated(cluster, "r0") == [old_uid, new_uid] and new_uid != old_uid
     finally:
         await stop_operator(op)

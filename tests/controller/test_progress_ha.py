@@ -1,15 +1,16 @@
 """The progress endpoint with two controller replicas and with edited CA ConfigMaps, the real
 operator against kmock.
 
-- Two replicas (the operator chart's default) share one CA through a Secret, only the active
-  one (kopf's peering) answers and writes ``status.progress`` and labels its pod for the
-  progress Service; the other answers 503 and writes nothing; after a failover the new
-  active replica serves with the same CA.
-- A CA ConfigMap that a namespace editor changed or deleted is written back by the active
-  replica; nothing is written while it is right.
+- Two replicas (the operator chart's default) share one CA through a Secret and both serve,
+  whatever kopf's peering says (as Kubeflow Trainer's status server runs on every replica): a
+  report to either is written once, an older report never replaces a newer one, and the
+  evaluation in it is announced once (by the replica kopf lets act, from the run's watch); when
+  the acting replica stops, the other goes on serving with the same CA.
+- A CA ConfigMap that a namespace editor changed or deleted is written back; nothing is
+  written while it is right.
 
-The real API server (TokenReview, RBAC, the EndpointSlice of the progress Service) is in
-tests/e2e/test_progress_ha.py.
+The real API server (RBAC, the EndpointSlice of the progress Service) is in
+tests/e2e/test_e2e_progress_ha.py.
 """
 
 from __future__ import annotations
@@ -22,22 +23,15 @@ from kmock_helpers import (
     PEERING_NAME,
     PEERINGS,
     OperatorThread,
+    events_for,
     eventually,
     run_status,
     stop_operator,
 )
 from progress_fakes import FakeIssuer
-from progress_kmock import (
-    OPS,
-    apost,
-    obj,
-    run_with_pod,
-    serve_issuer,
-    start_progress_operator,
-)
+from progress_kmock import apost, obj, run_with_pod, serve_issuer, start_progress_operator
 
 from megdet.controller.progress_ca import CA_CONFIG_MAP, CA_KEY
-from megdet.controller.progress_leader import ACTIVE_LABEL
 
 
 def requests_from(api: Any, op: OperatorThread) -> list[Any]:
@@ -48,7 +42,12 @@ def writes(requests: list[Any], fragment: str) -> list[Any]:
     return [r for r in requests if r.method in ("POST", "PATCH", "PUT") and fragment in r.url.path]
 
 
-async def test_two_replicas_share_the_ca_only_the_active_one_serves_and_failover_keeps_it(
+def progress_writes(api: Any, op: OperatorThread) -> list[Any]:
+    return [r for r in writes(requests_from(api, op), "/megdetruns/r/status")
+            if "progress" in ((r.data or {}).get("status") or {})]  # fmt: skip
+
+
+async def test_both_replicas_serve_each_report_lands_once_and_stopping_one_keeps_the_ca(
     cluster,
 ) -> None:
     cluster.objects[PEERINGS, None, PEERING_NAME] = {
@@ -66,47 +65,72 @@ async def test_two_replicas_share_the_ca_only_the_active_one_serves_and_failover
         assert len(secrets) == 1
         ca = leader.progress_service.cert.ca_pem
         assert follower.progress_service.cert.ca_pem == ca
-        await eventually(
-            lambda: leader.leadership.active() and not follower.leadership.active(),
-            message="the higher priority to be the active replica",
-        )
-        token = await run_with_pod(cluster, "r", issuer)
+        token = await run_with_pod(cluster, "r", issuer)  # the job: made by the acting replica
         await eventually(lambda: obj(cluster, "v1/configmaps", NAMESPACE, CA_CONFIG_MAP))
         assert obj(cluster, "v1/configmaps", NAMESPACE, CA_CONFIG_MAP)["data"][CA_KEY] == ca
+        # The follower acts on nothing (kopf's peering) ...
+        assert writes(requests_from(cluster, follower), "/pytorchjobs") == []
+        # ... and serves reports all the same, from watches of its own.
+        await eventually(lambda: follower.progress_service.runs.get(NAMESPACE, "r"),
+                         message="the follower's view of the run")  # fmt: skip
+        iteration = lambda: (run_status(cluster, "r").get("progress") or {}).get("iteration")  # noqa: E731
+        assert (await apost(follower, token, "r", 10, "2026-01-01T00:00:10Z"))[0] == 200
+        await eventually(lambda: iteration() == 10, message="the follower's write")
+        assert (await apost(leader, token, "r", 30, "2026-01-01T00:00:30Z"))[0] == 200
+        await eventually(lambda: iteration() == 30, message="the leader's write")
+        # A late, older report to the follower: accepted (200) and never written over it.
+        assert (await apost(follower, token, "r", 20, "2026-01-01T00:00:20Z"))[0] == 200
+        held = lambda: follower.progress_service.hub.runs[NAMESPACE, "r"]  # noqa: E731
+        await eventually(lambda: held().written == held().latest, message="the follower's flush")
+        assert held().latest["iteration"] == 20
+        assert iteration() == 30
+        # Each report landed once: one progress write per replica.
+        assert len(progress_writes(cluster, follower)) == 1
+        assert len(progress_writes(cluster, leader)) == 1
 
-        assert (await apost(leader, token, "r", 10))[0] == 200
-        code, body = await apost(follower, token, "r", 20)
-        assert code == 503 and "standby" in body
-        await eventually(
-            lambda: (run_status(cluster, "r").get("progress") or {}).get("iteration") == 10,
-            message="the active replica's status.progress write",
-        )
-        # Only the active replica's pod carries the label the progress Service selects.
-        label = lambda op: ((obj(cluster, "v1/pods", OPS, op.identity) or {}).get(  # noqa: E731
-            "metadata", {}).get("labels") or {}).get(ACTIVE_LABEL)  # fmt: skip
-        await eventually(lambda: label(leader) == "active", message="the leader's label")
-        assert label(follower) is None
-        # The standby replica wrote no progress, no CA ConfigMap, no run status at all.
-        standby = requests_from(cluster, follower)
-        assert writes(standby, "/megdetruns/") == [] and writes(standby, "/configmaps") == []
-
-        # Failover: the active replica stops (kopf takes it out of the peering object).
+        # The acting replica stops: the other serves on, with the CA the pods trust.
         await stop_operator(leader)
-        await eventually(follower.leadership.active, message="the follower to take over")
-        await eventually(lambda: label(follower) == "active", message="the follower's label")
-        assert label(leader) is None  # the stopped replica took its label off
-        assert follower.progress_service.cert.ca_pem == ca  # the CA the pods trust is the same
-        code, _ = await apost(follower, token, "r", 30)
-        assert code == 200
-        await eventually(
-            lambda: (run_status(cluster, "r").get("progress") or {}).get("iteration") == 30,
-            message="the new active replica's write",
-        )
+        assert follower.progress_service.cert.ca_pem == ca
+        assert (await apost(follower, token, "r", 40, "2026-01-01T00:00:40Z"))[0] == 200
+        await eventually(lambda: iteration() == 40, message="the follower's write")
         assert obj(cluster, "v1/configmaps", NAMESPACE, CA_CONFIG_MAP)["data"][CA_KEY] == ca
     finally:
         await stop_operator(follower)
         if leader.thread.is_alive():
             await stop_operator(leader)
+
+
+async def test_an_evaluation_is_announced_once_whichever_replica_it_reached(cluster) -> None:
+    """Milestone events come from the run's watch on the replica kopf lets act, not from the
+    endpoint: an evaluation reported to the replica that does not act is announced once."""
+    cluster.objects[PEERINGS, None, PEERING_NAME] = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING_NAME},
+    }
+    issuer = FakeIssuer()
+    serve_issuer(cluster, issuer)
+    leader = await start_progress_operator(cluster, 200, PEERING_NAME)
+    follower = await start_progress_operator(cluster, 100, PEERING_NAME)
+    try:
+        await run_with_pod(cluster, "r", issuer)
+        await eventually(lambda: follower.progress_service.runs.get(NAMESPACE, "r"),
+                         message="the follower's view of the run")  # fmt: skip
+        evaluation = {"iteration": 100, "evalIteration": 100, "ap": 30.0, "ap50": 50.0,
+                      "updatedTime": "2026-01-01T00:01:40Z"}  # fmt: skip
+        follower.progress_service.hub.report(NAMESPACE, "r", evaluation)
+        evaluated = lambda: [e for e in events_for(cluster, "r") if e.get("reason") == "Evaluated"]  # noqa: E731
+        (event,) = await eventually(evaluated, message="the Evaluated event")
+        assert "iteration 100: AP 30.00, AP50 50.00" in event["message"]
+        # The follower posted nothing itself; the same progress again announces nothing.
+        assert writes(requests_from(cluster, follower), "/events") == []
+        leader.progress_service.hub.report(NAMESPACE, "r", {**evaluation, "iteration": 101})
+        await eventually(lambda: (run_status(cluster, "r").get("progress") or {})
+                         .get("iteration") == 101, message="the leader's write")  # fmt: skip
+        assert len(evaluated()) == 1
+    finally:
+        await stop_operator(follower)
+        await stop_operator(leader)
 
 
 async def test_an_edited_or_deleted_ca_config_map_is_written_back(cluster) -> None:

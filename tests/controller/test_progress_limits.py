@@ -20,6 +20,7 @@ from typing import Any
 import jwt
 import pytest
 from progress_fakes import Clock, FakeIssuer, FakeNamespace
+from test_progress_endpoint import FakeAPI
 
 from megdet import progress as protocol
 from megdet.controller import metrics
@@ -28,7 +29,6 @@ from megdet.controller.progress_hub import (
     MAX_INT64,
     HubFull,
     InvalidProgress,
-    ProgressHub,
     UnknownRun,
     out_of_range,
 )
@@ -55,28 +55,15 @@ class Authenticator(RunAuthenticator):
         return super().check(authorization, *args, **kwargs)
 
 
-class FakeAPI:
-    def __init__(self, runs: dict[tuple[str, str], dict[str, Any]]) -> None:
-        self.runs = runs
-        self.patches: list[tuple[str, str, dict[str, Any]]] = []
-        self.events: list[tuple[str, str, str]] = []
-        self.fail: list[Exception] = []
-
-    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.runs.get((namespace, name))
-
-    def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        if self.fail:
-            raise self.fail.pop(0)
-        self.patches.append((namespace, name, json.loads(json.dumps(status))))
-
-    def post_event(self, namespace: str, name: str, uid: str, reason: str, message: str) -> None:
-        self.events.append((name, reason, message))
-
-
 def run_obj(name: str, **meta: Any) -> dict[str, Any]:
     return {
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", **meta},
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            **meta,
+        },
         "spec": {"target": "pytorchjob"},
         "status": {},
     }
@@ -92,7 +79,7 @@ def body(iteration: int = 10, **metrics_: str) -> bytes:
 
 def make(clock: Clock, good: Mapping[str, str] | None = None):
     api = FakeAPI({(NS, "r1"): run_obj("r1"), (NS, "r2"): run_obj("r2")})
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub = api.hub(interval=30, clock=clock)
     auth = Authenticator(good or {}, clock)
     # Not started: handle() is called directly (the HTTP plumbing: test_http_limits.py).
     server = ProgressServer(("127.0.0.1", 0), hub, auth, None, clock=clock)
@@ -272,7 +259,7 @@ def _writes(result: str) -> float:
 def test_a_status_write_the_api_server_refuses_is_dropped_not_retried() -> None:
     clock = Clock()
     api = FakeAPI({(NS, "r1"): run_obj("r1")})
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, interval=30, clock=clock)
+    hub = api.hub(interval=30, clock=clock)
     refused, errors = _writes("refused"), _writes("error")
     hub.report(NS, "r1", {"iteration": 5})
     api.fail.append(ApiError(422))
@@ -298,9 +285,7 @@ def test_a_status_write_the_api_server_refuses_is_dropped_not_retried() -> None:
 def test_the_hub_holds_at_most_max_runs_and_forgets_idle_runs() -> None:
     clock = Clock()
     api = FakeAPI({(NS, f"r{i}"): run_obj(f"r{i}") for i in range(10)})
-    hub = ProgressHub(
-        api.get_run, api.patch_status, api.post_event, clock=clock, max_runs=3, idle_forget=600
-    )
+    hub = api.hub(clock=clock, max_runs=3, idle_forget=600)
     for i in range(3):
         hub.report(NS, f"r{i}", {"iteration": i})
     with pytest.raises(HubFull):
@@ -316,27 +301,17 @@ def test_the_hub_holds_at_most_max_runs_and_forgets_idle_runs() -> None:
     assert set(hub.runs) == {(NS, "r0"), (NS, "r3")}
 
 
-def test_a_run_being_deleted_is_not_loaded_and_a_forget_in_between_reloads() -> None:
+def test_a_run_being_deleted_or_unknown_is_refused_and_one_gone_at_its_write_is_forgotten():
     clock = Clock()
-    api = FakeAPI({(NS, "gone"): run_obj("gone", deletionTimestamp="2026-01-01T00:00:00Z")})
-    hub = ProgressHub(api.get_run, api.patch_status, api.post_event, clock=clock)
-    with pytest.raises(UnknownRun, match="being deleted"):
-        hub.report(NS, "gone", {"iteration": 1})
+    api = FakeAPI({(NS, "gone"): run_obj("gone", deletionTimestamp="2026-01-01T00:00:00Z"),
+                   (NS, "r"): run_obj("r")})  # fmt: skip
+    hub = api.hub(clock=clock)
+    for name in ("gone", "never"):
+        with pytest.raises(UnknownRun, match="not found"):
+            hub.report(NS, name, {"iteration": 1})
     assert hub.runs == {}
-    # A forget while a report reads its run: the report reads the run again, so the old
-    # incarnation (its uid, its milestones) is not kept for a new one.
-    api.runs[(NS, "r")] = run_obj("r")
-    reads = []
-
-    def get_run(namespace: str, name: str) -> dict[str, Any] | None:
-        reads.append(name)
-        if len(reads) == 1:
-            found = api.get_run(namespace, name)
-            hub.forget(namespace, name)  # deleted meanwhile ...
-            api.runs[(NS, "r")] = {**run_obj("r"), "metadata": {"name": "r", "uid": "new"}}
-            return found
-        return api.get_run(namespace, name)
-
-    hub.get_run = get_run
+    gone = _writes("gone")
     hub.report(NS, "r", {"iteration": 1})
-    assert reads == ["r", "r"] and hub.runs[(NS, "r")].uid == "new"
+    del api.runs[(NS, "r")]  # deleted before the flush: its watch says so, nothing is written
+    assert hub.flush() == 0 and hub.runs == {} and api.patches == []
+    assert _writes("gone") - gone == 1

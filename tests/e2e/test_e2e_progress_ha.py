@@ -3,10 +3,12 @@ two replicas (two `megdet controller` processes on the host with the Deployment'
 playing one of the Deployment's pods, logged in as the chart's ServiceAccount), a failover, the
 tokens the API server binds to pods, and the CA ConfigMap a namespace editor changes.
 
-- Only the active replica (kopf's peering) answers 200 and writes status.progress; the other
-  answers 503; only the active one's pod is behind the progress Service (its EndpointSlice).
-- Both serve the certificate of the shared Secret; after the active one stops, the other takes
-  over with the same CA, and the pods' CA ConfigMap is unchanged.
+- Both replicas answer 200 and write status.progress, whichever kopf's peering lets act (as
+  Kubeflow Trainer's status server runs on every replica); both pods are behind the progress
+  Service (its EndpointSlice); a late, older report never replaces a newer one; an evaluation
+  reported to the replica that does not act is announced once (one Evaluated event).
+- Both serve the certificate of the shared Secret; after the acting one stops, the other goes
+  on serving with the same CA, and the pods' CA ConfigMap is unchanged.
 - A pod named as the run's but not of its job, an old run's token after the run is created
   again, and a token for the old audience bound to the new run's pod: all 403.
 - The CA ConfigMap edited or deleted: written back.
@@ -37,7 +39,6 @@ from e2e_helpers import (
 )
 
 from megdet import progress as protocol
-from megdet.controller.progress_leader import ACTIVE_LABEL
 
 NS = "progress-ha-e2e"
 RUN = "ha-run"
@@ -47,8 +48,9 @@ SECRET = "megdet-operator-progress-ca"
 
 @pytest.fixture(scope="module")
 def replicas(kube, controller, tmp_path_factory):
-    """(active, standby): the session's single controller stopped, two processes started with
-    priorities 200 and 100, each as one of the Deployment's two pods."""
+    """(acting, other): the session's single controller stopped, two processes started with
+    priorities 200 and 100, each as one of the Deployment's two pods, writing progress at most
+    once a second."""
     controller.stop()
     selector = "app.kubernetes.io/name=megdet-operator,app.kubernetes.io/component=controller"
     pods = eventually(
@@ -62,8 +64,7 @@ def replicas(kube, controller, tmp_path_factory):
             kube,
             tmp_path_factory.mktemp(f"replica-{priority}"),
             pod_id=name,
-            extra_args=(f"--priority={priority}",),
-            extra_env={"POD_NAME": name, "POD_NAMESPACE": OPERATOR_NAMESPACE},
+            extra_args=(f"--priority={priority}", "--progress-interval=1"),
         )
         proc.start()
         procs.append(proc)
@@ -80,14 +81,16 @@ def secret_ca(kube) -> str:
     return base64.b64decode(secret["data"]["ca.crt"]).decode()
 
 
-def post(proc: ControllerProcess, ca: str, run: str, token: str, iteration: int) -> tuple[int, Any]:
-    """A report to ``proc``'s endpoint, verifying its certificate with ``ca`` (raises
-    ssl.SSLError if the certificate is not the CA's)."""
+def post(proc: ControllerProcess, ca: str, run: str, token: str, iteration: int,
+         at: float | None = None, **more: Any) -> tuple[int, Any]:  # fmt: skip
+    """A report to ``proc``'s endpoint (``at``: its time, default now; ``more``: Progress
+    fields), verifying its certificate with ``ca`` (raises ssl.SSLError if the certificate is
+    not the CA's)."""
     context = ssl.create_default_context(cadata=ca)
     conn = http.client.HTTPSConnection("127.0.0.1", proc.progress_port, context=context,
                                        timeout=20)  # fmt: skip
-    report = protocol.Progress(iteration=iteration, max_iter=1000,
-                               updated_time=protocol.format_time(time.time()))  # fmt: skip
+    when = protocol.format_time(time.time() if at is None else at)
+    report = protocol.Progress(iteration=iteration, max_iter=1000, updated_time=when, **more)
     conn.request(
         "POST",
         protocol.run_status_path(NS, run),
@@ -124,9 +127,9 @@ def iteration(kube, run: str) -> int | None:
     return (status.get("progress") or {}).get("iteration")
 
 
-def label_of(kube, pod: str) -> str | None:
-    meta = get_json(kube, "pod", pod, "-n", OPERATOR_NAMESPACE)["metadata"]
-    return (meta.get("labels") or {}).get(ACTIVE_LABEL)
+def evaluated(kube, run: str) -> list[dict[str, Any]]:
+    return get_json(kube, "events", "-n", NS, "--field-selector",
+                    f"involvedObject.name={run},reason=Evaluated")["items"]  # fmt: skip
 
 
 def endpoint_pods(kube) -> set[str]:
@@ -139,8 +142,8 @@ def endpoint_pods(kube) -> set[str]:
     }
 
 
-def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube, replicas) -> None:
-    active, standby = replicas
+def test_both_replicas_serve_one_stops_the_ca_stays_and_tokens_are_bound(kube, replicas) -> None:
+    acting, other = replicas
     ns = namespace(kube, NS)
     apply_objects(kube, mdr(RUN, ns, {"gpus": 8}))
     pod = run_pod(kube, RUN)
@@ -152,20 +155,24 @@ def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube
     )
     assert published["data"]["ca.crt"] == ca  # the Secret's CA is what the pods trust
 
-    # Only the active replica serves; both present the Secret's certificate.
-    assert eventually(lambda: post(active, ca, RUN, good, 10)[0] == 200, timeout=60,
-                      message="the active replica to accept")  # fmt: skip
-    code, answer = post(standby, ca, RUN, good, 20)
-    assert code == 503 and "standby" in answer["message"]
-    eventually(lambda: iteration(kube, RUN) == 10, timeout=30, message="status.progress")
-    # The progress Service reaches only the active replica's pod.
-    eventually(
-        lambda: label_of(kube, active.pod_id) == "active"
-        and label_of(kube, standby.pod_id) is None,
-        timeout=30,
-        message="the active replica's pod label, and none on the other",
-    )
-    eventually(lambda: endpoint_pods(kube) == {active.pod_id}, timeout=60,
+    # Both replicas serve (the one kopf does not let act too), with the Secret's certificate.
+    now = time.time()
+    assert eventually(lambda: post(other, ca, RUN, good, 10, now - 20)[0] == 200, timeout=60,
+                      message="the replica that does not act to accept")  # fmt: skip
+    eventually(lambda: iteration(kube, RUN) == 10, timeout=30, message="its status.progress")
+    assert post(acting, ca, RUN, good, 30, now)[0] == 200
+    eventually(lambda: iteration(kube, RUN) == 30, timeout=30, message="the acting one's write")
+    # A late, older report to the other replica: accepted, never written over the newer one.
+    assert post(other, ca, RUN, good, 20, now - 10)[0] == 200
+    time.sleep(4)  # --progress-interval=1 (the replicas above): its flush is long past
+    assert iteration(kube, RUN) == 30
+    # An evaluation reported to the replica that does not act: announced once, from the run's
+    # watch on the acting one.
+    assert post(other, ca, RUN, good, 40, now + 1, eval_iteration=40, ap=12.5, ap50=30.0)[0] == 200
+    (event,) = eventually(lambda: evaluated(kube, RUN), timeout=30, message="Evaluated")
+    assert "iteration 40: AP 12.50" in event["message"]
+    # The progress Service reaches both replicas' pods.
+    eventually(lambda: endpoint_pods(kube) == {acting.pod_id, other.pod_id}, timeout=60,
                message="the progress Service's endpoints")  # fmt: skip
 
     # Pods named as the run's, with tokens for the run's audience: one that nothing controls,
@@ -180,7 +187,7 @@ def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube
         })  # fmt: skip
         made = get_json(kube, "pod", forged_pod, "-n", NS)["metadata"]["uid"]
         forged = token(kube, token_audience(pod), forged_pod)
-        assert post(active, ca, RUN, forged, 999)[0] == 403, forged_pod
+        assert post(acting, ca, RUN, forged, 999)[0] == 403, forged_pod
         # Still there: the token was valid (the API server checks its pod), the pod was refused.
         assert get_json(kube, "pod", forged_pod, "-n", NS)["metadata"]["uid"] == made
 
@@ -202,16 +209,12 @@ def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube
         message="the CA ConfigMap made again",
     )
 
-    # Failover: the active replica's process stops; the other takes over with the same CA.
-    active.stop()
-    assert eventually(lambda: post(standby, ca, RUN, good, 30)[0] == 200, timeout=90,
-                      message="the other replica to take over")  # fmt: skip
-    eventually(lambda: iteration(kube, RUN) == 30, timeout=30, message="the new active's write")
-    eventually(lambda: label_of(kube, standby.pod_id) == "active", timeout=30,
-               message="the new active replica's label")  # fmt: skip
-    eventually(lambda: endpoint_pods(kube) == {standby.pod_id}, timeout=60,
-               message="the progress Service's endpoints after the failover")  # fmt: skip
+    # The acting replica's process stops; the other goes on serving, with the same CA.
+    acting.stop()
+    assert post(other, ca, RUN, good, 50)[0] == 200
+    eventually(lambda: iteration(kube, RUN) == 50, timeout=30, message="the other's write")
     assert get_json(kube, "configmap", "megdet-progress-ca", "-n", NS)["data"]["ca.crt"] == ca
+    assert len(evaluated(kube, RUN)) == 1
 
     # The run created again under the same name: the old run's token is refused, and so is a
     # token for the old audience bound to the new run's pod; the new pod's own token works.
@@ -221,11 +224,11 @@ def test_two_replicas_one_serves_failover_keeps_the_ca_and_tokens_are_bound(kube
     uid = get_json(kube, "mdr", RUN, "-n", NS)["metadata"]["uid"]
     new_pod = run_pod(kube, RUN, uid)
     assert token_audience(new_pod) != old_audience
-    assert post(standby, ca, RUN, good, 40)[0] == 403
+    assert post(other, ca, RUN, good, 40)[0] == 403
     stale = token(kube, old_audience, new_pod["metadata"]["name"])
-    assert post(standby, ca, RUN, stale, 40)[0] == 403
+    assert post(other, ca, RUN, stale, 40)[0] == 403
     fresh = token(kube, token_audience(new_pod), new_pod["metadata"]["name"])
-    assert eventually(lambda: post(standby, ca, RUN, fresh, 50)[0] == 200, timeout=60,
+    assert eventually(lambda: post(other, ca, RUN, fresh, 50)[0] == 200, timeout=60,
                       message="the new run's pod accepted")  # fmt: skip
 
     # Nothing either replica asked for was refused by the chart's RBAC.

@@ -12,6 +12,7 @@ from e2e_helpers import apply_objects, get_json, mdr, namespace
 
 from megdet.controller import metrics
 from megdet.controller.kubeapi import Cluster
+from megdet.controller.progress_binding import run_ref
 from megdet.controller.progress_hub import ProgressHub
 
 NS = "progress-refused"
@@ -29,9 +30,9 @@ def test_a_refused_status_write_is_dropped_counted_and_not_retried(kube, operato
     cluster = Cluster(config.new_client_from_config(str(kube.kubeconfig)), timeout=10)
     answers: list[Any] = []
 
-    def patch(namespace_: str, name: str, status: Any) -> Any:
+    def patch(namespace_: str, name: str, status: Any, version: str | None) -> Any:
         try:
-            answers.append(cluster.patch_run_status(namespace_, name, status))
+            answers.append(cluster.patch_run_status(namespace_, name, status, version))
         except Exception as err:
             answers.append(getattr(err, "status", err))
             raise
@@ -43,7 +44,10 @@ def test_a_refused_status_write_is_dropped_counted_and_not_retried(kube, operato
         now[0] += 31
         return now[0]
 
-    hub = ProgressHub(cluster.get_run, patch, lambda *a: None, interval=30, clock=later)
+    def read(namespace_: str, name: str) -> Any:  # the view: the run as the server has it now
+        return run_ref(cluster.get_run(namespace_, name))
+
+    hub = ProgressHub(read, read, patch, interval=30, clock=later)
     hub.report(ns, "refused", {"iteration": 5, "percent": 1})
     assert hub.flush() == 1  # the server takes a valid one
     written, refused = _writes("written"), _writes("refused")

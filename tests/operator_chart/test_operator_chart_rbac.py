@@ -71,23 +71,24 @@ def test_no_wildcards_no_secrets_no_escalation() -> None:
         assert not verbs & {"escalate", "bind", "impersonate"}
 
 
-def test_the_release_namespace_role_is_the_shared_ca_secret_and_the_pod_label() -> None:
+def test_the_release_namespace_role_is_the_shared_ca_secret_only() -> None:
     """In its own namespace only: create the shared CA Secret once and read that one (no list,
-    no other Secret), and patch pods (the active replica's label)."""
+    no other Secret). No pods right: no replica labels its pod (every replica serves), and with
+    a mounted certificate (progressCertSecret) there is no Role at all."""
     rendered = render()
     role = rendered.named("Role", f"{RELEASE}-progress")
     assert role["metadata"]["namespace"] == "megdet-system"
     assert rules_of(rendered, role) == {
         ("", "secrets"): {"create"},
         ("", "secrets[megdet-operator-progress-ca]"): {"get"},
-        ("", "pods"): {"patch"},
     }
     binding = rendered.named("RoleBinding", f"{RELEASE}-progress")
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
-    own = render({"controller": {"progressCertSecret": "cert-manager-made"}})
-    assert rules_of(own, own.named("Role", f"{RELEASE}-progress")) == {("", "pods"): {"patch"}}
-    off = render({"controller": {"progressEnabled": False}})
-    assert not [r for r in off.of_kind("Role") if r["metadata"]["name"] == f"{RELEASE}-progress"]
+    for values in ({"controller": {"progressCertSecret": "cert-manager-made"}},
+                   {"controller": {"progressEnabled": False}}):  # fmt: skip
+        rendered = render(values)
+        assert not [r for r in rendered.of_kind("Role") + rendered.of_kind("RoleBinding")
+                    if r["metadata"]["name"] == f"{RELEASE}-progress"]  # fmt: skip
 
 
 def test_without_peering_the_peering_rule_is_gone() -> None:

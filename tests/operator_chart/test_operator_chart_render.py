@@ -6,7 +6,6 @@ import pytest
 from operator_chart_helpers import CI_VALUES, NAMESPACE, render, render_error, values_file
 
 from megdet.cli import build_parser
-from megdet.controller.progress_leader import ACTIVE_LABEL
 
 
 def controller(rendered):
@@ -82,22 +81,21 @@ def test_probes_and_metrics_port() -> None:
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"},
     ]
-    # The training pods' progress reports (controller/progress.py): only to the active
-    # replica, whose pod alone carries the label (controller/progress_leader.py).
+    # The training pods' progress reports (controller/progress_server.py): every replica
+    # serves them, so the Service selects every controller pod, as the metrics Service does.
     progress = rendered.named("Service", "megdet-operator-progress")
     assert progress["spec"]["ports"] == [
         {"name": "progress", "port": 8443, "targetPort": "progress", "protocol": "TCP"},
     ]
-    assert progress["spec"]["selector"] == {
-        **service["spec"]["selector"],
-        ACTIVE_LABEL: "active",
-    }
+    assert progress["spec"]["selector"] == service["spec"]["selector"]
+    deployment, _ = controller(rendered)
+    assert deployment["spec"]["selector"]["matchLabels"] == progress["spec"]["selector"]
 
 
 def test_two_replicas_share_one_progress_ca_and_url() -> None:
-    """The default install (2 replicas): one Secret for the CA that every replica uses, the URL
-    of the Service that reaches the active replica, and the pod's name and namespace for its
-    label; with progressCertSecret, that Secret instead and no shared one."""
+    """The default install (2 replicas): one Secret for the CA that every replica uses and the
+    URL of the Service that reaches them all (no pod label, so no pod name or namespace in the
+    env); with progressCertSecret, that Secret instead and no shared one."""
     rendered = render()
     assert rendered.one("Deployment")["spec"]["replicas"] == 2
     _, container = controller(rendered)
@@ -106,7 +104,7 @@ def test_two_replicas_share_one_progress_ca_and_url() -> None:
     assert args.progress_url == "https://megdet-operator-progress.megdet-system.svc:8443"
     env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in
            container["env"]}  # fmt: skip
-    assert env["POD_NAME"] == "metadata.name" and env["POD_NAMESPACE"] == "metadata.namespace"
+    assert env["POD_ID"] == "metadata.name" and not {"POD_NAME", "POD_NAMESPACE"} & set(env)
     _, own = controller(render({"controller": {"progressCertSecret": "mine"}}))
     args = build_parser().parse_args(own["args"])
     assert args.progress_ca_secret == "" and args.progress_cert_dir

@@ -95,9 +95,9 @@ the controller's ConfigMap.
 The egress rule the progress reports need under networkPolicy.restrictEgress (empty without
 progress): TCP to progress.url's port (443 if it names none). A URL of a cluster Service
 (https://<service>.<namespace>.svc[.<cluster domain>][:<port>], what the operator chart passes)
-also names the peer: the pod of that namespace carrying megdet.io/progress-endpoint=active,
-the label the active controller replica puts on its own pod and the progress Service selects
-(controller/progress_leader.py). Any other host: the port at any destination. A policy matches
+also names the peer: the controller's pods in that namespace (app.kubernetes.io/part-of=megdet,
+app.kubernetes.io/component=controller: every replica serves the reports and the progress
+Service selects them all). Any other host: the port at any destination. A policy matches
 the Service's endpoints, not its cluster IP (kube-proxy translates first), so the container port
 must equal the URL's, as in the operator chart.
 */}}
@@ -113,7 +113,7 @@ must equal the URL's, as in the operator chart.
 {{- $service := regexFind "^[a-z0-9]([-a-z0-9]*[a-z0-9])?\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?\\.svc(\\..*)?$" $host -}}
 {{- if $service -}}
 {{- $ns := index (splitList "." $service) 1 -}}
-{{- $peer := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" $ns)) "podSelector" (dict "matchLabels" (dict "megdet.io/progress-endpoint" "active")) -}}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" $ns)) "podSelector" (dict "matchLabels" (dict "app.kubernetes.io/part-of" "megdet" "app.kubernetes.io/component" "controller")) -}}
 {{- $_ := set $rule "to" (list $peer) -}}
 {{- end -}}
 {{- toYaml $rule -}}

@@ -1,0 +1,150 @@
+"""The progress endpoint's own watches, kept by every controller replica.
+
+kopf pauses every watch of a replica that its peering does not let act (kopf 1.45
+``_cogs/clients/watching.py``, ``streaming_block``), so what the endpoint checks a report
+against (the runs, their pods, the CA ConfigMaps) comes from watches of its own, which every
+replica keeps, as controller-runtime's informers run on every replica of Kubeflow Trainer while
+only its reconcilers wait for the leader (kubeflow/trainer v2.3.0 ``pkg/statusserver/server.go``,
+``NeedLeaderElection`` returns false: the status server runs on all replicas).
+
+:class:`ListWatch` is one such watch: a list, then a watch from its resourceVersion, again after
+any error, each object passed through ``keep`` first (the API server's selectors are asked for
+too, but a client-side check costs nothing and holds without them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["ListWatch", "labelled", "lister", "named"]
+
+logger = logging.getLogger(__name__)
+
+
+class ListWatch:
+    """List and watch one resource in a daemon thread.
+
+    ``list_fn(**kwargs)`` is a ``kubernetes`` client list method (namespace and resource bound
+    already); ``on_list(objects)`` gets every (re)list, ``on_event(type, object)`` every watch
+    event, both as plain dicts and only the objects ``keep`` accepts. ``selectors``: the
+    ``field_selector`` / ``label_selector`` asked of the API server.
+    """
+
+    def __init__(
+        self,
+        list_fn: Callable[..., Any],
+        on_list: Callable[[list[dict[str, Any]]], None],
+        on_event: Callable[[str, dict[str, Any]], None],
+        *,
+        keep: Callable[[Any], bool] = lambda obj: isinstance(obj, Mapping),
+        selectors: Mapping[str, str] | None = None,
+        timeout: float = 10.0,
+        watch_seconds: int = 300,
+        retry_seconds: float = 2.0,
+        what: str = "",
+    ) -> None:
+        self.list_fn = list_fn
+        self.on_list = on_list
+        self.on_event = on_event
+        self.keep = keep
+        self.selectors = dict(selectors or {})
+        self.timeout = timeout
+        self.watch_seconds = watch_seconds
+        self.retry_seconds = retry_seconds
+        self.what = what
+        self.stop_event = threading.Event()
+        self._response: Any = None
+        self.thread = threading.Thread(target=self._run, name=f"megdet-watch-{what}", daemon=True)
+
+    def start(self) -> ListWatch:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        if self._response is not None:
+            with contextlib.suppress(Exception):
+                self._response.shutdown()
+
+    def _run(self) -> None:
+        while not self.stop_event.is_set():
+            began = time.monotonic()
+            try:
+                listed = self.list_fn(
+                    **self.selectors, _request_timeout=self.timeout, _preload_content=False
+                )
+                body = json.loads(listed.data)
+                self.on_list([i for i in body.get("items") or [] if self.keep(i)])
+                self._stream((body.get("metadata") or {}).get("resourceVersion"))
+            except Exception as err:  # a watch ends; it is started again
+                if self.stop_event.is_set():
+                    return
+                logger.warning("watch of %s: %s: %s", self.what, type(err).__name__, err)
+            # A watch the server ended at once (or an error): not a tight loop of lists.
+            if time.monotonic() - began < self.retry_seconds:
+                self.stop_event.wait(self.retry_seconds)
+
+    def _stream(self, version: str | None) -> None:
+        """One watch from ``version``: every event to ``on_event`` until the server ends it
+        (``timeout_seconds``), an ERROR event (410 Gone: list again) or :meth:`stop`."""
+        response = self.list_fn(
+            **self.selectors,
+            resource_version=version,
+            timeout_seconds=self.watch_seconds,
+            watch="true",  # the API server also takes the client's "True"; kmock only this
+            allow_watch_bookmarks=False,
+            _request_timeout=self.watch_seconds + self.timeout,
+            _preload_content=False,
+        )
+        self._response = response
+        buffered = b""
+        try:
+            for chunk in response.stream(amt=None, decode_content=True):
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")
+                for line in lines:
+                    if self.stop_event.is_set():
+                        return
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    kind, obj = str(event.get("type")), event.get("object")
+                    if kind == "ERROR":
+                        raise WatchEnded(f"{(obj or {}).get('code')}: {(obj or {}).get('message')}")
+                    if self.keep(obj):
+                        self.on_event(kind, obj)
+        finally:
+            response.release_conn()
+
+
+class WatchEnded(Exception):
+    """The server ended a watch with an ERROR event (e.g. 410 Gone): list again."""
+
+
+def named(name: str) -> Callable[[Any], bool]:
+    """``keep`` for the objects called ``name``."""
+    return lambda obj: isinstance(obj, Mapping) and (obj.get("metadata") or {}).get("name") == name
+
+
+def labelled(key: str, value: str) -> Callable[[Any], bool]:
+    """``keep`` for the objects labelled ``key=value``."""
+
+    def keep(obj: Any) -> bool:
+        meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+        return isinstance(meta, Mapping) and (meta.get("labels") or {}).get(key) == value
+
+    return keep
+
+
+def lister(all_namespaces: Callable[..., Any], namespaced: Callable[..., Any],
+           namespace: str | None) -> Callable[..., Any]:  # fmt: skip
+    """A list method for ``namespace`` (None: all namespaces) of a ``kubernetes`` client."""
+    if namespace is None:
+        return all_namespaces
+    return lambda **kw: namespaced(namespace, **kw)
