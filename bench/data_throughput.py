@@ -84,13 +84,9 @@ def run(
     if quick:
         world, rounds, block, warmup = 1, 1, 1, 0
         overrides = ("MEGDET.IMAGES_PER_GPU", "1")
-    with harness.scratch_dir("data") as tmp:
-        data = harness.make_dataset(f"{tmp}/shapes", train=64)
-        result = harness.run_world(
-            world, throughput_worker, data, f"{tmp}/out", rounds, block, warmup, overrides
-        )
-    result["load_average"] = harness.machine_load()
-    return result
+    return harness.run_on_shapes(
+        "data", world, 64, throughput_worker, rounds, block, warmup, overrides
+    )
 
 
 def print_report(result: dict[str, Any]) -> None:

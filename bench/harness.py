@@ -473,6 +473,18 @@ def side_by_side(
     }
 
 
+def run_on_shapes(
+    prefix: str, world: int, train: int, worker: Callable[..., Any], *args: Any
+) -> dict[str, Any]:
+    """``worker(data, out, *args)`` in ``world`` gloo processes on a ``train``-image shapes
+    dataset in a scratch folder; rank 0's result with the machine's load average."""
+    with scratch_dir(prefix) as tmp:
+        data = make_dataset(f"{tmp}/shapes", train=train)
+        result = run_world(world, worker, data, f"{tmp}/out", *args)
+    result["load_average"] = machine_load()
+    return result
+
+
 def machine_load() -> str:
     """The 1/5/15-minute load averages, for the record (other jobs may share the machine)."""
     one, five, fifteen = os.getloadavg()

@@ -115,11 +115,7 @@ def described(cfg: Any, schedule: Schedule) -> dict[str, Any]:
 def run_ranks(prefix: str, worker: Callable[..., dict], schedule: Schedule, *args: Any) -> dict:
     """``worker(data, out, schedule, *args)`` in 2 gloo processes on a 32-image shapes dataset
     in a scratch folder; rank 0's result with the machine's load."""
-    with harness.scratch_dir(prefix) as tmp:
-        data = harness.make_dataset(f"{tmp}/shapes", train=32)
-        result = harness.run_world(2, worker, data, f"{tmp}/out", schedule, *args)
-    result["load_average"] = harness.machine_load()
-    return result
+    return harness.run_on_shapes(prefix, 2, 32, worker, schedule, *args)
 
 
 def print_header(title: str, result: dict[str, Any], per: str) -> None:

@@ -67,13 +67,9 @@ def run(quick: bool = False, rounds: int = 10, block: int = 4, warmup: int = 2) 
     if quick:
         rounds, block, warmup = 1, 1, 0
         overrides = ("MEGDET.IMAGES_PER_GPU", "1")
-    with harness.scratch_dir("overhead") as tmp:
-        data = harness.make_dataset(f"{tmp}/shapes", train=32)
-        result = harness.run_world(
-            2, overhead_worker, data, f"{tmp}/out", rounds, block, warmup, overrides
-        )
-    result["load_average"] = harness.machine_load()
-    return result
+    return harness.run_on_shapes(
+        "overhead", 2, 32, overhead_worker, rounds, block, warmup, overrides
+    )
 
 
 def print_report(result: dict[str, Any]) -> None:

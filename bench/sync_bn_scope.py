@@ -151,23 +151,19 @@ def run(
         overrides = ("MEGDET.IMAGES_PER_GPU", "1")
         # One model that has all three scopes distinct, one steady iteration, one timed step.
         models, count_iters, rounds, block, warmup = ["tiny+normed-heads"], 2, 1, 1, 0
-    with harness.scratch_dir("syncbn") as tmp:
-        data = harness.make_dataset(f"{tmp}/shapes", train=32)
-        result = harness.run_world(
-            2,
-            scope_worker,
-            data,
-            f"{tmp}/out",
-            models,
-            count_iters,
-            timed_model,
-            rounds,
-            block,
-            warmup,
-            overrides,
-        )
-    result["load_average"] = harness.machine_load()
-    return result
+    return harness.run_on_shapes(
+        "syncbn",
+        2,
+        32,
+        scope_worker,
+        models,
+        count_iters,
+        timed_model,
+        rounds,
+        block,
+        warmup,
+        overrides,
+    )
 
 
 def _mib(n: int) -> str:
