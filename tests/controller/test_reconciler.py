@@ -5,7 +5,9 @@ kmock emulates the API server (none can run here); see conftest.py for what it d
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import kmock as kmock_lib
@@ -59,6 +61,19 @@ from megdet.controller.api import FINALIZER, GROUP
 from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.diffbase import LEGACY_KEY
 from megdet.controller.render import render_run
+
+
+@contextlib.asynccontextmanager
+async def resumed(api: Any) -> AsyncIterator[float]:
+    """A controller started again (a restart, or a failover's new leader) for the block, from
+    the end of its first (resume) reconcile; gives the reconcile count before it started."""
+    since = reconciles()
+    op = await start_operator(str(api.url))
+    try:
+        await counted(since)  # the resume reconcile ran
+        yield since
+    finally:
+        await stop_operator(op)
 
 
 async def test_apply_run_creates_one_owned_pytorchjob_and_plan_status(cluster, operator) -> None:
@@ -387,13 +402,8 @@ async def test_a_run_handled_by_an_earlier_controller_is_resumed_not_created(clu
     marker = {f"{GROUP}/kopf-managed": "yes"}
     annotations = {f"{GROUP}/{LEGACY_KEY}": json.dumps(essence) + "\n", **marker}
     await patch(cluster, RUNS, "old", {"metadata": {"annotations": annotations}})
-    resumes = reconciles()
-    op = await start_operator(str(cluster.url))
-    try:
-        await counted(resumes)
+    async with resumed(cluster):
         await eventually(lambda: status(cluster, "old").get(HANDLED_FIELD), message="moved")
-    finally:
-        await stop_operator(op)
     assert len(requests_to(cluster, "GET", "/networkpolicies/old")) == 1  # a resume's look
     assert json.loads(status(cluster, "old")[HANDLED_FIELD]) == essence
     assert job_posts(cluster) == 1
@@ -541,12 +551,8 @@ async def test_a_finished_runs_deleted_job_is_recorded_and_never_created_again(c
     finally:
         await stop_operator(op)
     # Nor does a controller restart (or a failover: the new leader resumes every run).
-    resumes = reconciles()
-    op = await start_operator(str(cluster.url))
-    try:
-        await counted(resumes)  # the resume reconcile ran
-    finally:
-        await stop_operator(op)
+    async with resumed(cluster):
+        pass  # the resume reconcile ran
     assert objects(cluster, PYTORCHJOBS) == {}
     assert job_posts(cluster) == 1
     assert phase(cluster, "done") == "Succeeded"
@@ -586,14 +592,9 @@ async def test_a_job_deleted_while_the_controller_was_away_is_noticed_at_resume(
     finally:
         await stop_operator(op)
     await delete(cluster, PYTORCHJOBS, "r")  # no controller hears of it
-    resumes = reconciles()
-    op = await start_operator(str(cluster.url))
-    try:
+    async with resumed(cluster):
         await eventually(lambda: phase(cluster, "r") == "Failed", message="Failed")
         await eventually(lambda: warnings(cluster, "r", "JobDeleted"), message="Warning event")
-        await counted(resumes)  # the resume reconcile ended
-    finally:
-        await stop_operator(op)
     assert condition(cluster, "r", "Failed")["reason"] == "JobDeleted"
     assert objects(cluster, PYTORCHJOBS) == {}
     assert job_posts(cluster) == 1
@@ -706,22 +707,12 @@ async def test_a_job_the_server_refuses_fails_the_run_until_the_spec_changes(
     finally:
         await stop_operator(op)
     # Not on a restart either: the same spec would be refused again.
-    resumes = reconciles()
-    op = await start_operator(str(cluster.url))
-    try:
-        await counted(resumes)  # the resume reconcile ran
+    async with resumed(cluster):
         assert job_posts(cluster) == 1 and phase(cluster, "r") == "Failed"
         # A change of the spec (the API server bumps metadata.generation) tries again.
-        await patch(
-            cluster,
-            RUNS,
-            "r",
-            {"metadata": {"generation": 2}, "spec": {"image": {"pullPolicy": "Always"}}},
-        )
+        await edit(cluster, "r", 2, {"image": {"pullPolicy": "Always"}})
         await eventually(lambda: get(cluster, PYTORCHJOBS, "r"), message="the job")
         await eventually(lambda: phase(cluster, "r") == "Pending", message="Pending")
-    finally:
-        await stop_operator(op)
     assert condition(cluster, "r", "Created")["status"] == "True"
     assert condition(cluster, "r", "Failed")["status"] == "False"
     assert len(warnings(cluster, "r", "JobRefused")) == 1
@@ -1388,15 +1379,10 @@ async def test_a_reconcile_that_changes_nothing_writes_nothing(cluster) -> None:
         await stop_operator(op)
     writes = len(requests_to(cluster, "PATCH", "/megdetruns/r/status"))
     posted = len(requests_to(cluster, "POST", "/events"))
-    since = reconciles()
-    op = await start_operator(str(cluster.url))
-    try:
-        await counted(since)  # the resume reconcile ran
+    async with resumed(cluster) as since:
         await patch(cluster, RUNS, "r", {"metadata": {"labels": {"team": "vision"}}})
         await counted(since, 2)  # and the update's
         await reconciled(cluster, "r")
-    finally:
-        await stop_operator(op)
     # Both computed the run's status and wrote nothing of it: the status and the events are
     # what they were. The label is a change kopf compares with, so its diff base (in the
     # status) is the one field written, once, by the update's reconcile.
