@@ -136,7 +136,7 @@ RUN_INFO = Gauge(
 #: Training progress reports to the controller's endpoint (target pytorchjob; progress.py), by
 #: result: accepted, unauthenticated (no token), forbidden (a token not of the run's pods),
 #: invalid (422/411/413), not_found (no such run, or target trainjob), busy (503: the hub holds
-#: its most runs, or a standby replica), error (API failure, the issuer's keys unreadable).
+#: its most runs), error (API failure, the issuer's keys unreadable).
 PROGRESS_REPORTS = Counter(
     "megdet_controller_progress_reports",
     "Progress reports POSTed to the controller's status endpoint, by result.",
@@ -145,9 +145,10 @@ PROGRESS_REPORTS = Counter(
 )
 PROGRESS_WRITES = Counter(
     "megdet_controller_progress_writes",
-    "status.progress writes of the progress endpoint, by result: written, refused (the API "
-    "server refused the value with 400/422: dropped, never retried), error (tried again after "
-    "an interval), gone (the run no longer exists).",
+    "status.progress writes of the progress endpoint, by result: written, superseded (the run "
+    "held that report or a newer one: not written), refused (the API server refused the value "
+    "with 400/422: dropped, never retried), error (tried again after an interval), gone (the "
+    "run no longer exists).",
     ["result"],
     registry=REGISTRY,
 )

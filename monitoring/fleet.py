@@ -169,8 +169,9 @@ def _fleet_controller_panels(ids: Ids) -> list[Panel]:
         timeseries_panel(
             ids,
             "Progress status writes by result",
-            "status.progress writes of the progress endpoint: written, refused (the API server "
-            "refused the value: dropped, never retried), error (retried), gone (run deleted).",
+            "status.progress writes of the progress endpoint: written, superseded (the run held "
+            "that report or a newer one), refused (the API server refused the value: dropped, "
+            "never retried), error (retried), gone (run deleted).",
             [
                 (
                     f"sum by (result) (rate(megdet_controller_progress_writes_total[{RATE}]))",

@@ -59,7 +59,7 @@ app.kubernetes.io/part-of: megdet
 {{- default (include "megdet-operator.fullname" .) .Values.controller.peering.name -}}
 {{- end -}}
 
-{{/* The Service the runs' pods report progress to (the active replica only). */}}
+{{/* The Service the runs' pods report progress to (every controller replica). */}}
 {{- define "megdet-operator.progressServiceName" -}}
 {{- printf "%s-progress" (include "megdet-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
