@@ -49,8 +49,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -82,6 +85,13 @@ print('megdet-floor ' + json.dumps({'start': t0, 'imported': t1, 'mapped_files':
       'mapped_mb': sum(files.values()) / 1e6, 'nvidia': nv,
       'read_mb': int(io['rchar']) / 1e6}), flush=True)
 """
+
+#: The pod a process belongs to, from its cgroup path (cgroupfs: ``pod<uid>``; systemd:
+#: ``pod<uid with underscores>.slice``).
+_POD_CGROUP = re.compile(r"pod([0-9a-f]{8}(?:[-_][0-9a-f]{4}){3}[-_][0-9a-f]{12})")
+#: The processes of a training pod the bench times by their start: torchrun (after the
+#: launcher's diagnostic) and the trainer (spawned by torchrun once the rendezvous is done).
+PROCESS_KINDS = (("torchrun", "torch.distributed.run"), ("trainer", "megdet train"))
 
 FLOOR_PARTS = ("scheduling", "container start", "imports")
 RUN_PARTS = (
@@ -199,6 +209,78 @@ def run_sample(
     }
 
 
+def process_start(stat: str, boot_time: float, ticks: int) -> float:
+    """Epoch seconds a process started, from its ``/proc/<pid>/stat`` line (field 22, in clock
+    ticks since boot; the command in field 2 may hold spaces and parentheses)."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return boot_time + int(fields[19]) / ticks
+
+
+def process_kind(cmdline: str) -> str | None:
+    """``torchrun`` or ``trainer`` for a training pod's process, from its command line."""
+    return next((kind for kind, words in PROCESS_KINDS if words in cmdline), None)
+
+
+def pod_of_cgroup(text: str) -> str | None:
+    """The pod uid a ``/proc/<pid>/cgroup`` names, or None (not a pod's process)."""
+    found = _POD_CGROUP.search(text)
+    return found.group(1).replace("_", "-") if found else None
+
+
+class ProcessStarts:
+    """When each training pod's torchrun and trainer processes started, by pod uid: a scan of
+    ``/proc`` every 0.2 s (the node's pods are this machine's processes)."""
+
+    def __init__(self) -> None:
+        self.starts: dict[str, dict[str, float]] = {}
+        self._seen: set[int] = set()
+        self._stopped = threading.Event()
+        stat = Path("/proc/stat").read_text().splitlines()
+        self._boot = next(float(line.split()[1]) for line in stat if line.startswith("btime"))
+        self._ticks = os.sysconf("SC_CLK_TCK")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(0.2):
+            for name in os.listdir("/proc"):
+                if name.isdigit() and int(name) not in self._seen:
+                    self._look(int(name))
+
+    def _look(self, pid: int) -> None:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            kind = process_kind(cmdline)
+            pod = pod_of_cgroup(Path(f"/proc/{pid}/cgroup").read_text()) if kind else None
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (OSError, UnicodeDecodeError):
+            return
+        self._seen.add(pid)
+        if kind and pod:
+            start = process_start(stat, self._boot, self._ticks)
+            mine = self.starts.setdefault(pod, {})
+            mine[kind] = min(mine.get(kind, start), start)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(5)
+
+
+def launch_split(master: dict[str, Any], starts: dict[str, float], first_line: float) -> dict:
+    """``launch + rendezvous`` of the Master, split by its processes' starts: ``launcher``
+    (its containers running to torchrun's start: ``megdet launch`` and its diagnostic, which
+    imports torch), ``torchrun + rendezvous`` (to the trainer's start: torchrun's imports and the
+    c10d rendezvous of both pods), ``trainer start`` (to its first line: the trainer's imports,
+    the process group, the output's stamp)."""
+    if "torchrun" not in starts or "trainer" not in starts:
+        return {}
+    return {
+        "launcher": starts["torchrun"] - master["running"],
+        "torchrun + rendezvous": starts["trainer"] - starts["torchrun"],
+        "trainer start": first_line - starts["trainer"],
+    }
+
+
 def trainer_lines_of(lines: list[tuple[float, str]]) -> list[tuple[float, str]]:
     found = [(t, x) for t, x in lines if _TRAINER_LINE.match(x)]
     if not found:
@@ -219,6 +301,9 @@ def summarize(floors: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[
     floor["total"] = statistics.median(s["total"] for s in floors)
     run = {"parts": med(runs, RUN_PARTS, "parts"), "end": med(runs, END_PARTS, "end")}
     run["total"] = statistics.median(s["total"] for s in runs)
+    splits = [s["launch_split"] for s in runs if s.get("launch_split")]
+    if splits:
+        run["launch_split"] = {n: statistics.median(x[n] for x in splits) for n in splits[0]}
     run["to_end"] = statistics.median(s["to_end"] for s in runs)
     largest = max(run["parts"], key=run["parts"].get)
     return {
@@ -228,6 +313,10 @@ def summarize(floors: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[
         "largest": largest,
         "repeats": min(len(floors), len(runs)),
     }
+
+
+def _cells(parts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in parts.items())
 
 
 def format_report(result: dict[str, Any]) -> str:
@@ -256,6 +345,8 @@ def format_report(result: dict[str, Any]) -> str:
             f"    #{n}: {cells} | total {s['total']:.2f} s; then {ends} "
             f"({' | '.join(END_PARTS)}); status.startup {json.dumps(s['startup'])}"
         )
+        if s.get("launch_split"):
+            out.append("        launch + rendezvous: " + _cells(s["launch_split"]))
     summary = result["summary"]
     floor, run = summary["floor"], summary["run"]
     out.append(
@@ -270,6 +361,8 @@ def format_report(result: dict[str, Any]) -> str:
         + ", ".join(f"{p} {v:.2f}" for p, v in run["end"].items())
         + f", to the end {run['to_end']:.2f} s"
     )
+    if run.get("launch_split"):
+        out.append("           launch + rendezvous: " + _cells(run["launch_split"]))
     verdict = "within" if summary["ratio"] < 1.5 else "above"
     out.append(
         f"  run / floor (medians of the totals): {summary['ratio']:.2f} ({verdict} the 1.5 goal);"
@@ -315,7 +408,9 @@ def run_spec(image: str, max_iter: int) -> dict[str, Any]:
     return spec
 
 
-def measure_run(kube: Any, watch: Any, image: str, name: str, max_iter: int) -> dict:
+def measure_run(
+    kube: Any, watch: Any, procs: ProcessStarts, image: str, name: str, max_iter: int
+) -> dict:
     from e2e_helpers import apply_objects, get_json, mdr
 
     spec = run_spec(image, max_iter)
@@ -330,17 +425,23 @@ def measure_run(kube: Any, watch: Any, image: str, name: str, max_iter: int) -> 
     if status["phase"] != "Succeeded":
         raise SystemExit(f"first_iteration: run {name} {status['phase']}: {status}")
 
-    def ended() -> list[dict[str, Any]] | None:
-        mine = [p for p in watch.snapshot().values() if p["name"].startswith(f"{name}-")]
-        return mine if len(mine) == 2 and all("terminated" in p for p in mine) else None
+    def ended() -> dict[str, dict[str, Any]] | None:
+        now = watch.snapshot().items()
+        mine = {uid: p for uid, p in now if p["name"].startswith(f"{name}-")}
+        return mine if len(mine) == 2 and all("terminated" in p for p in mine.values()) else None
 
-    mine = _wait(ended, timeout=300, message=f"run {name}'s containers ended")
-    (master,) = [p for p in mine if p["role"] == "master"]
+    pods = _wait(ended, timeout=300, message=f"run {name}'s containers ended")
+    (uid,) = [uid for uid, p in pods.items() if p["role"] == "master"]
+    master = pods[uid]
     # The stream ends with the container; read the log once more, complete.
     logs = kube.kubectl("logs", "--timestamps", "-n", NS, master["name"]).stdout
     path = watch.folder / f"{name}-master.log"
     path.write_text(logs)
-    sample = run_sample(created, mine, log_lines(str(path)), status)
+    lines = log_lines(str(path))
+    sample = run_sample(created, list(pods.values()), lines, status)
+    sample["launch_split"] = launch_split(
+        master, procs.starts.get(uid, {}), trainer_lines_of(lines)[0][0]
+    )
     kube.kubectl("delete", "mdr", name, "-n", NS, "--wait=true")
     _wait(
         lambda: not any(
@@ -365,13 +466,15 @@ def run(
     with real_node_session(workdir, archive, NS, timings, also_import) as (kube, _c, image, _o):
         values = run_values(image)
         watch = PodWatch(kube, workdir, namespace=NS)
+        procs = ProcessStarts()
         try:
             for n in range(1, repeats + 1):
                 floors.append(measure_floor(kube, watch, image, values, f"floor-{n}"))
                 print(f"first_iteration: floor {n}: {floors[-1]['total']:.2f} s", file=sys.stderr)
-                runs.append(measure_run(kube, watch, image, f"first-{n}", max_iter))
+                runs.append(measure_run(kube, watch, procs, image, f"first-{n}", max_iter))
                 print(f"first_iteration: run {n}: {runs[-1]['total']:.2f} s", file=sys.stderr)
         finally:
+            procs.stop()
             watch.stop()
             (workdir / "pods.json").write_text(json.dumps(watch.snapshot(), indent=1))
     return {

@@ -231,3 +231,30 @@ def test_the_runs_spec_is_the_tiny_run_cut_to_a_valid_length(max_iter, tmp_path)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(mdr("first-1", bench.NS, spec)))
     assert main(["validate", "-q", "-f", str(path)]) == 0
+
+
+def test_a_processs_start_kind_and_pod() -> None:
+    # /proc/<pid>/stat: the command may hold spaces and parentheses; field 22 is the start.
+    stat = "4242 (python3.11 (x)) R 1 4242 42 0 -1 4194304 127 0 0 0 0 0 0 0 20 0 1 0 1500 31334"
+    assert bench.process_start(stat, boot_time=1000.0, ticks=100) == 1015.0
+    torchrun = "/opt/venv/bin/python3.11 -m torch.distributed.run --nnodes=2:2 -m megdet train"
+    assert bench.process_kind(torchrun) == "torchrun"
+    assert bench.process_kind("/opt/venv/bin/python3.11 -u -m megdet train --config x") == "trainer"
+    assert bench.process_kind("/usr/bin/tini -- megdet launch train --config x") is None
+    uid = "5d79011c-8446-43c8-b303-4c1184698b61"
+    cgroupfs = f"0::/megdet-node/kubepods/burstable/pod{uid}/0123abcd\n"
+    systemd = f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-x.scope\n"
+    assert bench.pod_of_cgroup(cgroupfs) == uid and bench.pod_of_cgroup(systemd) == uid
+    assert bench.pod_of_cgroup("0::/user.slice/session-1.scope\n") is None
+
+
+def test_the_masters_launch_split_by_its_processes() -> None:
+    master = {"running": T0 + 3.0}
+    starts = {"torchrun": T0 + 9.0, "trainer": T0 + 30.0}
+    split = bench.launch_split(master, starts, first_line=T0 + 40.0)
+    assert split == pytest.approx(
+        {"launcher": 6.0, "torchrun + rendezvous": 21.0, "trainer start": 10.0}
+    )
+    # Together they are the part they split: the Master's running to the trainer's first line.
+    assert sum(split.values()) == pytest.approx(37.0)
+    assert bench.launch_split(master, {"torchrun": T0 + 9.0}, T0 + 40.0) == {}
