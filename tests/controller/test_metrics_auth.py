@@ -13,7 +13,7 @@ import ssl
 import threading
 import urllib.error
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -29,6 +29,7 @@ from megdet.controller.tokenauth import (
     User,
     bearer_token,
 )
+from tests.json_http import JsonHandler
 
 READER = User("system:serviceaccount:monitoring:prometheus", "uid-1", ("system:serviceaccounts",))
 STRANGER = User("system:serviceaccount:vision:default", "uid-2", ("system:serviceaccounts",))
@@ -169,9 +170,9 @@ class StubApiServer:
         self.status = 201
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_json()
                 stub.bodies.append((self.path, body))
                 if stub.status != 201:
                     self.send_response(stub.status)
@@ -193,15 +194,7 @@ class StubApiServer:
                         "verb": "get",
                     }
                     status = {"allowed": ok, "reason": "bound" if ok else "no"}
-                out = json.dumps({**body, "status": status}).encode()
-                self.send_response(201)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(out)))
-                self.end_headers()
-                self.wfile.write(out)
-
-            def log_message(self, *args: object) -> None:
-                pass
+                self.reply_json(201, {**body, "status": status})
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()

@@ -17,7 +17,7 @@ import socket
 import ssl
 import subprocess
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,6 +26,7 @@ from torch import nn
 
 from megdet.plan import plan_run
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, STAGES, Progress, to_status
+from tests.json_http import JsonHandler
 from tests.tiny_train import train_command
 
 STATUS_PATH = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs/r50/status"
@@ -36,10 +37,10 @@ LOGGER = "megdet.trainer.progress_reporter"
 # --- the server -------------------------------------------------------------------------
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     def do_POST(self) -> None:
         server: StatusServer = self.server  # type: ignore[assignment]
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = self.read_body()
         server.posts.append(
             {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
         )
@@ -52,15 +53,7 @@ class _Handler(BaseHTTPRequestHandler):
             if code == 500
             else json.loads(body)
         )
-        data = json.dumps(answer).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args) -> None:
-        pass
+        self.reply_json(code, answer)
 
 
 class StatusServer(ThreadingHTTPServer):

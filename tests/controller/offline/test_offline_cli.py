@@ -11,13 +11,14 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
 from megdet.controller.offline.cli import refusal_lines
+from tests.json_http import JsonHandler
 
 REPO = Path(__file__).resolve().parents[3]
 RUN = """\
@@ -67,24 +68,15 @@ class FakeServer:
         self.paths: list[str] = []
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(JsonHandler):
             def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                sent = json.loads(self.rfile.read(length) or b"{}")
+                sent = self.read_json()
                 fake.paths.append(self.path)
                 body = fake.body if fake.body else sent
                 if fake.status == 200 and not fake.body:  # echo, as a dry run with defaults
                     body = {**sent, "metadata": {**sent["metadata"], "uid": "u-1"}}
                     body["metadata"].setdefault("namespace", self.path.split("/")[5])
-                data = json.dumps(body).encode()
-                self.send_response(fake.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
+                self.reply_json(fake.status, body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
