@@ -1,4 +1,4 @@
-"""Bearer tokens on the controller's ``/metrics``: one cached check, a ``TokenReview`` behind it.
+"""Bearer tokens on the controller's ``/metrics``: a cached check, a ``TokenReview`` behind it.
 
 What controller-runtime's ``filters.WithAuthenticationAndAuthorization`` and kube-rbac-proxy do,
 in process (:class:`TokenAuthorizer`): the request's bearer token goes to the API server with a
@@ -10,7 +10,7 @@ pods' tokens itself, with the issuer's keys: :mod:`~megdet.controller.progress_a
 
 Verdicts (:class:`Verdict`): 200 (allowed), 401 (no or malformed token, or one the API server
 rejects), 403 (a valid token without the grant), 429 (too many reviews from the client's
-address), 500 (the API server could not be asked; never cached). :class:`CachedCheck`: a
+address), 500 (the API server could not be asked; never cached). :class:`TokenAuthorizer`: a
 malformed token is refused before anything is looked up or kept; verdicts are kept by the
 token's SHA-256 (never the token itself) and what was asked, each for its own time (refusals
 for less, so a new grant takes effect soon), in two bounded pools (:class:`VerdictCache`: a
@@ -27,13 +27,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Protocol
 
 __all__ = [
     "MAX_TOKEN_LENGTH",
     "AuthError",
-    "CachedCheck",
     "KubernetesReviewer",
     "Reviewer",
     "SourceLimiter",
@@ -203,50 +202,6 @@ class SourceLimiter:
             return len(self._buckets)
 
 
-@dataclass(kw_only=True)
-class CachedCheck:
-    """The token check both servers use: :meth:`verdict` asks ``decide`` only for a token
-    whose verdict for ``scope`` is not kept, and only while the asking address has reviews
-    left; it keeps the grants for ``allow_ttl`` seconds and the refusals for ``deny_ttl``, in
-    pools of ``max_entries`` each."""
-
-    allow_ttl: float = 60.0
-    deny_ttl: float = 10.0
-    max_entries: int = 1024
-    clock: Callable[[], float] = time.monotonic
-    #: Reviews one source address may cause (cache misses): a burst, then a rate a second.
-    reviews_per_second: float = 1.0
-    review_burst: int = 10
-    _cache: VerdictCache = field(init=False, repr=False)
-    limiter: SourceLimiter = field(init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.allow_ttl < 0 or self.deny_ttl < 0:
-            raise ValueError("allow_ttl and deny_ttl must be >= 0")
-        self._cache = VerdictCache(self.max_entries, self.clock)
-        self.limiter = SourceLimiter(self.reviews_per_second, self.review_burst, clock=self.clock)
-
-    def verdict(
-        self, token: str, scope: tuple[Hashable, ...], source: str, decide: Callable[[], Verdict]
-    ) -> Verdict:
-        key = VerdictCache.key(token, *scope)
-        now = self.clock()
-        hit = self._cache.get(key, now)
-        if hit is not None:
-            return hit
-        if not self.limiter.take(source):  # nothing kept: the next try asks again
-            return Verdict(429, f"too many token reviews from {source or 'this client'}")
-        verdict = decide()
-        if verdict.status in (200, 401, 403):  # an API failure (500) is asked again next time
-            ttl = self.allow_ttl if verdict.allowed else self.deny_ttl
-            self._cache.put(key, verdict, now + ttl, allowed=verdict.allowed)
-        return verdict
-
-    def cached(self) -> int:
-        """Tokens in the cache now (expired ones included until looked up or evicted)."""
-        return len(self._cache)
-
-
 class AuthError(Exception):
     """The API server could not be asked (network, timeout, the controller lacks RBAC)."""
 
@@ -288,11 +243,30 @@ class Reviewer(Protocol):
 
 
 @dataclass
-class TokenAuthorizer(CachedCheck):
-    """Token -> verdict for ``verb path`` on ``/metrics`` (:class:`CachedCheck`'s cache:
-    Prometheus scraping every 15 s costs two API calls a minute, not two a scrape)."""
+class TokenAuthorizer:
+    """Token -> verdict for ``verb path`` on ``/metrics``: ``reviewer`` is asked only for a
+    token whose verdict is not kept, and only while the asking address has reviews left; the
+    grants are kept ``allow_ttl`` seconds and the refusals ``deny_ttl``, in pools of
+    ``max_entries`` each (Prometheus scraping every 15 s costs two API calls a minute, not two
+    a scrape)."""
 
     reviewer: Reviewer
+    _: KW_ONLY
+    allow_ttl: float = 60.0
+    deny_ttl: float = 10.0
+    max_entries: int = 1024
+    clock: Callable[[], float] = time.monotonic
+    #: Reviews one source address may cause (cache misses): a burst, then a rate a second.
+    reviews_per_second: float = 1.0
+    review_burst: int = 10
+    _cache: VerdictCache = field(init=False, repr=False)
+    limiter: SourceLimiter = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.allow_ttl < 0 or self.deny_ttl < 0:
+            raise ValueError("allow_ttl and deny_ttl must be >= 0")
+        self._cache = VerdictCache(self.max_entries, self.clock)
+        self.limiter = SourceLimiter(self.reviews_per_second, self.review_burst, clock=self.clock)
 
     def check(
         self,
@@ -306,7 +280,22 @@ class TokenAuthorizer(CachedCheck):
         token = bearer_token(authorization)
         if token is None:
             return Verdict(401, "no bearer token")
-        return self.verdict(token, (verb, path), source, lambda: self._review(token, verb, path))
+        key = VerdictCache.key(token, verb, path)
+        now = self.clock()
+        hit = self._cache.get(key, now)
+        if hit is not None:
+            return hit
+        if not self.limiter.take(source):  # nothing kept: the next try asks again
+            return Verdict(429, f"too many token reviews from {source or 'this client'}")
+        verdict = self._review(token, verb, path)
+        if verdict.status in (200, 401, 403):  # an API failure (500) is asked again next time
+            ttl = self.allow_ttl if verdict.allowed else self.deny_ttl
+            self._cache.put(key, verdict, now + ttl, allowed=verdict.allowed)
+        return verdict
+
+    def cached(self) -> int:
+        """Tokens in the cache now (expired ones included until looked up or evicted)."""
+        return len(self._cache)
 
     def _review(self, token: str, verb: str, path: str) -> Verdict:
         try:
