@@ -40,6 +40,19 @@ class Rendered:
         assert len(found) == 1, f"expected one {kind} {name}, got {len(found)}"
         return found[0]
 
+    def assert_granted(self, binding: dict[str, Any], role: dict[str, Any]) -> None:
+        """``binding`` grants ``role`` (a ClusterRole or a Role) to the controller's
+        ServiceAccount, and to nothing else."""
+        account = self.one("ServiceAccount")["metadata"]
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role["kind"],
+            "name": role["metadata"]["name"],
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+        ]
+
 
 def values_file(path: Path) -> dict[str, Any]:
     return helm_python.values_from_yaml(path.read_text())

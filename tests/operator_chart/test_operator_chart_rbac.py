@@ -82,8 +82,7 @@ def test_the_release_namespace_role_is_the_shared_ca_secret_only() -> None:
         ("", "secrets"): {"create"},
         ("", "secrets[megdet-operator-progress-ca]"): {"get"},
     }
-    binding = rendered.named("RoleBinding", f"{RELEASE}-progress")
-    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    rendered.assert_granted(rendered.named("RoleBinding", f"{RELEASE}-progress"), role)
     for values in ({"controller": {"progressCertSecret": "cert-manager-made"}},
                    {"controller": {"progressEnabled": False}}):  # fmt: skip
         rendered = render(values)
@@ -100,14 +99,7 @@ def test_binding_grants_the_role_to_the_controller_service_account() -> None:
     rendered = render()
     binding = rendered.named("ClusterRoleBinding", RELEASE)
     account = rendered.one("ServiceAccount")
-    assert binding["roleRef"]["name"] == rendered.named("ClusterRole", RELEASE)["metadata"]["name"]
-    assert binding["subjects"] == [
-        {
-            "kind": "ServiceAccount",
-            "name": account["metadata"]["name"],
-            "namespace": account["metadata"]["namespace"],
-        }
-    ]
+    rendered.assert_granted(binding, rendered.named("ClusterRole", RELEASE))
     pod = rendered.one("Deployment")["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
 
@@ -118,7 +110,6 @@ def test_watch_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
     # review rights (cluster-scoped by nature) and roles for others (test_operator_chart_roles.py).
     assert not [r for r in rendered.of_kind("ClusterRole") if r["metadata"]["name"] == RELEASE]
     assert RELEASE not in {b["roleRef"]["name"] for b in rendered.of_kind("ClusterRoleBinding")}
-    account = rendered.one("ServiceAccount")["metadata"]
     # The run rules' Roles (the progress endpoint's Role in the release namespace is checked
     # in test_the_release_namespace_role_is_the_shared_ca_secret_and_the_pod_label).
     roles = {r["metadata"]["namespace"]: r for r in rendered.of_kind("Role")
@@ -130,15 +121,7 @@ def test_watch_namespaces_get_a_role_each_and_nothing_cluster_wide() -> None:
     assert rendered.of_kind("ClusterKopfPeering") == []
     for namespace, role in roles.items():
         assert rules_of(rendered, role) == EXPECTED_NAMESPACED_RULES
-        binding = bindings[namespace]
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "Role",
-            "name": role["metadata"]["name"],
-        }
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-        ]
+        rendered.assert_granted(bindings[namespace], role)
     # The peering name the replicas are told is the one each namespace's object has.
     (container,) = rendered.one("Deployment")["spec"]["template"]["spec"]["containers"]
     names = {p["metadata"]["name"] for p in peerings.values()}

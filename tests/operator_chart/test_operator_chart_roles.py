@@ -22,16 +22,7 @@ AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 
 def assert_granted_to_the_controller(rendered, role: dict) -> None:
     """The ClusterRoleBinding of ``role``'s name binds it to the controller's ServiceAccount."""
-    binding = rendered.named("ClusterRoleBinding", role["metadata"]["name"])
-    account = rendered.one("ServiceAccount")["metadata"]
-    assert binding["roleRef"] == {
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": role["metadata"]["name"],
-    }
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-    ]
+    rendered.assert_granted(rendered.named("ClusterRoleBinding", role["metadata"]["name"]), role)
 
 
 def rules(role: dict) -> dict[tuple[str, str], set[str]]:
