@@ -162,14 +162,11 @@ def print_report(result: dict[str, Any]) -> None:
     overhead.print_header("Exporter overhead", result, "condition")
     for name in CONDITIONS:
         s = result["step_s"][name]
-        print(
-            f"  {name + ' exporter':<17} median {s['median']:.3f} s/step "
-            f"(min {s['min']:.3f}, max {s['max']:.3f})"
-        )
+        print(f"  {name + ' exporter':<17} {harness.spread_text(s, ' s/step')}")
     r = result["ratio_with_to_without"]
     print(
-        f"  with / without: per-round median {r['median']:.4f} (min {r['min']:.4f}, max "
-        f"{r['max']:.4f}); ratio of step medians {result['ratio_of_step_medians']:.4f}"
+        f"  with / without: per-round {harness.spread_text(r, digits=4)}; ratio of step "
+        f"medians {result['ratio_of_step_medians']:.4f}"
     )
     c, cr = result["cpu_s"], result["cpu_ratio_with_to_without"]
     print(

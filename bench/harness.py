@@ -454,6 +454,14 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
+def spread_text(s: dict[str, float], unit: str = "", digits: int = 3) -> str:
+    """A :func:`spread` as a report says it: ``median 0.123 s/step (min 0.100, max 0.200)``."""
+    return (
+        f"median {s['median']:.{digits}f}{unit} "
+        f"(min {s['min']:.{digits}f}, max {s['max']:.{digits}f})"
+    )
+
+
 def side_by_side(
     blocks: dict[str, list[float]], steps: dict[str, list[float]], base: str
 ) -> dict[str, Any]:

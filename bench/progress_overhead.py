@@ -190,9 +190,9 @@ def print_report(result: dict[str, Any]) -> None:
             else ""
         )
         print(
-            f"  {name:<20} median {s['median']:.3f} s/step; ratio to simple: median "
-            f"{r['median']:.3f} (min {r['min']:.3f}, max {r['max']:.3f}); ratio of step "
-            f"medians {result['ratio_of_step_medians'][name]:.3f}{extra}"
+            f"  {name:<20} median {s['median']:.3f} s/step; ratio to simple: "
+            f"{harness.spread_text(r)}; ratio of step medians "
+            f"{result['ratio_of_step_medians'][name]:.3f}{extra}"
         )
     d = result["direct"]
     if d:

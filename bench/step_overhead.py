@@ -84,9 +84,8 @@ def print_report(result: dict[str, Any]) -> None:
     for name in LOOPS:
         s, r = result["step_s"][name], result["ratio_to_simple"][name]
         print(
-            f"  {name:<12} median {s['median']:.3f} s/step (min {s['min']:.3f}, "
-            f"max {s['max']:.3f}); ratio to simple: median {r['median']:.3f} "
-            f"(min {r['min']:.3f}, max {r['max']:.3f}); ratio of step medians "
+            f"  {name:<12} {harness.spread_text(s, ' s/step')}; ratio to simple: "
+            f"{harness.spread_text(r)}; ratio of step medians "
             f"{result['ratio_of_step_medians'][name]:.3f}"
         )
     ratio = result["ratio_to_simple"]["megdet"]["median"]

@@ -201,9 +201,8 @@ def print_report(result: dict[str, Any]) -> None:
         for scope in SCOPES:
             s, r = timing["step_s"][scope], timing["ratio_to_none"][scope]
             print(
-                f"  {scope:<9} median {s['median']:.3f} s/step (min {s['min']:.3f}, "
-                f"max {s['max']:.3f}); ratio to none: median {r['median']:.3f} "
-                f"(min {r['min']:.3f}, max {r['max']:.3f})"
+                f"  {scope:<9} {harness.spread_text(s, ' s/step')}; ratio to none: "
+                f"{harness.spread_text(r)}"
             )
 
 
