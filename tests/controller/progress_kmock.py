@@ -13,6 +13,8 @@ from typing import Any
 import kmock as kmock_lib
 from kmock_helpers import (
     NAMESPACE,
+    PEERING_NAME,
+    PEERINGS,
     PYTORCHJOBS,
     RUNS,
     OperatorThread,
@@ -36,6 +38,15 @@ def obj(api: Any, resource: str, namespace: str, name: str) -> dict[str, Any] | 
         if res == kmock_lib.resource(resource) and ns == namespace and n == name:
             return None if stored.deleted else dict(stored.raw)
     return None
+
+
+def cluster_peering(api: Any) -> None:
+    """The ClusterKopfPeering the replicas join (the operator chart renders it)."""
+    api.objects[PEERINGS, None, PEERING_NAME] = {
+        "apiVersion": "kopf.dev/v1",
+        "kind": "ClusterKopfPeering",
+        "metadata": {"name": PEERING_NAME},
+    }
 
 
 async def start_progress_operator(

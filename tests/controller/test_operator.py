@@ -43,7 +43,13 @@ from kmock_helpers import (
     stop_operator,
 )
 from progress_fakes import FakeIssuer
-from progress_kmock import apost, run_with_pod, serve_issuer, start_progress_operator
+from progress_kmock import (
+    apost,
+    cluster_peering,
+    run_with_pod,
+    serve_issuer,
+    start_progress_operator,
+)
 
 from megdet.controller.progress_ca import CA_CONFIG_MAP, CA_KEY
 
@@ -229,11 +235,7 @@ async def test_every_controller_call_is_allowed_and_every_rule_is_used(cluster, 
             "metadata": {"name": PEERING_NAME, "namespace": NAMESPACE},
         }
     else:
-        cluster.objects[PEERINGS, None, PEERING_NAME] = {
-            "apiVersion": "kopf.dev/v1",
-            "kind": "ClusterKopfPeering",
-            "metadata": {"name": PEERING_NAME},
-        }
+        cluster_peering(cluster)
     issuer = FakeIssuer()
     serve_issuer(cluster, issuer)
     op = await start_progress_operator(cluster, 1, PEERING_NAME, namespaces=namespaces)
