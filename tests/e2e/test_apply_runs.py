@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from megdet.controller.offline.validation import validate_run
 from megdet.controller.policy import Policy
 from megdet.controller.policy import check as check_policy
+from tests.spec_strategies import GANG, KUEUE, NCCL, RUN_POLICY
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 VALUES = yaml.safe_load((ROOT / "charts/megdet/values.yaml").read_text())
@@ -100,35 +101,22 @@ def test_invalid_specs_are_refused_by_the_server(kube, ns, change, name, message
 def test_immutable_fields_cannot_be_patched(kube, ns) -> None:
     spec = {"gpus": 8, "dataset": {"claimName": "coco"}, "output": {"claimName": "out"}}
     apply_objects(kube, mdr("frozen", ns, spec))
+
+    def patch_spec(spec: dict, check: bool = True):
+        body = json.dumps({"spec": spec})
+        patch = ("patch", "mdr", "frozen", "-n", ns, "--type=merge", "-p", body)
+        return kube.kubectl(*patch, check=check)
+
     try:
         for patch, message in (
             ({"gpus": 16}, "gpus is immutable"),
             ({"syncBN": "none"}, "syncBN is immutable"),
             ({"output": {"claimName": "elsewhere"}}, "output is immutable"),
         ):
-            proc = kube.kubectl(
-                "patch",
-                "mdr",
-                "frozen",
-                "-n",
-                ns,
-                "--type=merge",
-                "-p",
-                json.dumps({"spec": patch}),
-                check=False,
-            )
+            proc = patch_spec(patch, check=False)
             assert proc.returncode != 0 and message in proc.stderr, (patch, proc.stderr)
         # What stays changeable does change.
-        kube.kubectl(
-            "patch",
-            "mdr",
-            "frozen",
-            "-n",
-            ns,
-            "--type=merge",
-            "-p",
-            json.dumps({"spec": {"runPolicy": {"suspend": True}}}),
-        )
+        patch_spec({"runPolicy": {"suspend": True}})
         assert get_json(kube, "mdr", "frozen", "-n", ns)["spec"]["runPolicy"]["suspend"] is True
     finally:
         kube.kubectl("delete", "mdr", "frozen", "-n", ns, "--wait=false")
@@ -189,26 +177,10 @@ specs = st.fixed_dictionaries(
         "scaling": st.sampled_from(["linear", "sqrt", "none"]),
         "baseLr": st.sampled_from([0.02, 0.0, -1.0, 0.5]),
         "target": st.sampled_from(["pytorchjob", "trainjob"]),
-        "nccl": st.fixed_dictionaries(
-            {},
-            optional={
-                "ib": st.fixed_dictionaries(
-                    {"enabled": st.booleans()},
-                    optional={"rdmaResourceName": st.sampled_from(["", "rdma/ib"])},
-                )
-            },
-        ),
-        "gang": st.fixed_dictionaries(
-            {},
-            optional={
-                "enabled": st.booleans(),
-                "schedulerName": st.sampled_from(["volcano", "scheduler-plugins-scheduler"]),
-                "queue": st.sampled_from(["", "training"]),
-                "scheduleTimeoutSeconds": st.one_of(st.none(), st.just(600)),
-            },
-        ),
-        "kueue": st.fixed_dictionaries({}, optional={"queueName": st.sampled_from(["", "q"])}),
-        "runPolicy": st.fixed_dictionaries({}, optional={"suspend": st.booleans()}),
+        "nccl": NCCL,
+        "gang": GANG,
+        "kueue": KUEUE,
+        "runPolicy": RUN_POLICY,
         "resources": st.fixed_dictionaries(
             {},
             optional={

@@ -34,6 +34,7 @@ from megdet.controller.offline.validation import (
 )
 from megdet.controller.render import RUN_SPEC_VALUES, render_run
 from megdet.plan import RunSpec
+from tests.spec_strategies import GANG, KUEUE, NCCL, RUN_POLICY
 
 REPO = Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "megdet"
@@ -324,16 +325,8 @@ chart_rule_specs = st.fixed_dictionaries(
                 "memoryLimit": st.sampled_from(["", "300Gi"]),
             },
         ),
-        "gang": st.fixed_dictionaries(
-            {},
-            optional={
-                "enabled": st.booleans(),
-                "schedulerName": st.sampled_from(["volcano", "scheduler-plugins-scheduler"]),
-                "queue": st.sampled_from(["", "training"]),
-                "scheduleTimeoutSeconds": st.one_of(st.none(), st.just(600)),
-            },
-        ),
-        "kueue": st.fixed_dictionaries({}, optional={"queueName": st.sampled_from(["", "q"])}),
+        "gang": GANG,
+        "kueue": KUEUE,
         "elastic": st.fixed_dictionaries(
             {},
             optional={
@@ -341,16 +334,8 @@ chart_rule_specs = st.fixed_dictionaries(
                 "maxGpus": st.sampled_from([0, 8, 64]),
             },
         ),
-        "runPolicy": st.fixed_dictionaries({}, optional={"suspend": st.booleans()}),
-        "nccl": st.fixed_dictionaries(
-            {},
-            optional={
-                "ib": st.fixed_dictionaries(
-                    {"enabled": st.booleans()},
-                    optional={"rdmaResourceName": st.sampled_from(["", "rdma/ib"])},
-                )
-            },
-        ),
+        "runPolicy": RUN_POLICY,
+        "nccl": NCCL,
         "dataset": st.fixed_dictionaries(
             {},
             optional={
