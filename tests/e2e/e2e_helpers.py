@@ -238,6 +238,16 @@ def namespace(kube: Cluster, name: str, labels: dict[str, str] | None = None) ->
     return name
 
 
+def run_namespace(kube: Cluster, name: str, gpus: int = 0) -> str:
+    """A namespace for runs: Pod Security's ``restricted`` level enforced, the dataset and
+    output claims bound (:func:`claim_volumes`) and, with ``gpus``, that many GPUs free."""
+    namespace(kube, name, {"pod-security.kubernetes.io/enforce": "restricted"})
+    apply_objects(kube, *claim_volumes(name))
+    if gpus:
+        ensure_free_gpus(kube, gpus)
+    return name
+
+
 def pods_of(kube: Cluster, ns: str, selector: str) -> list[dict[str, Any]]:
     return get_json(kube, "pods", "-n", ns, "-l", selector)["items"]
 

@@ -13,13 +13,12 @@ import pytest
 from e2e_helpers import (
     CONTROLLER_USER,
     apply_objects,
-    claim_volumes,
     eventually,
     get_json,
     get_or_none,
     mdr,
-    namespace,
     pods_of,
+    run_namespace,
 )
 
 from megdet.controller.api import FINALIZER
@@ -31,9 +30,7 @@ FAIL_LABEL = "pod-container-running-failed.stage.kwok.x-k8s.io"
 
 @pytest.fixture(scope="module")
 def ns(kube, controller):
-    name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *claim_volumes(name))
-    return name
+    return run_namespace(kube, NS)
 
 
 def status(kube, ns: str, name: str) -> dict:

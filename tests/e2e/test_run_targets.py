@@ -23,16 +23,14 @@ from dataclasses import dataclass
 import pytest
 from e2e_helpers import (
     apply_objects,
-    claim_volumes,
-    ensure_free_gpus,
     eventually,
     get_json,
     get_or_none,
     launch_dry_run,
     mdr,
-    namespace,
     pods_of,
     resolve_env,
+    run_namespace,
     run_phase,
 )
 
@@ -95,9 +93,7 @@ def target(request, kube, controller) -> Target:
         # JobSet and Trainer v2 came up just now (not at the session's start, so that the rest
         # of the suite does not wait for them); kopf lists the kinds to watch once.
         controller.restart()
-    ns = namespace(kube, target.namespace, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *claim_volumes(ns))
-    ensure_free_gpus(kube, 16)
+    ns = run_namespace(kube, target.namespace, gpus=16)
     spec = {"gpus": 16, "dataset": {"claimName": "coco"}, "output": {"claimName": "megdet-output"}}
     if target.name == "trainjob":
         spec["target"] = "trainjob"

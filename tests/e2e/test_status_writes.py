@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from e2e_helpers import (
     CONTROLLER_USER,
-    apply_objects,
-    claim_volumes,
     eventually,
     get_json,
-    namespace,
+    run_namespace,
 )
 from test_faults import condition, fail_container, start_run, status
 
@@ -37,8 +35,7 @@ def status_writes(kube) -> list[dict]:
 
 
 def test_the_jobs_mirror_and_a_spec_change_race_and_lose_nothing(kube, controller) -> None:
-    ns = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *claim_volumes(ns))
+    ns = run_namespace(kube, NS)
     pods = start_run(kube, ns, RUN, restartPolicy="ExitCode")
     worker = next(p for p in pods if p["metadata"]["name"].endswith("-worker-0"))
     # The job fails (the training operator's status change wakes the job's mirror) while the

@@ -17,13 +17,13 @@ from e2e_helpers import (
     apply_objects,
     claim_volumes,
     condition,
-    ensure_free_gpus,
     eventually,
     get_json,
     get_or_none,
     mdr,
     namespace,
     pods_of,
+    run_namespace,
     run_phase,
 )
 from test_run_targets import JOBSET_LABEL, scheduled_pods
@@ -38,10 +38,7 @@ def ns(kube, controller):
     if kube.start_trainer_v2():
         # JobSet and Trainer v2 came up just now; kopf lists the kinds to watch once.
         controller.restart()
-    name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *claim_volumes(name))
-    ensure_free_gpus(kube, 16)
-    return name
+    return run_namespace(kube, NS, gpus=16)
 
 
 def run_events(kube, ns: str, name: str) -> list[dict]:

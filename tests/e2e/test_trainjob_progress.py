@@ -25,14 +25,13 @@ from typing import Any
 import pytest
 from e2e_helpers import (
     apply_objects,
-    claim_volumes,
-    ensure_free_gpus,
     eventually,
     get_json,
     get_or_none,
     mdr,
     namespace,
     pods_of,
+    run_namespace,
 )
 
 from cluster.control_plane import Cluster
@@ -69,9 +68,7 @@ def trainer_v2(kube):
 def ns(kube, trainer_v2, controller):
     if controller.started_at < trainer_v2:
         controller.restart()  # kopf lists the kinds to watch once
-    name = namespace(kube, NS, {"pod-security.kubernetes.io/enforce": "restricted"})
-    apply_objects(kube, *claim_volumes(name))
-    ensure_free_gpus(kube, 8)
+    name = run_namespace(kube, NS, gpus=8)
     apply_objects(
         kube,
         mdr(
