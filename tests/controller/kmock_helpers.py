@@ -13,6 +13,7 @@ loop while kmock serves from the test's loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import threading
@@ -185,9 +186,10 @@ class Emulator(kmock_lib.KubernetesEmulator):
             ) from None
 
 
-@pytest_asyncio.fixture()
-async def cluster() -> AsyncIterator[Any]:
-    """The emulator with the controller's resources declared and the run namespace present."""
+@contextlib.asynccontextmanager
+async def emulated() -> AsyncIterator[Any]:
+    """The emulator, served, with the controller's resources declared and the run namespace
+    present."""
     async with Emulator() as kmock, kmock_lib.Server(kmock):
         declare_resources(kmock)
         kmock.objects["v1/namespaces", None, NAMESPACE] = {
@@ -195,6 +197,13 @@ async def cluster() -> AsyncIterator[Any]:
             "kind": "Namespace",
             "metadata": {"name": NAMESPACE},
         }
+        yield kmock
+
+
+@pytest_asyncio.fixture()
+async def cluster() -> AsyncIterator[Any]:
+    """:func:`emulated`, for a test."""
+    async with emulated() as kmock:
         yield kmock
 
 

@@ -177,17 +177,10 @@ class ControllerUnderTest:
 
     async def _main(self) -> None:
         h = _controller_test_helpers()
-        import kmock
 
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        async with h.Emulator() as api, kmock.Server(api):
-            h.declare_resources(api)
-            api.objects["v1/namespaces", None, h.NAMESPACE] = {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {"name": h.NAMESPACE},
-            }
+        async with h.emulated() as api:
             op = await h.start_operator(str(api.url))
             try:
                 await self._scenario(h, api)
