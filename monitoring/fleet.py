@@ -243,17 +243,14 @@ def _fleet_job_panels(ids: Ids) -> list[Panel]:
                 (jobs("restarted"), "restarted {{namespace}} {{target}}"),
             ],
         ),
-        stat_panel(
-            ids,
-            "Jobs created (range)",
-            "Jobs created in the selected time range.",
-            f"sum(increase(megdet_controller_jobs_created_total{{{NAMESPACES}}}[$__range]))",
-        ),
-        stat_panel(
-            ids,
-            "Jobs failed (range)",
-            "Jobs failed in the selected time range.",
-            f"sum(increase(megdet_controller_jobs_failed_total{{{NAMESPACES}}}[$__range]))",
+        *(
+            stat_panel(
+                ids,
+                f"Jobs {outcome} (range)",
+                f"Jobs {outcome} in the selected time range.",
+                f"sum(increase(megdet_controller_jobs_{outcome}_total{{{NAMESPACES}}}[$__range]))",
+            )
+            for outcome in ("created", "failed")
         ),
         stat_panel(
             ids,
