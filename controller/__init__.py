@@ -6,7 +6,8 @@ The pure part lives in :mod:`megdet.controller.render` (spec -> chart values -> 
 objects. The kopf handlers (:mod:`megdet.controller.reconciler`, registered by
 :mod:`megdet.controller.operator`; the API calls for a run's objects in
 :mod:`megdet.controller.children`, the job and pod mirror in :mod:`megdet.controller.mirror`)
-build on them and do the I/O (:mod:`megdet.controller.kubeapi`). ``megdet controller`` is :mod:`megdet.controller.daemon`.
+build on them and do the I/O (:mod:`megdet.controller.kubeapi`). ``megdet controller`` is
+:mod:`megdet.controller.daemon`.
 What runs without a cluster (the CRD generator, ``megdet validate`` and ``megdet render``,
 every check a spec goes through) is :mod:`megdet.controller.offline`; the running operator
 imports none of it.
