@@ -315,6 +315,10 @@ def summarize(floors: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[
     }
 
 
+def _row(values: dict[str, float], names: tuple[str, ...]) -> str:
+    return " | ".join(f"{values[name]:.2f}" for name in names)
+
+
 def _cells(parts: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.2f}" for name, value in parts.items())
 
@@ -332,17 +336,16 @@ def format_report(result: dict[str, Any]) -> str:
         )
     out.append("  floor (bare pod, import torch, detectron2): " + " | ".join(FLOOR_PARTS))
     for n, s in enumerate(result["floors"], 1):
-        cells = " | ".join(f"{s['parts'][p]:.2f}" for p in FLOOR_PARTS)
         out.append(
-            f"    #{n}: {cells} | total {s['total']:.2f} s (in-process import "
-            f"{s['import_s']:.2f} s; {s['mapped_files']} files mapped, {s['mapped_mb']:.0f} MB)"
+            f"    #{n}: {_row(s['parts'], FLOOR_PARTS)} | total {s['total']:.2f} s (in-process "
+            f"import {s['import_s']:.2f} s; {s['mapped_files']} files mapped, "
+            f"{s['mapped_mb']:.0f} MB)"
         )
     out.append("  run (2 pods) to its first iteration: " + " | ".join(RUN_PARTS))
     for n, s in enumerate(result["runs"], 1):
-        cells = " | ".join(f"{s['parts'][p]:.2f}" for p in RUN_PARTS)
-        ends = " | ".join(f"{s['end'][p]:.2f}" for p in END_PARTS)
         out.append(
-            f"    #{n}: {cells} | total {s['total']:.2f} s; then {ends} "
+            f"    #{n}: {_row(s['parts'], RUN_PARTS)} | total {s['total']:.2f} s; "
+            f"then {_row(s['end'], END_PARTS)} "
             f"({' | '.join(END_PARTS)}); status.startup {json.dumps(s['startup'])}"
         )
         if s.get("launch_split"):
