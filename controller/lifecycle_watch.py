@@ -12,7 +12,9 @@ run computes the run's lifecycle from the run's view and those indexes, under th
 run's event is filtered in kopf's loop first (most are the controller's own writes, which
 change nothing more). Level-triggered: a missed event is made good by the next one. A write
 that adds a part to ``status.startup`` observes it in ``megdet_controller_startup_seconds``
-(:mod:`~megdet.controller.startup_metrics`).
+(:mod:`~megdet.controller.startup_metrics`). A run's event also writes when its
+``status.summary`` lags its status (:mod:`~megdet.controller.run_summary`): the trainer's
+final report can reach ``status.progress`` after the run ended.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import kopf
 from megdet.controller.api import GROUP, KIND, PLURAL, VERSION
 from megdet.controller.lifecycle import lifecycle_status, pod_summary
 from megdet.controller.pod_problems import PART_OF, run_of_pod
+from megdet.controller.run_summary import summary_stale
 from megdet.controller.startup_metrics import observe
 from megdet.controller.status_writer import StatusWriter
 
@@ -89,7 +92,8 @@ class LifecycleWatch:
         if signals is None:
             return True  # an index changed while read: let the handler look
         new = lifecycle_status(body, *signals, self.writer.now())
-        return any(new.get(key) != status.get(key) for key in ("conditions", "startup"))
+        changed = any(new.get(key) != status.get(key) for key in ("conditions", "startup"))
+        return changed or summary_stale(status)  # a report after the end (run_summary.py)
 
     def pod_would_change(self, body: kopf.Body, **kw: Any) -> bool:
         """Whether a pod's event changes its run's lifecycle, judged on the run as this process

@@ -12,7 +12,9 @@ version it was computed from as a precondition, so a view that turns out stale c
 a read and a second try, never a lost update. ``status.progress`` has its own
 writer (the progress endpoint, or the TrainJob mirror), a field no other writer touches. The
 events and counters of a write follow from the old and the new status
-(:func:`~megdet.controller.status_events.events`).
+(:func:`~megdet.controller.status_events.events`). Every status it writes carries what
+follows from the rest: ``status.stage`` and, once the run finished, ``status.summary``
+(:func:`~megdet.controller.run_summary.with_summary`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, api_call, retry_later
 from megdet.controller.lifecycle import stage_of
 from megdet.controller.run_record import RunRecords
+from megdet.controller.run_summary import with_summary
 from megdet.controller.status import JOB_PRESENT
 from megdet.controller.status_events import events
 
@@ -349,7 +352,7 @@ class StatusWriter:
                     ):
                         return None  # deleted (or deleted and re-created) meanwhile
                 old = current.get("status") or {}
-                new = compute(current)
+                new = with_summary(compute(current))  # a finished run's summary
                 deleting = (current.get("metadata") or {}).get("deletionTimestamp")
                 if handled is not None and not deleting:
                     new[HANDLED_FIELD] = handled

@@ -25,8 +25,9 @@ from typing import Any
 
 import yaml
 
+from megdet.controller import run_summary as summary
 from megdet.controller.api import DROPPED_VALUES, GROUP, KIND, PLURAL, SINGULAR, VERSION
-from megdet.controller.job_state import PHASES
+from megdet.controller.job_state import PHASES, TERMINAL_PHASES
 from megdet.controller.lifecycle import STAGES as LIFECYCLE_STAGES
 from megdet.controller.lifecycle import STARTUP_PARTS
 from megdet.controller.offline.cel_rules import (
@@ -214,6 +215,7 @@ def status_schema() -> dict[str, Any]:
                 },
             ),
             "progress": progress_schema(),
+            "summary": summary_schema(),
             "handledConfiguration": _field(
                 "string",
                 "The spec, labels and annotations the controller last reconciled to an end, as "
@@ -269,6 +271,36 @@ def progress_schema() -> dict[str, Any]:
                 "string", "When this attempt's first iteration was done.", **time
             ),
         },
+    )
+
+
+def summary_schema() -> dict[str, Any]:
+    """``status.summary``: a finished run's summary (``controller/run_summary.py``)."""
+    wide = {"iteration", "maxIter", "evalIteration", "imagesSeen", "plannedImages"}
+    properties: dict[str, Any] = {}
+    for name, what in summary.FIELDS.items():
+        if name == "phase":
+            properties[name] = _field("string", what, enum=sorted(TERMINAL_PHASES))
+        elif name in summary.TEXT_FIELDS:
+            properties[name] = _field("string", what, maxLength=summary.MAX_TEXT)
+        elif name in summary.TIME_FIELDS:
+            properties[name] = _field("string", what, format="date-time")
+        elif name == "segments":
+            segment = {key: _field("integer", what) for key, what in summary.SEGMENT_FIELDS.items()}
+            item = _field("object", "A job of the run.", properties=segment)
+            properties[name] = _field("array", what, items=item, maxItems=summary.MAX_SEGMENTS)
+        elif name in summary.NUMBER_FIELDS:
+            properties[name] = _field("number", what)
+        else:
+            extra = {"format": "int64"} if name in wide else {}
+            properties[name] = _field("integer", what, **extra)
+    return _field(
+        "object",
+        "What the run did, written when it ends (Succeeded, or Failed after it had its job) "
+        "from the trainer's last report and the controller's own facts; it stays after the "
+        "pods and the job are gone. A field no source gave is absent. The full report, with "
+        "curves: `megdet report <output folder>`.",
+        properties=properties,
     )
 
 

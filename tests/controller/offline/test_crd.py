@@ -307,8 +307,18 @@ def test_status_declares_the_controller_fields(root):
         "phase", "conditions", "observedGeneration", "worldSize", "nodes", "globalBatch",
         "lr", "maxIter", "steps", "warmupIters", "jobName", "jobUID", "target", "startTime",
         "completionTime", "restarts", "progress", "handledConfiguration", "gpus", "attempt",
-        "segments", "resize", "stage", "startup",
+        "segments", "resize", "stage", "startup", "summary",
     }  # fmt: skip
+    summary = status["summary"]["properties"]
+    assert set(summary) == {
+        "phase", "reason", "ap", "ap50", "evalIteration", "iteration", "maxIter", "imagesSeen",
+        "plannedImages", "imagesPerSecond", "target", "gpus", "worldSize", "nodes",
+        "globalBatch", "lr", "attempt", "restarts", "segments", "startTime", "completionTime",
+        "durationSeconds", "startupSeconds", "trainingSeconds", "finishingSeconds", "fabric",
+    }  # fmt: skip
+    assert summary["phase"]["enum"] == ["Failed", "Succeeded"]
+    assert summary["segments"]["maxItems"] == 4
+    assert all(summary[k]["maxLength"] == 256 for k in ("reason", "target", "fabric"))
     progress = status["progress"]["properties"]
     assert set(progress) == {
         "iteration", "maxIter", "percent", "imagesSeen", "plannedImages", "imagesPerSecond",
