@@ -399,6 +399,7 @@ def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None
     import jsonschema
 
     from megdet.controller.planning import plan_children
+    from megdet.controller.run_summary import with_summary
 
     schema = _crd_status_schema()
     run = {
@@ -425,6 +426,11 @@ def test_every_status_the_controller_writes_fits_the_crd_status_schema() -> None
     running = {**status, "phase": "Running"}
     written.append(after(running, JobGone("PyTorchJob", "r"), T1, 2))
     written.append(after(status, Refused("refused"), T1, 2))
+    # What the status writer adds to a finished run's status (controller/run_summary.py).
+    done = {**written[4], "jobUID": "job-1", "startup": {"attempt": 1, "totalSeconds": 9}}
+    finished_run = with_summary(done)
+    assert finished_run["summary"]["phase"] == "Failed"
+    written.append(finished_run)
     for status in written:
         jsonschema.validate(status, schema)  # types, enums (phase)
         assert _pruned(status, schema) == []  # nothing the API server would silently drop

@@ -382,6 +382,22 @@ def test_a_megdetrun_trains_through_the_controller_pod(
         interval=2,
         message="the run's phase Succeeded",
     )
+    # The run's summary stays in its status (controller/run_summary.py): the final report's
+    # numbers, the controller's own facts, the trainer's last attempt from first iteration on.
+    summary = eventually(
+        lambda: (s := get_json(kube, "mdr", RUN, "-n", NS)["status"].get("summary") or {})
+        .get("iteration") == MAX_ITER and s,
+        timeout=300,
+        interval=2,
+        message="status.summary with the final report",
+    )  # fmt: skip
+    assert (summary["phase"], summary["target"], summary["attempt"]) == (
+        "Succeeded", "pytorchjob", 1,
+    )  # fmt: skip
+    assert summary["ap"] == pytest.approx(metrics["bbox"]["AP"], abs=1e-3)
+    assert summary["imagesSeen"] == summary["plannedImages"] == done["imagesSeen"]
+    assert summary["durationSeconds"] >= summary["trainingSeconds"] > 0
+    assert summary["startupSeconds"] > 0 and summary["finishingSeconds"] >= 0
     header, row = kube.kubectl("get", "mdr", RUN, "-n", NS).stdout.splitlines()[:2]
     assert header.split()[6:9] == ["PROGRESS", "ETA", "AP"]
     cells = row.split()
