@@ -11,7 +11,8 @@ run's :class:`Milestones` in its record (controller/run_record.py, dropped with 
 the TrainJob mirror's own check shares: one event per milestone, whoever notes it first.
 
 The first look at a run (a new replica, a restart, a failover) starts from the progress it holds
-then, so no milestone already passed is announced again.
+then, so no milestone already passed is announced again; a run created again under the same name
+(another uid) starts anew even when the old one's record is not dropped yet.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from typing import Any
 
 from megdet.controller.api import GROUP, PLURAL, VERSION
 
-__all__ = ["EVENTS_PER_HOUR", "EVENT_BURST", "Milestones", "TokenBucket", "register"]
+__all__ = [
+    "EVENTS_PER_HOUR",
+    "EVENT_BURST",
+    "Milestones",
+    "TokenBucket",
+    "milestones_of",
+    "register",
+]
 
 #: Per-run event budget: a bucket of EVENT_BURST tokens refilled at EVENTS_PER_HOUR.
 EVENT_BURST = 3
@@ -57,6 +65,8 @@ class Milestones:
     :class:`TokenBucket`. One per run, for both targets; thread-safe."""
 
     checkpoint_every: int = 5
+    #: The run's uid ("": not known): a run created again under the name starts anew.
+    uid: str = ""
     eval_iteration: int | None = None
     checkpoint_iteration: int | None = None
     checkpoints: int = 0
@@ -64,10 +74,13 @@ class Milestones:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
-    def from_written(cls, written: Mapping[str, Any], checkpoint_every: int) -> Milestones:
+    def from_written(
+        cls, written: Mapping[str, Any], checkpoint_every: int, uid: str = ""
+    ) -> Milestones:
         """Continue from a written ``status.progress`` (a restarted controller repeats none)."""
         return cls(
             checkpoint_every=checkpoint_every,
+            uid=uid,
             eval_iteration=written.get("evalIteration"),
             checkpoint_iteration=written.get("checkpointIteration"),
         )
@@ -101,23 +114,34 @@ def _num(value: Any) -> str:
     return "?" if value is None else f"{float(value):.2f}"
 
 
+def milestones_of(
+    records: Any, body: Mapping[str, Any], checkpoint_every: int, now: float
+) -> list[tuple[str, str]]:
+    """The events a run's watch event calls for: its ``status.progress`` compared with what
+    its :class:`Milestones` in ``records`` (the operator's
+    :class:`~megdet.controller.run_record.RunRecords`) saw before."""
+    meta, status = body.get("metadata") or {}, body.get("status") or {}
+    progress = status.get("progress") if isinstance(status.get("progress"), Mapping) else {}
+    uid = str(meta.get("uid") or "")
+
+    def kept(known: Milestones | None) -> Milestones:
+        if known is not None and known.uid in ("", uid):  # not an earlier run of the name
+            return known
+        return Milestones.from_written(progress, checkpoint_every, uid)
+
+    seen = records.update((meta.get("namespace"), meta.get("name")), "milestones", kept)
+    return seen.note(progress, now)
+
+
 def register(registry: Any, records: Any, checkpoint_every: int) -> None:
     """A kopf event handler on ``registry`` that posts each run's milestone events from its
-    watch: ``records`` is the operator's :class:`~megdet.controller.run_record.RunRecords`
-    (the run's :class:`Milestones`). Async and API-free but for the events: kopf posts them."""
+    watch (:func:`milestones_of`). Async and API-free but for the events: kopf posts them."""
     import kopf
 
-    async def milestones(event: Any, body: Any, name: str, namespace: str, **_: Any) -> None:
+    async def milestones(event: Any, body: Any, **_: Any) -> None:
         if event.get("type") == "DELETED":
             return  # its record goes with the run (Reconciler.forget)
-        status = body.get("status") or {}
-        progress = status.get("progress") if isinstance(status.get("progress"), Mapping) else {}
-        seen = records.update(
-            (namespace, name),
-            "milestones",
-            lambda known: known or Milestones.from_written(progress, checkpoint_every),
-        )
-        for reason, message in seen.note(progress, time.monotonic()):
+        for reason, message in milestones_of(records, body, checkpoint_every, time.monotonic()):
             kopf.event(dict(body), type="Normal", reason=reason, message=message[:1000])
 
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="progress-milestones")(milestones)

@@ -20,9 +20,10 @@ from megdet.controller import metrics
 from megdet.controller.planning import plan_children
 from megdet.controller.progress_binding import run_ref
 from megdet.controller.progress_ca import ServingCert, service_hosts
-from megdet.controller.progress_events import Milestones, TokenBucket
+from megdet.controller.progress_events import Milestones, TokenBucket, milestones_of
 from megdet.controller.progress_hub import ProgressHub, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
+from megdet.controller.run_record import RunRecords
 
 NS = "vision"
 
@@ -361,6 +362,26 @@ def test_milestones_one_per_evaluation_every_kth_checkpoint_and_bounded_per_hour
     # A new look (a restart, a failover) starts from the progress the run holds: none again.
     held = {"evalIteration": 400, "ap": 30.0, "checkpointIteration": 400}
     assert Milestones.from_written(held, 2).note(held, 0.0) == []
+
+
+def test_the_watch_announces_each_milestone_once_and_a_run_created_again_anew() -> None:
+    """progress_events.milestones_of on the run's watch events: the first look starts from the
+    progress the run holds; a new evaluation is announced once; a run created again under the
+    same name (another uid) starts anew even while the old run's record is still kept."""
+    records = RunRecords()
+
+    def run(uid: str, progress: dict[str, Any]) -> dict[str, Any]:
+        meta = {"namespace": NS, "name": "r1", "uid": uid}
+        return {"metadata": meta, "status": {"progress": progress}}
+
+    held = {"iteration": 100, "evalIteration": 100, "ap": 30.0}
+    assert milestones_of(records, run("u1", held), 5, 0.0) == []  # a restart: none again
+    later = {"iteration": 200, "evalIteration": 200, "ap": 31.0}
+    assert [e[0] for e in milestones_of(records, run("u1", later), 5, 1.0)] == ["Evaluated"]
+    assert milestones_of(records, run("u1", later), 5, 2.0) == []
+    # Deleted and created again: the old record is not dropped yet (its DELETED comes later).
+    assert milestones_of(records, run("u2", {}), 5, 3.0) == []
+    assert [e[0] for e in milestones_of(records, run("u2", held), 5, 4.0)] == ["Evaluated"]
 
 
 def test_token_bucket_refills_at_its_rate() -> None:
