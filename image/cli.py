@@ -53,10 +53,6 @@ def run_launch(args: argparse.Namespace) -> int:
     env, fabric_note = with_fabric_log(env)
     topology = _topology(env)
     cmd = torchrun_command(topology, args.megdet_args)
-    if not args.dry_run:
-        from megdet.image.doctor import build_report, format_report
-
-        print(format_report(build_report(env, topology, args.megdet_args)), flush=True)
     if added:
         print("megdet launch: defaults added: " + " ".join(f"{k}={v}" for k, v in added.items()))
     if fabric_note:
@@ -65,11 +61,19 @@ def run_launch(args: argparse.Namespace) -> int:
     if args.dry_run:
         return 0
     sys.stdout.flush()
+
+    def doctor() -> None:
+        # The diagnostic imports torch; torchrun, started first, imports it too and waits for
+        # the other pods meanwhile: the report is not on the way to the first iteration.
+        from megdet.image.doctor import build_report, format_report
+
+        print(format_report(build_report(env, topology, args.megdet_args)), flush=True)
+
     if fabric_note is None or "NCCL_DEBUG_FILE" not in env:
-        return run_forwarding_signals(cmd, env)
+        return run_forwarding_signals(cmd, env, doctor)
     # The lines the pod's NCCL_DEBUG level prints, copied from the files NCCL writes now.
     with LogEcho(Path(env["NCCL_DEBUG_FILE"]).parent, env[ECHO_ENV]):
-        return run_forwarding_signals(cmd, env)
+        return run_forwarding_signals(cmd, env, doctor)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -80,9 +84,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "The image's entrypoint. Reads the env a Kubeflow operator injects (PyTorchJob: "
             "PET_NNODES, PET_NODE_RANK, PET_NPROC_PER_NODE, MASTER_ADDR, MASTER_PORT, "
             "WORLD_SIZE, RANK; TrainJob: the PET_ ones only) and the run chart's "
-            "MEGDET_GRACE_PERIOD_SECONDS, MEGDET_MAX_RESTARTS and MEGDET_RUN_ID, prints the "
-            "`megdet doctor` diagnostic, then runs `torchrun ... -m megdet ARGS` (c10d "
-            "rendezvous), passing SIGTERM on and exiting with its exit code."
+            "MEGDET_GRACE_PERIOD_SECONDS, MEGDET_MAX_RESTARTS and MEGDET_RUN_ID, runs "
+            "`torchrun ... -m megdet ARGS` (c10d rendezvous) and prints the `megdet doctor` "
+            "diagnostic while torchrun starts, passing SIGTERM on and exiting with its exit code."
         ),
     )
     launch.add_argument(

@@ -1,18 +1,18 @@
 """`megdet launch`: start torchrun for this pod and stay in between to pass signals on.
 
 The launcher runs torchrun as a child rather than replacing itself with it so that it can print
-the start-up diagnostic first and still be a well-behaved parent: SIGTERM (the kubelet stopping
-the pod) goes to torchrun, whose agent passes it to every trainer process so they can write a
-checkpoint before the grace period ends. The child's exit code becomes the pod's, except after a
-forwarded signal: the rule is :mod:`megdet.signals`' (shared with ``megdet train``'s own
-spawning of local workers).
+the start-up diagnostic while torchrun starts and still be a well-behaved parent: SIGTERM (the
+kubelet stopping the pod) goes to torchrun, whose agent passes it to every trainer process so
+they can write a checkpoint before the grace period ends. The child's exit code becomes the
+pod's, except after a forwarded signal: the rule is :mod:`megdet.signals`' (shared with
+``megdet train``'s own spawning of local workers).
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from megdet.image.nccl import with_nccl_defaults
 from megdet.image.topology import LaunchTopology, torchrun_arguments
@@ -60,12 +60,18 @@ def torchrun_command(
     ]
 
 
-def run_forwarding_signals(cmd: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+def run_forwarding_signals(
+    cmd: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    while_running: Callable[[], None] | None = None,
+) -> int:
     """Run ``cmd``, forward FORWARDED_SIGNALS to it, and return the exit status for the pod.
 
     That is the child's exit status, unless a signal was forwarded: then 128 + that signal,
     whatever the child returned after checkpointing (PyTorchJob's ``ExitCode`` restart policy
     retries 128+). The child runs in its own process group (see FORWARDED_SIGNALS).
+    ``while_running`` is called once the child has started (signals are forwarded meanwhile);
+    an exception from it is printed and the child is still waited for.
     """
     child: subprocess.Popen[bytes] | None = None
 
@@ -75,4 +81,9 @@ def run_forwarding_signals(cmd: Sequence[str], env: Mapping[str, str] | None = N
     with SignalForwarder(targets) as forwarder:
         child = subprocess.Popen(list(cmd), env=None if env is None else dict(env), process_group=0)
         forwarder.deliver_pending()  # a SIGTERM that arrived while the child was starting
+        if while_running is not None:
+            try:
+                while_running()
+            except Exception as err:  # the child's run matters more than this side task
+                print(f"megdet launch: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return forwarder.status(child.wait())

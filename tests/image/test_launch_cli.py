@@ -63,7 +63,7 @@ def test_launch_fails_when_the_command_fails():
     # input: the pod fails (torchrun reports any worker failure as 1) with the child's message.
     result = megdet("launch", "plan", "--gpus", "0", env={"PET_NPROC_PER_NODE": "1"})
     assert result.returncode == 1
-    assert "megdet doctor" in result.stdout  # the start-up diagnostic ran first
+    assert "megdet doctor" in result.stdout  # the start-up diagnostic ran beside torchrun
     assert "gpus" in result.stderr
 
 

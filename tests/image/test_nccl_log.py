@@ -147,7 +147,7 @@ def test_launch_echoes_the_warn_lines_the_ranks_nccl_writes(tmp_path, monkeypatc
     monkeypatch.setattr("megdet.image.doctor.format_report", lambda report: "(doctor)")
     seen = {}
 
-    def fake_child(cmd, env):
+    def fake_child(cmd, env, while_running=None):
         seen.update(env)
         path = debug_file_path(env["NCCL_DEBUG_FILE"], log_hostname(), 999)
         _append(Path(path), "".join(nf.socket_fallback_log()) + nf.warn("NET/IB : boom"))
