@@ -2,7 +2,7 @@
 kmock: a Kueue Workload of the run's job queues the run with Kueue's words and admits it; the
 pods of the job schedule and start; the trainer's stage in status.progress makes it Training;
 nothing is written when nothing changes. (The mapping itself: test_lifecycle.py; the real
-node: tests/e2e/test_e2e_lifecycle.py.)"""
+node: tests/e2e/test_e2e_shared_run.py.)"""
 
 from __future__ import annotations
 
