@@ -19,7 +19,7 @@ help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make test-quick - the suite without the real-cluster (e2e) tests"
-	@echo "make test-real-pods - every real-pod test on the real node (make test runs the first)"
+	@echo "make test-real-pods - only the tests of real pods on the real node (make test runs them too)"
 	@echo "make test-previous-apiserver - the CRD on the older kube-apiserver (its own build)"
 	@echo "make cluster - build (first time) and start a real local control plane in .cluster/ (kwok nodes + one real node), with the images make image / make suite-images built loaded into the real node"
 	@echo "make cluster-images - load the images built since into the running cluster's real node (IMAGES=train-ci: only that variant)"
@@ -56,12 +56,12 @@ demo: setup
 
 # Two pytest-xdist workers (PYTEST_WORKERS=0: all in one process). Every test of the real
 # cluster is in one xdist group (tests/e2e/conftest.py): one worker runs those in order, on the
-# session's control plane and the machine's one real node, while the other runs the rest.
+# session's control plane and the machine's one real node (the real-pod tests among them),
+# while the other runs the rest.
 PYTEST_WORKERS ?= 2
 test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 	$(BIN)/ruff check .
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver and not real_pods" \
-		--durations=25
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver" --durations=25
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
@@ -80,17 +80,13 @@ suite-cluster: setup
 suite-images: setup
 	$(BIN)/python -m imagebuild.build controller train-ci
 
-# The trainer and the controller in real pods on the real node, all of it
-# (tests/e2e/test_e2e_real_training.py): make test runs its first test (the run chart's helm
-# install trained to Succeeded); the other six (marker real_pods: the controller as a pod, the
-# stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker) take about 15-20 min more
-# on 2 cores, so they have this target (docs/cluster.md, "What make test runs on the node"),
-# with an elastic MegDetRun resized 2 -> 1 -> 2 GPUs while it trains (test_e2e_elastic.py),
-# a MegDetRun that Kueue preempts and admits again (test_e2e_preemption.py) and one whose
-# lifecycle conditions are recorded from a watch (test_e2e_lifecycle.py).
+# The trainer and the controller in real pods on the real node, alone (make test runs them
+# too; docs/cluster.md, "What make test runs on the node"): the run chart's helm install, the
+# controller as a pod, the stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker
+# (tests/e2e/test_e2e_real_training.py), and one MegDetRun watched from its creation, resized
+# 2 -> 1 -> 2 GPUs while it trains and preempted by Kueue (tests/e2e/test_e2e_shared_run.py).
 test-real-pods: suite-deps
-	$(PYTEST) tests/e2e/test_e2e_real_training.py tests/e2e/test_e2e_elastic.py \
-		tests/e2e/test_e2e_preemption.py tests/e2e/test_e2e_lifecycle.py
+	$(PYTEST) tests/e2e/test_e2e_real_training.py tests/e2e/test_e2e_shared_run.py
 
 # The MegDetRun CRD on the older kube-apiserver (kubernetes_previous, pinned in pyproject.toml):
 # a second Kubernetes build of about 20 minutes on 2 cores, for a CRD that changes rarely; run it
