@@ -46,6 +46,8 @@ MASTER_LOG = [
     (T0 + 6.1, "megdet launch: world size 2: /opt/venv/bin/python3.11 -m torch.distributed.run"),
     (T0 + 20.0, "[12/06 09:22:40 megdet.trainer]: Starting a new run in /output/first-1"),
     (T0 + 23.0, "[12/06 09:22:43 d2.engine.train_loop]: Starting training from iteration 0"),
+    (T0 + 25.0, "[12/06 09:22:45 fvcore.common.checkpoint]: Saving checkpoint to /output/m_0.pth"),
+    (T0 + 27.0, "[12/06 09:22:47 fvcore.common.checkpoint]: Saving checkpoint to /output/m_1.pth"),
     (T0 + 60.0, "[12/06 09:23:20 d2.engine.hooks]: Total training time: 0:00:36"),
     (T0 + 61.0, "[12/06 09:23:21 d2.evaluation.testing]: copypaste: AP,AP50,AP75"),
     (T0 + 61.5, "[12/06 09:23:21 d2.evaluation.testing]: copypaste: 1.2,11.9,0.0"),
@@ -66,18 +68,9 @@ def status(first: str | None = "2026-12-06T09:22:45Z") -> dict:
     return {"phase": "Succeeded", "progress": progress, "startup": {"totalSeconds": 24}}
 
 
-def shifted(value, t0: float):
-    """A recorded time moved from T0's frame to t0's."""
-    return value - T0 + t0 if isinstance(value, float) else value
-
-
 def test_run_parts_from_a_recorded_sample() -> None:
     # The trainer's whole-second first-iteration stamp: its middle is taken.
-    first = datetime(2026, 12, 6, 9, 22, 45, tzinfo=UTC).timestamp()
-    t0 = first + 0.5 - 25.0  # so that the first iteration is done 25 s after the create
-    lines = [(t - T0 + t0, text) for t, text in MASTER_LOG]
-    pods = [{k: shifted(v, t0) for k, v in p.items()} for p in run_pods()]
-    sample = bench.run_sample(t0, pods, lines, status())
+    sample = bench.run_sample(T0, run_pods(), MASTER_LOG, status())
     assert sample["parts"] == pytest.approx(
         {
             "controller": 1.0,  # the first pod seen
@@ -85,7 +78,7 @@ def test_run_parts_from_a_recorded_sample() -> None:
             "container start": 2.5,  # the last scheduled to the last running
             "launch + rendezvous": 16.0,  # to the trainer's first line
             "data + model": 3.0,  # to "Starting training from iteration"
-            "first iteration": 2.0,  # to the reported first iteration (+0.5 s)
+            "first iteration": 2.0,  # to the first iteration's checkpoint line
         }
     )
     assert sample["total"] == pytest.approx(25.0)
@@ -94,11 +87,15 @@ def test_run_parts_from_a_recorded_sample() -> None:
     assert sample["to_end"] == pytest.approx(63.0)
     assert sample["torchrun_to_trainer_s"] == pytest.approx(13.9)
     assert sample["startup"] == {"totalSeconds": 24}
+    reported = datetime(2026, 12, 6, 9, 22, 45, tzinfo=UTC).timestamp()
+    assert sample["reported_first_iteration"] == reported
+    assert bench.run_sample(T0, run_pods(), MASTER_LOG, status(None))["total"] == 25.0
 
 
 def test_a_run_without_its_signals_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="firstIterationTime"):
-        bench.run_sample(T0, run_pods(), MASTER_LOG, status(first=None))
+    no_checkpoint = [line for line in MASTER_LOG if "Saving checkpoint" not in line[1]]
+    with pytest.raises(ValueError, match="'Saving checkpoint to' line after the first"):
+        bench.run_sample(T0, run_pods(), no_checkpoint, status())
     no_eval = [line for line in MASTER_LOG if "copypaste" not in line[1]]
     with pytest.raises(ValueError, match="'copypaste:'"):
         bench.run_sample(T0, run_pods(), no_eval, status())
@@ -228,6 +225,7 @@ def test_the_runs_spec_is_the_tiny_run_cut_to_a_valid_length(max_iter, tmp_path)
     spec = bench.run_spec("ghcr.io/megdet/megdet:0.1.0-ci", max_iter)
     assert spec["maxIter"] == max_iter and spec["gpus"] == 2 and "runName" not in spec
     assert spec["steps"] == [max_iter - 1] and spec["warmupIters"] < max_iter
+    assert spec["extraOverrides"]["SOLVER.CHECKPOINT_PERIOD"] == 1
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(mdr("first-1", bench.NS, spec)))
     assert main(["validate", "-q", "-f", str(path)]) == 0
