@@ -1,0 +1,27 @@
+"""`make test`'s two pytest-xdist workers: every e2e test goes to the one worker that holds the
+session's cluster (conftest.py's xdist group), the other tests to either. Checked on a plan of
+two modules (``--setup-plan`` starts no fixture, so no cluster)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import CLUSTER_GROUP
+from e2e_helpers import ROOT
+
+
+def test_e2e_tests_are_one_xdist_group_and_the_others_are_not() -> None:
+    e2e, other = "tests/e2e/test_foreign_job.py", "tests/megdet/test_fabric_report.py"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "--setup-plan",
+         "-v", "-p", "no:cacheprovider", e2e, other],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode in (0, 5), proc.stdout[-3000:] + proc.stderr[-3000:]  # none ran
+    ids = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("tests/")]
+    assert [i for i in ids if i.startswith(e2e)], proc.stdout[-3000:]
+    assert [i for i in ids if i.startswith(other)], proc.stdout[-3000:]
+    for nodeid in ids:
+        grouped = nodeid.endswith(f"@{CLUSTER_GROUP}")
+        assert grouped == nodeid.startswith(e2e), nodeid
