@@ -6,7 +6,8 @@ its job are gone (the job deleted by hand or by the operator's TTL leaves the ph
 
 * the trainer's last report (``status.progress``, :mod:`megdet.progress`): the last
   evaluation's AP and AP50 and its iteration, iterations and images done and planned, the
-  throughput it last measured, and when its last attempt trained and ended;
+  throughput it last measured, when its last attempt trained and ended, and, from its final
+  report, its attempts and their wall time by part (``trainer/report.py``, rank 0's log);
 * the controller's own facts: the terminal condition's reason, the job's start and completion
   times, the jobs the run had (``attempt``, ``segments``), the restarts it saw, the newest
   attempt's start-up (``status.startup.totalSeconds``), the plan the run ended with, and the
@@ -62,6 +63,13 @@ _FROM_PROGRESS = (
     ("imagesSeen", "imagesSeen"),
     ("plannedImages", "plannedImages"),
     ("imagesPerSecond", "imagesPerSecond"),
+    ("trainerAttempts", "attempts"),
+    ("wallSeconds", "wallSeconds"),
+    ("setupSeconds", "setupSeconds"),
+    ("stepsSeconds", "stepsSeconds"),
+    ("hooksSeconds", "hooksSeconds"),
+    ("evaluationSeconds", "evaluationSeconds"),
+    ("stepsImagesPerSecond", "stepsImagesPerSecond"),
 )
 #: Status fields copied as they are (the plan the run ended with, its jobs, its times).
 _FROM_STATUS = (
@@ -85,7 +93,7 @@ SEGMENT_FIELDS = {
 #: The summary's fields by type; every other field but ``phase`` and ``segments`` is a whole
 #: number (the CRD's schema: controller/offline/crd.py).
 TEXT_FIELDS = frozenset({"reason", "target", "fabric"})
-NUMBER_FIELDS = frozenset({"ap", "ap50", "imagesPerSecond", "lr"})
+NUMBER_FIELDS = frozenset({"ap", "ap50", "imagesPerSecond", "stepsImagesPerSecond", "lr"})
 TIME_FIELDS = frozenset({"startTime", "completionTime"})
 
 #: Every summary field and what it says (the CRD's descriptions: controller/offline/crd.py).
@@ -102,6 +110,15 @@ FIELDS: dict[str, str] = {
     "plannedImages": "Training images planned.",
     "imagesPerSecond": "Training throughput the trainer last measured (its last 50 steps), "
     "images per second.",
+    "trainerAttempts": "Attempts in the trainer's log (each start of the trainer, restarts "
+    "within a job included), from its final report.",
+    "wallSeconds": "Seconds of the trainer's attempts, summed, from its final report.",
+    "setupSeconds": "Of them, each attempt's start to its training loop (model, data, "
+    "checkpoint), summed.",
+    "stepsSeconds": "Of them, the timed training steps, summed (detectron2's timer).",
+    "hooksSeconds": "Of them, the hooks: checkpoints, evaluations, writers, summed.",
+    "evaluationSeconds": "Of them, evaluation inference, summed.",
+    "stepsImagesPerSecond": "Images per second over the timed training steps of all attempts.",
     "target": "Kind of job: pytorchjob or trainjob.",
     "gpus": "GPUs of the run's last job.",
     "worldSize": "Planned world size of the run's last job.",

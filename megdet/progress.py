@@ -50,6 +50,7 @@ __all__ = [
     "MAX_METRIC_LENGTH",
     "METRIC_NAMES",
     "NUMBER_METRICS",
+    "REPORT_METRICS",
     "STAGES",
     "TIME_METRICS",
     "Progress",
@@ -78,8 +79,19 @@ INT_METRICS = {
     "plannedImages": "plannedImages",
     "evalIteration": "evalIteration",
     "checkpointIteration": "checkpointIteration",
+    **{name: name for name in ("attempts", "wallSeconds", "setupSeconds", "stepsSeconds",
+                               "hooksSeconds", "evaluationSeconds")},
+}  # fmt: skip
+#: The final report's run totals, from the run's report (trainer/report.py: the attempts in
+#: rank 0's log, their wall time by part in whole seconds): each at most MAX_INT32.
+REPORT_METRICS = ("attempts", "wallSeconds", "setupSeconds", "stepsSeconds", "hooksSeconds",
+                  "evaluationSeconds", "stepsImagesPerSecond")  # fmt: skip
+NUMBER_METRICS = {
+    "imagesPerSecond": "imagesPerSecond",
+    "ap": "ap",
+    "ap50": "ap50",
+    "stepsImagesPerSecond": "stepsImagesPerSecond",
 }
-NUMBER_METRICS = {"imagesPerSecond": "imagesPerSecond", "ap": "ap", "ap50": "ap50"}
 TIME_METRICS = {
     "checkpointTime": "checkpointTime",
     "stageTime": "stageTime",
@@ -110,6 +122,7 @@ METRIC_NAMES = (
     "worldTime",
     "loadedTime",
     "firstIterationTime",
+    *REPORT_METRICS,
 )
 
 #: Each time metric and the :class:`Progress` field it carries.
@@ -212,6 +225,9 @@ class Progress:
     first_iteration_time: str | None = None
     #: The run's fabric (megdet/fabric_report.py), sent as its own metrics.
     fabric: FabricReport | None = None
+    #: The final report's run totals: :data:`REPORT_METRICS` name -> whole number >= 0
+    #: (``stepsImagesPerSecond``: a number).
+    totals: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         _check_count("iteration", self.iteration, required=True)
@@ -238,6 +254,14 @@ class Progress:
             raise ValueError(f"Progress.stage {self.stage!r} is not one of {', '.join(STAGES)}")
         if parse_time(self.updated_time) is None:
             raise ValueError(f"Progress.updated_time {self.updated_time!r} is not RFC 3339")
+        for name, value in (self.totals or {}).items():
+            if name not in REPORT_METRICS:
+                raise ValueError(f"Progress.totals: {name!r} is not one of {REPORT_METRICS}")
+            if name in NUMBER_METRICS:
+                if isinstance(value, bool) or not isinstance(value, int | float):
+                    raise ValueError(f"Progress.totals[{name!r}] must be a number, not {value!r}")
+            else:
+                _check_count(f"totals[{name!r}]", value, required=True)
 
     @property
     def percent(self) -> int | None:
@@ -285,6 +309,7 @@ def to_request(p: Progress) -> dict[str, Any]:
             metric: None if getattr(p, name) is None else format_time(parse_time(getattr(p, name)))
             for metric, name in _TIME_FIELDS.items()
         },
+        **{name: _total_text(name, (p.totals or {}).get(name)) for name in REPORT_METRICS},
     }
     status: dict[str, Any] = {}
     percent = p.percent
@@ -301,6 +326,15 @@ def to_request(p: Progress) -> dict[str, Any]:
         status["metrics"] += to_metrics(p.fabric)
     status["lastUpdatedTime"] = format_time(parse_time(p.updated_time))
     return {"trainerStatus": status}
+
+
+def _total_text(name: str, value: float | None) -> str | None:
+    """A run total's metric value (a whole number clamped to 0..int32, or a float)."""
+    if value is None:
+        return None
+    if name in NUMBER_METRICS:
+        return _float_text(value)
+    return str(max(0, min(MAX_INT32, value)))
 
 
 def _int_value(text: str) -> int | None:
@@ -430,6 +464,9 @@ def _read_metrics(metrics: Any, progress: dict[str, Any], problems: list[str]) -
         if name in INT_METRICS:
             parsed: Any = _int_value(value)
             kind = "a whole number >= 0"
+            if name in REPORT_METRICS:  # no range check after this one (the endpoint's RANGES)
+                parsed = parsed if parsed is not None and parsed <= MAX_INT32 else None
+                kind = f"a whole number 0..{MAX_INT32}"
             field = INT_METRICS[name]
         elif name in NUMBER_METRICS:
             parsed = _number_value(value)

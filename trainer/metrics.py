@@ -355,8 +355,8 @@ class PrometheusExporter(hooks.HookBase):
 
 def build_monitoring_hooks(cfg, plan, bundle, progress=None) -> list[hooks.HookBase]:
     """The run history, the SyncBN health check, (MEGDET.METRICS.PORT > 0) the exporter,
-    (``KUBEFLOW_TRAINER_SERVER_URL`` set, rank 0) the progress reporter
-    (trainer/progress_reporter.py) and (rank 0) the run's report (trainer/report_hook.py).
+    (rank 0) the run's report (trainer/report_hook.py) and (``KUBEFLOW_TRAINER_SERVER_URL``
+    set, rank 0) the progress reporter (trainer/progress_reporter.py).
 
     Collective (the health check's groups, the exporter's port agreement): call on every rank,
     after ``build_trainer``. Raises ConfigError on every rank when a metrics port is taken.
@@ -387,17 +387,20 @@ def build_monitoring_hooks(cfg, plan, bundle, progress=None) -> list[hooks.HookB
     from megdet.trainer.fabric import report_fabric, run_report
 
     fabrics = report_fabric(metrics)
+    report = None
+    if comm.is_main_process():
+        # After build_trainer's hooks, whose after_train writes what it reads (the last
+        # evaluation, the events); before the progress reporter, whose final report carries it.
+        from megdet.trainer.report_hook import WriteReport
+
+        report = WriteReport(cfg.OUTPUT_DIR)
+        result.append(report)
     # Progress reports to Trainer's status server (rank 0, KUBEFLOW_TRAINER_SERVER_URL set).
     from megdet.trainer.progress_reporter import build_progress_hook
 
     if progress is None:  # else made before the trainer (train.py: the loading stage)
         progress = build_progress_hook(plan)
     if progress is not None:
-        progress.attach(bundle.checkpointer, run_report(fabrics))
+        progress.attach(bundle.checkpointer, run_report(fabrics), report)
         result.append(progress)
-    if comm.is_main_process():
-        # Last: it reads what the others' after_train wrote (the last evaluation, the events).
-        from megdet.trainer.report_hook import WriteReport
-
-        result.append(WriteReport(cfg.OUTPUT_DIR))
     return result

@@ -13,7 +13,8 @@ run's fabric (``megdet.trainer.fabric.run_report``), which the controller turns 
 controller turns into the run's lifecycle conditions: :meth:`ProgressReporter.loading` as soon
 as the world has formed (before the model and data are built), ``firstIteration`` when they
 are ready, ``training`` after the first iteration, :meth:`ProgressReporter.evaluating` before
-each evaluation, ``finished`` at the end.
+each evaluation, ``finished`` at the end, with the run's totals from its report (attempts,
+wall time by part: ``megdet.trainer.report.report_totals``).
 
 Posting never touches the training thread: the hook puts the newest report into a one-slot
 mailbox and a daemon thread (:class:`ProgressPoster`) POSTs it (TLS verified against the CA
@@ -47,6 +48,7 @@ from megdet.fabric_report import FabricReport
 from megdet.plan import Plan
 from megdet.progress import ENV_CA_CERT, ENV_TOKEN, ENV_URL, Progress, format_time, to_request
 from megdet.trainer.config import ConfigError
+from megdet.trainer.report import report_totals
 
 logger = logging.getLogger(__name__)
 
@@ -282,12 +284,16 @@ class ProgressReporter(hooks.HookBase):
         self._times: dict[str, str | None] = dict.fromkeys(
             ("stage", "world", "loaded", "first_iteration")
         )
+        self._report: Any = None  # trainer/report_hook.py's WriteReport
+        self._totals: dict[str, float] | None = None
 
-    def attach(self, checkpointer: Any, fabric: FabricReport | None) -> None:
-        """The checkpointer and the fabric, once the trainer is built (the reporter may be
+    def attach(self, checkpointer: Any, fabric: FabricReport | None, report: Any = None) -> None:
+        """The checkpointer, the fabric and the run's report hook (its ``report`` once training
+        finished: the final report's totals), once the trainer is built (the reporter may be
         made before, to report the ``loading`` stage)."""
         self._checkpointer = checkpointer
         self._fabric = fabric
+        self._report = report
 
     def _enter(self, stage: str, moment: str | None = None) -> None:
         self._stage = stage
@@ -343,6 +349,7 @@ class ProgressReporter(hooks.HookBase):
             world_time=self._times["world"],
             loaded_time=self._times["loaded"],
             first_iteration_time=self._times["first_iteration"],
+            totals=self._totals,
         )
 
     def _read_eval(self) -> bool:
@@ -414,6 +421,8 @@ class ProgressReporter(hooks.HookBase):
         self._read_eval()  # EvalHook.after_train (the final evaluation) ran before this hook
         if self._completed >= self._max_iter:  # not a stop on a signal
             self._enter("finished")
+            built = getattr(self._report, "report", None)  # WriteReport ran just before
+            self._totals = report_totals(built) if built else None
         self._submit(final=True)
         if not self.poster.flush(self._flush_timeout):
             logger.warning(

@@ -28,7 +28,14 @@ from typing import Any
 
 from megdet.trainer.report_log import read_attempts, wall_time
 
-__all__ = ["ReportError", "build_report", "read_events", "report_json", "write_report"]
+__all__ = [
+    "ReportError",
+    "build_report",
+    "read_events",
+    "report_json",
+    "report_totals",
+    "write_report",
+]
 
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.json"
@@ -306,6 +313,34 @@ def build_report(folder: str | Path) -> dict[str, Any]:
         "curves": curves,
         "warnings": warnings,
     }
+
+
+#: The final progress report's run totals (megdet.progress.REPORT_METRICS) and the report's
+#: wall-time part each is, in whole seconds.
+TOTAL_PARTS = {
+    "wallSeconds": "total_s",
+    "setupSeconds": "setup_s",
+    "stepsSeconds": "steps_s",
+    "hooksSeconds": "hooks_s",
+    "evaluationSeconds": "evaluation_s",
+}
+
+
+def report_totals(report: dict[str, Any]) -> dict[str, float]:
+    """What the trainer's final progress report carries of ``report``: the attempts in the log,
+    their wall time by part (whole seconds) and the timed steps' images per second; a part the
+    report does not have is left out."""
+    wall = report.get("wall_time") or {}
+    totals: dict[str, float] = {}
+    if report.get("attempts"):
+        totals["attempts"] = len(report["attempts"])
+    for name, part in TOTAL_PARTS.items():
+        if (seconds := _number(wall.get(part))) is not None and seconds >= 0:
+            totals[name] = round(seconds)
+    rate = _number((report.get("images_per_second") or {}).get("steps"))
+    if rate is not None and rate >= 0:
+        totals["stepsImagesPerSecond"] = rate
+    return totals
 
 
 def report_json(report: dict[str, Any]) -> str:

@@ -270,6 +270,24 @@ def progress_schema() -> dict[str, Any]:
             "firstIterationTime": _field(
                 "string", "When this attempt's first iteration was done.", **time
             ),
+            # The final report's run totals (trainer/report.py, from rank 0's log).
+            "attempts": _field("integer", "The trainer's attempts in its log (final report)."),
+            "wallSeconds": _field("integer", "Seconds of the attempts, summed (final report)."),
+            "setupSeconds": _field(
+                "integer", "Of them, start to the training loop, summed (final report)."
+            ),
+            "stepsSeconds": _field(
+                "integer", "Of them, the timed training steps, summed (final report)."
+            ),
+            "hooksSeconds": _field(
+                "integer", "Of them, hooks: checkpoints, evaluations, writers (final report)."
+            ),
+            "evaluationSeconds": _field(
+                "integer", "Of them, evaluation inference, summed (final report)."
+            ),
+            "stepsImagesPerSecond": _field(
+                "number", "Images per second over the timed steps of all attempts (final report)."
+            ),
         },
     )
 

@@ -120,6 +120,7 @@ async def test_a_trainjob_run_gets_its_summary_from_the_mirrored_trainer_status(
         iteration=30, max_iter=30, images_seen=120, planned_images=120, ap=31.5, ap50=52.25,
         eval_iteration=30, updated_time="2026-12-06T10:10:00Z", stage="finished",
         stage_time="2026-12-06T10:10:00Z", first_iteration_time="2026-12-06T10:02:00Z",
+        totals={"attempts": 2, "wallSeconds": 530, "evaluationSeconds": 25},
     )  # fmt: skip
     complete = {
         "type": "Complete", "status": "True", "reason": "JobSetCompleted", "message": "done",
@@ -135,3 +136,6 @@ async def test_a_trainjob_run_gets_its_summary_from_the_mirrored_trainer_status(
     assert (got["ap"], got["ap50"], got["iteration"], got["imagesSeen"]) == (31.5, 52.25, 30, 120)
     assert got["completionTime"] == "2026-12-06T10:11:00Z"
     assert got["finishingSeconds"] == 60 and got["trainingSeconds"] == 480
+    # The final report's totals, through Trainer's stored metrics and the mirror.
+    assert (got["trainerAttempts"], got["wallSeconds"], got["evaluationSeconds"]) == (2, 530, 25)
+    assert "stepsSeconds" not in got  # not in the report: not guessed

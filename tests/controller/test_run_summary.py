@@ -35,6 +35,8 @@ PROGRESS = {
     "checkpointIteration": 30, "updatedTime": "2026-12-06T10:09:58Z", "stage": "finished",
     "stageTime": "2026-12-06T10:09:58Z", "worldTime": "2026-12-06T10:01:10Z",
     "loadedTime": "2026-12-06T10:01:40Z", "firstIterationTime": "2026-12-06T10:01:58Z",
+    "attempts": 1, "wallSeconds": 530, "setupSeconds": 40, "stepsSeconds": 420,
+    "hooksSeconds": 30, "evaluationSeconds": 25, "stepsImagesPerSecond": 5.5,
 }  # fmt: skip
 SUCCEEDED = {
     "phase": "Succeeded", "target": "pytorchjob", "jobName": "r", "jobUID": "job-uid-1",
@@ -58,6 +60,9 @@ def test_a_succeeded_run_gets_every_field_its_sources_give() -> None:
         "phase": "Succeeded", "reason": "PyTorchJobSucceeded",
         "ap": 31.5, "ap50": 52.25, "evalIteration": 30, "iteration": 30, "maxIter": 30,
         "imagesSeen": 120, "plannedImages": 120, "imagesPerSecond": 5.25,
+        # The trainer's final report: its report's attempts and wall time by part.
+        "trainerAttempts": 1, "wallSeconds": 530, "setupSeconds": 40, "stepsSeconds": 420,
+        "hooksSeconds": 30, "evaluationSeconds": 25, "stepsImagesPerSecond": 5.5,
         "target": "pytorchjob", "gpus": 2, "worldSize": 2, "nodes": 2, "globalBatch": 4,
         "lr": 0.005, "attempt": 1, "restarts": 0,
         "segments": [{"attempt": 1, "gpus": 2, "globalBatch": 4}],

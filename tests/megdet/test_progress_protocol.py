@@ -21,6 +21,8 @@ from megdet.progress import (
     MAX_METRIC_LENGTH,
     MAX_METRICS,
     METRIC_NAMES,
+    NUMBER_METRICS,
+    REPORT_METRICS,
     STAGES,
     Progress,
     format_time,
@@ -61,6 +63,16 @@ def progresses(draw) -> Progress:
         world_time=draw(maybe() | times),
         loaded_time=draw(maybe() | times),
         first_iteration_time=draw(maybe() | times),
+        totals=draw(
+            maybe()
+            | st.fixed_dictionaries(
+                {},
+                optional={
+                    name: numbers if name in NUMBER_METRICS else st.integers(0, 10**12)
+                    for name in REPORT_METRICS
+                },
+            )
+        ),
     )
 
 
@@ -117,6 +129,8 @@ def expected_status(p: Progress) -> dict:
         "loadedTime": p.loaded_time,
         "firstIterationTime": p.first_iteration_time,
     }
+    for name, value in (p.totals or {}).items():  # ints clamped to int32 as the ETA is
+        out[name] = num(value) if name in NUMBER_METRICS else min(value, MAX_INT32)
     if out["etaSeconds"] is not None:
         with contextlib.suppress(OverflowError):
             out["etaTime"] = format_time(updated + timedelta(seconds=out["etaSeconds"]))
@@ -155,7 +169,9 @@ def test_a_typical_report_is_exactly_trainers_format():
         world_time="2026-03-01T08:00:00Z",
         loaded_time="2026-03-01T08:00:01Z",
         first_iteration_time="2026-03-01T08:00:03Z",
-    )
+        totals={"attempts": 2, "wallSeconds": 5400, "setupSeconds": 120, "stepsSeconds": 4900,
+                "hooksSeconds": 300, "evaluationSeconds": 250, "stepsImagesPerSecond": 250.5},
+    )  # fmt: skip
     request = to_request(p)
     check_trainer_bounds(request)
     ts = request["trainerStatus"]
@@ -165,6 +181,7 @@ def test_a_typical_report_is_exactly_trainers_format():
     assert [m["name"] for m in ts["metrics"]] == list(METRIC_NAMES)
     values = {m["name"]: m["value"] for m in ts["metrics"]}
     assert values["imagesPerSecond"] == "251.3333"
+    assert (values["attempts"], values["wallSeconds"]) == ("2", "5400")
     assert values["ap"] == "12.3457"
     assert values["checkpointTime"] == "2026-03-01T09:00:00Z"  # normalized to UTC
     status, problems = to_status(ts)
@@ -414,3 +431,19 @@ def test_to_status_never_raises_and_keeps_only_valid_fields(garbage):
         if key in status:
             assert parse_time(status[key]) is not None and status[key].endswith("Z")
     json.dumps(status, allow_nan=False)
+
+
+def test_a_run_total_past_int32_is_left_out_naming_the_bound_and_unknown_totals_refused():
+    metrics = [{"name": "wallSeconds", "value": "99999999999"}, {"name": "attempts", "value": "3"}]
+    status, problems = to_status({"lastUpdatedTime": "2026-01-01T00:00:00Z", "metrics": metrics})
+    assert "wallSeconds" not in status and status["attempts"] == 3
+    assert problems == [
+        f"trainerStatus.metrics[0].value (wallSeconds): '99999999999' is not a whole number "
+        f"0..{MAX_INT32}"
+    ]
+    with pytest.raises(ValueError, match=r"Progress\.totals: 'lossSeconds' is not one of"):
+        Progress(iteration=1, max_iter=1, updated_time="2026-01-01T00:00:00Z",
+                 totals={"lossSeconds": 1})  # fmt: skip
+    with pytest.raises(ValueError, match=r"Progress.totals\['attempts'\] must be an integer"):
+        Progress(iteration=1, max_iter=1, updated_time="2026-01-01T00:00:00Z",
+                 totals={"attempts": -1})  # fmt: skip

@@ -450,6 +450,11 @@ def test_a_two_worker_run_reports_increasing_iterations_and_its_ap(serve, pki, t
     assert seen == sorted(seen) and statuses[0]["stage"] == "loading"
     assert last["stage"] == "finished"
     assert last["worldTime"] <= last["loadedTime"] <= last["firstIterationTime"]
+    # The run's report (written before the last report goes out) and its totals in it.
+    report = json.loads((out / "report.json").read_text())
+    assert last["attempts"] == report["attempt_count"] == 1
+    assert last["wallSeconds"] == round(report["wall_time"]["total_s"])
+    assert last["stepsSeconds"] == round(report["wall_time"]["steps_s"])
 
 
 def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(serve, pki, token):
@@ -491,11 +496,9 @@ def test_each_stage_of_an_attempt_is_reported_when_it_begins_with_its_moment(ser
     assert last["stageTime"] > first["firstIterationTime"]
 
 
-def test_a_run_stopped_by_a_signal_does_not_say_finished(serve, pki, token):
-    server = serve()
-    reporter = _reporter(server.url, pki, token, interval=1e9)
-    loop = _loop(lambda: None)
-    loop.register_hooks([reporter, _settled(reporter)])
+def _stop_at_2(loop) -> None:
+    """Train ``loop`` towards 10 iterations and stop it at iteration 2 with an exception, as
+    a stop on a signal leaves the loop."""
 
     class Stop(Exception):
         pass
@@ -507,5 +510,50 @@ def test_a_run_stopped_by_a_signal_does_not_say_finished(serve, pki, token):
     loop.run_step = stop
     with pytest.raises(Stop):
         loop.train(0, 10)
+
+
+def test_a_run_stopped_by_a_signal_does_not_say_finished(serve, pki, token):
+    server = serve()
+    reporter = _reporter(server.url, pki, token, interval=1e9)
+    loop = _loop(lambda: None)
+    loop.register_hooks([reporter, _settled(reporter)])
+    _stop_at_2(loop)
     assert reporter.poster.flush(30)
     assert [s["stage"] for s in server.statuses()][-1] == "training"
+
+
+def test_the_final_report_carries_the_run_reports_totals_and_a_stopped_run_none(
+    serve, pki, token, tmp_path
+):
+    """The run's report hook (trainer/report_hook.py) runs before the reporter: its report's
+    attempts and wall time by part go out with ``finished`` (megdet.progress.REPORT_METRICS),
+    in no report before it; a run stopped early has no report and sends none."""
+    from test_trainer_report import write_run
+
+    from megdet.trainer.report import build_report
+    from megdet.trainer.report_hook import WriteReport
+
+    def run(folder: str, stop: bool) -> tuple[WriteReport, list[dict]]:
+        server = serve()
+        hook = WriteReport(str(write_run(tmp_path / folder)))
+        reporter = _reporter(server.url, pki, token, interval=1e9)
+        reporter.attach(None, None, hook)
+        loop = _loop(lambda: None)
+        loop.register_hooks([hook, reporter, _settled(reporter)])
+        _stop_at_2(loop) if stop else loop.train(0, 10)
+        assert reporter.poster.flush(30)
+        return hook, server.statuses()
+
+    hook, (*before, last) = run("run", stop=False)
+    assert hook.report is not None and last["stage"] == "finished"
+    assert {k: last[k] for k in ("attempts", "wallSeconds", "stepsSeconds")} == {
+        "attempts": 1, "wallSeconds": 12, "stepsSeconds": 6,
+    }  # fmt: skip
+    assert last["stepsImagesPerSecond"] == round(80 / 6, 4)
+    assert all("wallSeconds" not in s for s in before)
+    assert build_report(tmp_path / "run")["wall_time"]["total_s"] == 12
+
+    # Stopped at iteration 2 (a signal): no report written, none carried.
+    hook, statuses = run("stopped", stop=True)
+    assert hook.report is None
+    assert all("wallSeconds" not in s for s in statuses)

@@ -349,6 +349,24 @@ def test_the_hook_writes_the_report_only_when_training_finished(tmp_path, iterat
     hook.after_train()
     assert (folder / "report.json").is_file() is written
     assert (folder / "report.html").is_file() is written
+    assert (hook.report is not None) is written  # what the final progress report carries
+
+
+def test_the_final_progress_reports_totals_are_the_reports_attempts_and_wall_time(tmp_path):
+    from megdet.trainer.report import report_totals
+
+    report = build_report(write_run(tmp_path / "run"))
+    # The parts of test_a_finished_run_reports_ap_images_wall_time_attempts_and_fabric.
+    assert report_totals(report) == {
+        "attempts": 1, "wallSeconds": 12, "setupSeconds": 2, "stepsSeconds": 6,
+        "hooksSeconds": 1, "evaluationSeconds": 2, "stepsImagesPerSecond": pytest.approx(80 / 6),
+    }  # fmt: skip
+    # A part the log does not have is left out, not sent as 0.
+    report["wall_time"] |= {"hooks_s": None, "evaluation_s": None}
+    report["images_per_second"]["steps"] = None
+    assert set(report_totals(report)) == {"attempts", "wallSeconds", "setupSeconds",
+                                          "stepsSeconds"}  # fmt: skip
+    assert report_totals({"attempts": [], "wall_time": {}}) == {}
 
 
 def test_the_hook_turns_a_bad_folder_into_a_warning(tmp_path, captured_warnings, caplog):

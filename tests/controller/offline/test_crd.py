@@ -315,6 +315,8 @@ def test_status_declares_the_controller_fields(root):
         "plannedImages", "imagesPerSecond", "target", "gpus", "worldSize", "nodes",
         "globalBatch", "lr", "attempt", "restarts", "segments", "startTime", "completionTime",
         "durationSeconds", "startupSeconds", "trainingSeconds", "finishingSeconds", "fabric",
+        "trainerAttempts", "wallSeconds", "setupSeconds", "stepsSeconds", "hooksSeconds",
+        "evaluationSeconds", "stepsImagesPerSecond",
     }  # fmt: skip
     assert summary["phase"]["enum"] == ["Failed", "Succeeded"]
     assert summary["segments"]["maxItems"] == 4
@@ -324,7 +326,8 @@ def test_status_declares_the_controller_fields(root):
         "iteration", "maxIter", "percent", "imagesSeen", "plannedImages", "imagesPerSecond",
         "etaSeconds", "etaTime", "ap", "ap50", "evalIteration", "checkpointIteration",
         "checkpointTime", "updatedTime", "stage", "stageTime", "worldTime", "loadedTime",
-        "firstIterationTime",
+        "firstIterationTime", "attempts", "wallSeconds", "setupSeconds", "stepsSeconds",
+        "hooksSeconds", "evaluationSeconds", "stepsImagesPerSecond",
     }  # fmt: skip
     assert status["phase"]["enum"] == [
         "Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended", "Invalid",
