@@ -398,6 +398,10 @@ def test_a_megdetrun_trains_through_the_controller_pod(
     assert summary["imagesSeen"] == summary["plannedImages"] == done["imagesSeen"]
     assert summary["durationSeconds"] >= summary["trainingSeconds"] > 0
     assert summary["startupSeconds"] > 0 and summary["finishingSeconds"] >= 0
+    # The trainer's final report carried its run report's totals (trainer/report.py).
+    report = json.loads((volumes["output"] / RUN / "report.json").read_text())
+    assert summary["trainerAttempts"] == report["attempt_count"] == 1
+    assert summary["wallSeconds"] == round(report["wall_time"]["total_s"])
     header, row = kube.kubectl("get", "mdr", RUN, "-n", NS).stdout.splitlines()[:2]
     assert header.split()[6:9] == ["PROGRESS", "ETA", "AP"]
     cells = row.split()
