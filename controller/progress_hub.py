@@ -278,8 +278,10 @@ class ProgressHub:
                 if run is None:
                     continue
                 run.last_write = self.clock()  # an error: tried again after a full interval
-                if result != "error":
-                    run.written = progress  # written, refused, or the run holds as new
+                if result == "refused":  # never sent again, nor merged into the next report
+                    run.latest = run.written = None
+                elif result != "error":
+                    run.written = progress  # written, or the run holds it or a newer one
                 if result == "written":
                     done += 1
                     self.writes += 1

@@ -262,6 +262,7 @@ def test_a_status_write_the_api_server_refuses_is_dropped_not_retried() -> None:
     hub = api.hub(interval=30, clock=clock)
     refused, errors = _writes("refused"), _writes("error")
     hub.report(NS, "r1", {"iteration": 5})
+    hub.runs[(NS, "r1")].latest = {"iteration": 5, "percent": 101}  # past the checks, as a bug
     api.fail.append(ApiError(422))
     assert hub.flush() == 0
     assert _writes("refused") - refused == 1
@@ -272,6 +273,7 @@ def test_a_status_write_the_api_server_refuses_is_dropped_not_retried() -> None:
     # A new report is written (from what was written before, not the refused value).
     hub.report(NS, "r1", {"iteration": 6})
     assert hub.flush() == 1 and api.patches[-1][2] == {"progress": {"iteration": 6}}
+    assert api.runs[(NS, "r1")]["status"]["progress"] == {"iteration": 6}
     # Any other failure is tried again, after an interval.
     hub.report(NS, "r1", {"iteration": 7})
     api.fail.append(ApiError(500))
