@@ -542,8 +542,9 @@ def checkpoints(folder: Path) -> list[int]:
     return sorted(found)
 
 
-#: The fault tests' longer run: 80 iterations, a checkpoint every 10.
-LONG_ITER, PERIOD = 80, 10
+#: The fault tests' longer run: 50 iterations, a checkpoint every 10 (the fault comes after
+#: the third, with 20 iterations left to resume into).
+LONG_ITER, PERIOD = 50, 10
 
 
 def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> tuple[str, Path]:
@@ -556,7 +557,7 @@ def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> t
                 **run_values(image),
                 "runName": release,
                 "maxIter": LONG_ITER,
-                "steps": [70],
+                "steps": [45],
                 "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": PERIOD, "SEED": 7},
             }
         )
