@@ -57,9 +57,9 @@ demo: setup
 # Two pytest-xdist workers (PYTEST_WORKERS=0: all in one process). Every test of the real
 # cluster is in one xdist group (tests/e2e/conftest.py): one worker runs those in order, on the
 # session's control plane and the machine's one real node, while the other runs the rest.
-# The shared real-node run (resize, preemption, lifecycle) is in; the six real_pods tests stay
-# out: with them pytest took 32.4 min on 2 cores, the cluster's worker all of it (2026-12-06;
-# docs/cluster.md, "What make test runs on the node").
+# The real_pods tests stay out: with them pytest took 32.4 min on 2 cores, the cluster's worker
+# all of it; and the controller-pod fixture's rollback left the controller's pod running beside
+# the host controller (docs/cluster.md, "What make test runs on the node").
 PYTEST_WORKERS ?= 2
 test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 	$(BIN)/ruff check .
@@ -83,8 +83,8 @@ suite-cluster: setup
 suite-images: setup
 	$(BIN)/python -m imagebuild.build controller train-ci
 
-# The trainer and the controller in real pods on the real node (make test runs the first and
-# the shared run; docs/cluster.md, "What make test runs on the node"): the run chart's helm install, the
+# The trainer and the controller in real pods on the real node (make test runs the first;
+# docs/cluster.md, "What make test runs on the node"): the run chart's helm install, the
 # controller as a pod, the stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker
 # (tests/e2e/test_e2e_real_training.py), and one MegDetRun watched from its creation, resized
 # 2 -> 1 -> 2 GPUs while it trains and preempted by Kueue (tests/e2e/test_e2e_shared_run.py).
