@@ -39,56 +39,7 @@ def ns(kube):
             "value": 1000,
         },
     )
-    queue_for_the_ci_values(kube, name)
     return name
-
-
-#: The queue charts/megdet/ci/multinode-ib-values.yaml names (kueue.queueName) and room for its
-#: two pods. Without it the case depends on the module order: once another module has started
-#: Kueue (whose pytorchjob integration is on), Kueue suspends a job labelled with a queue that
-#: does not exist and the operator makes no pod.
-CI_QUEUE = "gpu-queue"
-CI_QUEUE_ROOM = {
-    "cpu": "64",
-    "memory": "512Gi",
-    "nvidia.com/gpu": "16",
-    "rdma/rdma_shared_device_a": "2",
-}
-
-
-def queue_for_the_ci_values(kube, ns: str) -> None:
-    """Kueue, a ClusterQueue for this namespace with room for the IB values' run, and the
-    LocalQueue those values name: the job is then admitted by Kueue, whatever ran before."""
-    kube.start_kueue()
-    resources = [{"name": k, "nominalQuota": v} for k, v in CI_QUEUE_ROOM.items()]
-    apply_objects(
-        kube,
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ResourceFlavor",
-            "metadata": {"name": "chart-e2e-flavor"},
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": "chart-e2e"},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "resourceGroups": [
-                    {
-                        "coveredResources": list(CI_QUEUE_ROOM),
-                        "flavors": [{"name": "chart-e2e-flavor", "resources": resources}],
-                    }
-                ],
-            },
-        },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "LocalQueue",
-            "metadata": {"name": CI_QUEUE, "namespace": ns},
-            "spec": {"clusterQueue": "chart-e2e"},
-        },
-    )
 
 
 def release_job(kube, ns: str, release: str) -> dict | None:
@@ -135,14 +86,6 @@ def test_helm_install_is_accepted_by_the_server_and_the_operator(
     )
     for pod in made:
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    queued = (job["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
-    assert (queued is not None) == (release == "ib16"), queued  # only the CI values name a queue
-    if queued is not None:  # Kueue admitted the job before the operator made its pods
-        assert queued == CI_QUEUE
-        workloads = get_json(kube, "workloads.kueue.x-k8s.io", "-n", ns)["items"]
-        mine = [w for w in workloads if w["metadata"]["ownerReferences"][0]["name"] == name]
-        admitted = [c for c in mine[0]["status"]["conditions"] if c["type"] == "Admitted"]
-        assert admitted and admitted[0]["status"] == "True", mine[0]["status"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == pods - 1
     helm(kube, "uninstall", release, "-n", ns, "--wait")
     eventually(
