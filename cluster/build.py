@@ -37,6 +37,8 @@ import tomllib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from cluster import procs
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -231,19 +233,9 @@ def _private_go_dir(variable: str, kind: str) -> Path | None:
         mine.mkdir(parents=True)
         atexit.register(shutil.rmtree, mine, ignore_errors=True)
         for other in root.iterdir():  # left by a process that was killed
-            if other != mine and other.name.isdigit() and not _alive(int(other.name)):
+            if other != mine and other.name.isdigit() and not procs.alive(int(other.name)):
                 shutil.rmtree(other, ignore_errors=True)
     return mine
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 #: Go's checksum database (the go command's default).

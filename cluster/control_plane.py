@@ -165,32 +165,18 @@ def stop_process_group(
     """SIGTERM ``pid``'s process group, SIGKILL it after ``grace`` seconds; reap it if it is our
     child. ``owned`` is asked before each signal (whether ``pid`` is still the process meant:
     procs.is_ours). Returns whether it was running and signalled."""
-    if not _alive(pid) or not owned():
+    if not procs.alive(pid) or not owned():
         return False
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while _alive(pid) and time.monotonic() < deadline:
+    while procs.alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if _alive(pid) and owned():
+    if procs.alive(pid) and owned():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child still "exists"; read its state.
-    with contextlib.suppress(OSError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
     return True
 
 
@@ -329,13 +315,13 @@ class Cluster(Operators):
         return procs.is_ours(state["pids"][name], str(self.root), record)
 
     def running(self, name: str, state: Mapping[str, Any]) -> bool:
-        return name in state["pids"] and _alive(state["pids"][name]) and self.owns(name, state)
+        return name in state["pids"] and procs.alive(state["pids"][name]) and self.owns(name, state)
 
     def stop_component(self, name: str, state: Mapping[str, Any], grace: float = 15) -> bool:
         """Stop component ``name``'s process group if its process is still this cluster's;
         a PID that now names another process is left alone (and said so)."""
         pid = state["pids"][name]
-        if _alive(pid) and not self.owns(name, state):
+        if procs.alive(pid) and not self.owns(name, state):
             self.echo(
                 f"not stopping {name}: {procs.describe(pid)} is not the process this cluster "
                 f"started (another start time, or a command line that does not name {self.root})"

@@ -15,6 +15,7 @@ KUBE-* iptables chains alone while one runs).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,21 @@ def start_time(pid: int) -> int | None:
         return int(fields[19])
     except (IndexError, ValueError):
         return None
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists (another user's counts) and is no zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still "exists"; read its state.
+    with contextlib.suppress(OSError):
+        stat = (PROC / str(pid) / "stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    return True
 
 
 def command_line(pid: int) -> list[str]:

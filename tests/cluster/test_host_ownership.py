@@ -53,6 +53,19 @@ def gone(proc: subprocess.Popen, timeout: float = 10) -> bool:
 
 
 # --- process identity --------------------------------------------------------------------------
+def test_alive_counts_a_zombie_child_as_gone() -> None:
+    """The stale-folder sweep of the Go cache and stop_process_group both ask procs.alive."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert procs.alive(os.getpid())
+    deadline = time.monotonic() + 10
+    while procs.alive(child.pid) and time.monotonic() < deadline:  # exited, not yet reaped
+        time.sleep(0.01)
+    assert not procs.alive(child.pid)
+    assert (procs.PROC / str(child.pid)).exists()  # still a zombie: os.kill alone says alive
+    child.wait()
+    assert not procs.alive(child.pid)
+
+
 def test_start_time_is_field_22_counted_after_the_command_name(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
