@@ -167,46 +167,35 @@ def build_images(echo: Callable[[str], None] = print) -> dict[str, Path]:
     """The OCI archives the node imports: {image name: archive}; rebuilt when missing."""
     folder = images_dir()
     archives: dict[str, Path] = {}
-    pause = build.build_pause(echo=echo)
-    name = pause_image()
-    archives[name] = _archive(
-        folder,
-        name,
-        # upstream's build/pause/Dockerfile: the binary as /pause, USER 65535:65535.
-        lambda path: oci.write_archive(
-            path,
-            name,
-            [oci.Entry("pause", source=pause, mode=0o755)],
-            entrypoint=["/pause"],
-            user="65535:65535",
-        ),
+    # upstream's build/pause/Dockerfile: the binary as /pause, USER 65535:65535.
+    pause = oci.Entry("pause", source=build.build_pause(echo=echo), mode=0o755)
+    archives[pause_image()] = _binary_image(folder, pause_image(), [pause], "65535:65535")
+    # upstream's Dockerfile: the binary as /coredns, a non-root user, CA certificates.
+    coredns = oci.Entry("coredns", source=build.binary_path("coredns"), mode=0o755)
+    ca = Path("/etc/ssl/certs/ca-certificates.crt")
+    certs = (
+        oci.Entry(str(ca).lstrip("/"), source=ca)
+        if ca.exists()
+        else oci.Entry("etc/ssl/certs", directory=True, mode=0o755)
     )
-    coredns = build.binary_path("coredns")
-    name = coredns_image()
-    archives[name] = _archive(
-        folder,
-        name,
-        # upstream's Dockerfile: the binary as /coredns, a non-root user, CA certificates.
-        lambda path: oci.write_archive(
-            path,
-            name,
-            [
-                oci.Entry("coredns", source=coredns, mode=0o755),
-                oci.Entry(
-                    "etc/ssl/certs/ca-certificates.crt",
-                    source=Path("/etc/ssl/certs/ca-certificates.crt"),
-                )
-                if Path("/etc/ssl/certs/ca-certificates.crt").exists()
-                else oci.Entry("etc/ssl/certs", directory=True, mode=0o755),
-            ],
-            entrypoint=["/coredns"],
-            user="65532:65532",
-        ),
+    archives[coredns_image()] = _binary_image(
+        folder, coredns_image(), [coredns, certs], "65532:65532"
     )
     if BUSYBOX.exists():
         name = busybox_image()
         archives[name] = _archive(folder, name, lambda path: write_busybox_image(path, name))
     return archives
+
+
+def _binary_image(folder: Path, name: str, entries: list[oci.Entry], user: str) -> Path:
+    """An image whose entrypoint is its first entry (a static binary), run as ``user``."""
+    return _archive(
+        folder,
+        name,
+        lambda path: oci.write_archive(
+            path, name, entries, entrypoint=["/" + entries[0].path], user=user
+        ),
+    )
 
 
 def _archive(folder: Path, name: str, write: Callable[[Path], str]) -> Path:
