@@ -84,37 +84,47 @@ def _name(cn: str, orgs: Sequence[str] = ()) -> x509.Name:
     return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str]):
-    """A self-signed CA certificate for ``key``; ``names`` are its DNS SANs (cert-controller
-    checks a CA it is given against its CAName as a DNS name)."""
+def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, ca: bool):
+    """What every certificate here starts with: its names and public key, a random serial,
+    VALIDITY from five minutes ago, and its basic constraints (CA or not)."""
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
+        .subject_name(subject)
+        .issuer_name(issuer)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+
+
+def _key_usage(ca: bool) -> x509.KeyUsage:
+    """Digital signature and key encipherment; a CA also signs certificates and CRLs."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        key_encipherment=True,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        content_commitment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str]):
+    """A self-signed CA certificate for ``key``; ``names`` are its DNS SANs (cert-controller
+    checks a CA it is given against its CAName as a DNS name)."""
+    return (
+        _builder(name, name, key, ca=True)
         .add_extension(
             x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
             critical=False,
         )
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .sign(key, hashes.SHA256())
     )
 
@@ -169,36 +179,15 @@ class CertificateAuthority:
     ) -> tuple[Path, Path]:
         """Write ``<name>.crt`` and ``<name>.key``; returns their paths."""
         key = _new_key()
-        now = datetime.datetime.now(datetime.UTC)
         usages = []
         if server:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         if client:
             usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
         builder = (
-            x509.CertificateBuilder()
-            .subject_name(_name(cn, orgs))
-            .issuer_name(self.cert.subject)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + VALIDITY)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            _builder(_name(cn, orgs), self.cert.subject, key, ca=False)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_encipherment=True,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    content_commitment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+            .add_extension(_key_usage(ca=False), critical=True)
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
