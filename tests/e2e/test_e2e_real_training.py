@@ -30,6 +30,7 @@ import try_locally
 import yaml
 from e2e_helpers import (
     E2E_ROOT,
+    OPERATOR_NAMESPACE,
     ROOT,
     apply_objects,
     eventually,
@@ -307,28 +308,52 @@ def controller_pod(kube, real_node, controller, operator_chart, train_image):
     install = try_locally.paragraphs()["operator"][0]
     assert install.startswith(f"helm upgrade --install {operator_chart} charts/megdet-operator ")
     history = json.loads(
-        helm(kube, "history", operator_chart, "-n", "megdet-system", "-o", "json").stdout
+        helm(kube, "history", operator_chart, "-n", OPERATOR_NAMESPACE, "-o", "json").stdout
     )
     revision = history[-1]["revision"]
     controller.stop()
     # The controller's pod is admitted under `restricted` too (the label applies to new pods).
     kube.kubectl(
-        "label", "namespace", "megdet-system", "pod-security.kubernetes.io/enforce=restricted"
+        "label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted"
     )
     try:
         try_locally.run(install, kube.root, timeout=420)
-        pods = pods_of(kube, "megdet-system", "app.kubernetes.io/name=megdet-operator")
-        yield next(p for p in pods if p["spec"].get("nodeName") == NODE_NAME)
+        yield next(p for p in operator_pods(kube) if p["spec"].get("nodeName") == NODE_NAME)
     finally:
+        # The controller's pod goes first, and is waited for: a rollback alone only starts a
+        # rolling update, which leaves the old pod running until the new ones are ready, and a
+        # controller pod left on the node writes run status beside the host controller.
+        kube.kubectl(
+            "scale", "deployment", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS, "--replicas=0"
+        )
+        eventually(
+            lambda: not operator_pods(kube), timeout=300, message="the controller's pods gone"
+        )
         helm(
-            kube, "rollback", operator_chart, str(revision), "-n", "megdet-system", "--wait",
+            kube, "rollback", operator_chart, str(revision), "-n", OPERATOR_NAMESPACE, "--wait",
             "--timeout=300s", timeout=360, check=False,
         )  # fmt: skip
         kube.kubectl(
-            "label", "namespace", "megdet-system", "pod-security.kubernetes.io/enforce-",
+            "label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce-",
             check=False,
         )  # fmt: skip
         controller.start()
+    on_the_node = [p["metadata"]["name"] for p in operator_pods(kube)
+                   if p["spec"].get("nodeName") == NODE_NAME]  # fmt: skip
+    assert not on_the_node, f"a controller pod still runs on the real node: {on_the_node}"
+
+
+#: The operator chart's controller pods.
+OPERATOR_PODS = "app.kubernetes.io/name=megdet-operator"
+
+
+def operator_pods(kube) -> list[dict[str, Any]]:
+    """The operator chart's controller pods that are not done (a pod being deleted counts)."""
+    return [
+        p
+        for p in pods_of(kube, OPERATOR_NAMESPACE, OPERATOR_PODS)
+        if p["status"].get("phase") not in ("Succeeded", "Failed")
+    ]
 
 
 @pytest.mark.real_pods

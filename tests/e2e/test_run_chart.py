@@ -39,7 +39,63 @@ def ns(kube):
             "value": 1000,
         },
     )
+    if kueue_runs(kube):
+        queue_for_the_ci_values(kube, name)
     return name
+
+
+#: The queue charts/megdet/ci/multinode-ib-values.yaml names (kueue.queueName) and room for its
+#: two pods.
+CI_QUEUE = "gpu-queue"
+CI_QUEUE_ROOM = {
+    "cpu": "64",
+    "memory": "512Gi",
+    "nvidia.com/gpu": "16",
+    "rdma/rdma_shared_device_a": "2",
+}
+
+
+def kueue_runs(kube) -> bool:
+    """Whether an earlier module started Kueue on the session's cluster (this module does not:
+    the modules that run the TrainJob target restart the host controller only when they
+    themselves start Kueue or Trainer v2)."""
+    return kube.running("kueue", kube.state())
+
+
+def queue_for_the_ci_values(kube, ns: str) -> None:
+    """A ClusterQueue for this namespace with room for the IB values' run, and the LocalQueue
+    those values name. Without it, once Kueue runs (its pytorchjob integration is on), Kueue
+    keeps a job labelled with a queue that does not exist suspended and the operator makes no
+    pod; without Kueue the label is only a label."""
+    resources = [{"name": k, "nominalQuota": v} for k, v in CI_QUEUE_ROOM.items()]
+    apply_objects(
+        kube,
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "chart-e2e-flavor"},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": "chart-e2e"},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(CI_QUEUE_ROOM),
+                        "flavors": [{"name": "chart-e2e-flavor", "resources": resources}],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": CI_QUEUE, "namespace": ns},
+            "spec": {"clusterQueue": "chart-e2e"},
+        },
+    )
 
 
 def release_job(kube, ns: str, release: str) -> dict | None:
@@ -86,6 +142,14 @@ def test_helm_install_is_accepted_by_the_server_and_the_operator(
     )
     for pod in made:
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    queued = (job["metadata"].get("labels") or {}).get("kueue.x-k8s.io/queue-name")
+    assert (queued is not None) == (release == "ib16"), queued  # only the CI values name a queue
+    if queued is not None and kueue_runs(kube):  # Kueue admitted it before the pods were made
+        assert queued == CI_QUEUE
+        workloads = get_json(kube, "workloads.kueue.x-k8s.io", "-n", ns)["items"]
+        mine = [w for w in workloads if w["metadata"]["ownerReferences"][0]["name"] == name]
+        admitted = [c for c in mine[0]["status"]["conditions"] if c["type"] == "Admitted"]
+        assert admitted and admitted[0]["status"] == "True", mine[0]["status"]
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == pods - 1
     helm(kube, "uninstall", release, "-n", ns, "--wait")
     eventually(
