@@ -99,6 +99,17 @@ TRAINER_WEBHOOK_CONFIGS = {
     "ValidatingWebhookConfiguration": "validator.trainer.kubeflow.org",
     "MutatingWebhookConfiguration": "defaulter.trainer.kubeflow.org",
 }
+#: The operators whose kustomization patches upstream's webhooks (manifests.yaml): the folder
+#: of both in the module, and the JSON patches for the mutating and the validating kind.
+#: JobSet's give the pod hooks an objectSelector (pods of a JobSet only).
+PATCHED_WEBHOOKS = {
+    "jobset": (
+        "config/components/webhook",
+        "patches/mutating-patch.yaml",
+        "patches/validating-patch.yaml",
+    ),
+    "trainer": ("manifests/base/webhook", "patch_mutating.yaml", "patch_validating.yaml"),
+}
 KUEUE_NAMESPACE = "kueue-system"
 KUEUE_SECRET = "kueue-webhook-server-cert"
 KUEUE_WEBHOOK_CONFIGS = {
@@ -387,6 +398,22 @@ class Operators:
             configs.append(doc)
         return configs
 
+    def patched_webhook_configurations(
+        self, pin: str, port: int, names: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """webhook_configurations of an operator in PATCHED_WEBHOOKS, with its patches."""
+        folder, mutating, validating = PATCHED_WEBHOOKS[pin]
+        webhook = self.module_dir(pin) / folder
+        return self.webhook_configurations(
+            webhook / "manifests.yaml",
+            port,
+            names,
+            patches={
+                "MutatingWebhookConfiguration": [webhook / mutating],
+                "ValidatingWebhookConfiguration": [webhook / validating],
+            },
+        )
+
     def install_crds(self, kustomization: Path, port: int | None = None) -> list[str]:
         """The CRDs a kustomization lists (``resources``), with the conversion webhooks its
         ``patches`` add (pointed at ``port`` on this host with the project's CA; other patch
@@ -485,16 +512,8 @@ class Operators:
         module = self.module_dir("jobset")
         components = module / "config/components"
         self.install_crds(components / "crd/kustomization.yaml", ports["jobset-webhook"])
-        webhook = components / "webhook"
-        configs = self.webhook_configurations(
-            webhook / "manifests.yaml",
-            ports["jobset-webhook"],
-            JOBSET_WEBHOOK_CONFIGS,
-            # The patches give the pod hooks an objectSelector (pods of a JobSet only).
-            patches={
-                "MutatingWebhookConfiguration": [webhook / "patches/mutating-patch.yaml"],
-                "ValidatingWebhookConfiguration": [webhook / "patches/validating-patch.yaml"],
-            },
+        configs = self.patched_webhook_configurations(
+            "jobset", ports["jobset-webhook"], JOBSET_WEBHOOK_CONFIGS
         )
         self._install_webhooks(self._pod_namespace(JOBSET_NAMESPACE), JOBSET_SECRET, configs)
         self._run_manager(
@@ -515,15 +534,8 @@ class Operators:
         ports = state["ports"]
         base = self.module_dir("trainer") / "manifests/base"
         self.install_crds(base / "crds/kustomization.yaml")
-        webhook = base / "webhook"
-        configs = self.webhook_configurations(
-            webhook / "manifests.yaml",
-            ports["trainer-webhook"],
-            TRAINER_WEBHOOK_CONFIGS,
-            patches={
-                "MutatingWebhookConfiguration": [webhook / "patch_mutating.yaml"],
-                "ValidatingWebhookConfiguration": [webhook / "patch_validating.yaml"],
-            },
+        configs = self.patched_webhook_configurations(
+            "trainer", ports["trainer-webhook"], TRAINER_WEBHOOK_CONFIGS
         )
         namespace = self._pod_namespace(TRAINER_NAMESPACE)
         self._install_webhooks(namespace, TRAINER_SECRET, configs)

@@ -109,16 +109,8 @@ def hooks(configs) -> dict[str, dict]:
 def test_upstream_webhooks_are_pointed_at_this_host(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("MEGDET_CLUSTER_CACHE", str(tmp_path))
     cluster = Cluster(root=tmp_path / "c")
-    jobset = module_or_skip("jobset") / "config/components/webhook"
-    configs = cluster.webhook_configurations(
-        jobset / "manifests.yaml",
-        9,
-        JOBSET_WEBHOOK_CONFIGS,
-        patches={
-            "MutatingWebhookConfiguration": [jobset / "patches/mutating-patch.yaml"],
-            "ValidatingWebhookConfiguration": [jobset / "patches/validating-patch.yaml"],
-        },
-    )
+    module_or_skip("jobset")
+    configs = cluster.patched_webhook_configurations("jobset", 9, JOBSET_WEBHOOK_CONFIGS)
     assert {c["metadata"]["name"] for c in configs} == set(JOBSET_WEBHOOK_CONFIGS.values())
     found = hooks(configs)
     assert found["mjobset.kb.io"]["clientConfig"]["url"] == (
@@ -129,16 +121,8 @@ def test_upstream_webhooks_are_pointed_at_this_host(tmp_path, monkeypatch) -> No
         selector = found[name]["objectSelector"]["matchExpressions"]
         assert selector == [{"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]
 
-    trainer = module_or_skip("trainer") / "manifests/base/webhook"
-    configs = cluster.webhook_configurations(
-        trainer / "manifests.yaml",
-        9,
-        TRAINER_WEBHOOK_CONFIGS,
-        patches={
-            "MutatingWebhookConfiguration": [trainer / "patch_mutating.yaml"],
-            "ValidatingWebhookConfiguration": [trainer / "patch_validating.yaml"],
-        },
-    )
+    module_or_skip("trainer")
+    configs = cluster.patched_webhook_configurations("trainer", 9, TRAINER_WEBHOOK_CONFIGS)
     assert {c["metadata"]["name"] for c in configs} == set(TRAINER_WEBHOOK_CONFIGS.values())
     assert set(hooks(configs)) == {
         "defaulter.trainjob.trainer.kubeflow.org",
