@@ -241,9 +241,10 @@ FAKE_GO = textwrap.dedent(
 )
 
 
-def test_a_component_that_gains_a_binary_builds_only_that_one(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.fixture
+def fake_go(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """FAKE_GO as `go` on PATH, the cluster cache in tmp_path, and pin "demo" at v1.0.0 (put a
+    build.Component of that name in build.COMPONENTS); returns the log of go's arguments."""
     bindir = tmp_path / "fakebin"
     bindir.mkdir()
     (bindir / "go").write_text(FAKE_GO)
@@ -252,9 +253,15 @@ def test_a_component_that_gains_a_binary_builds_only_that_one(
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_GO_LOG", str(log))
     monkeypatch.setenv("MEGDET_CLUSTER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "pins", lambda: {"demo": "v1.0.0"})
+    return log
+
+
+def test_a_component_that_gains_a_binary_builds_only_that_one(
+    monkeypatch: pytest.MonkeyPatch, fake_go: Path
+) -> None:
     comp = build.Component("demo", "example.com/demo", {"one": "example.com/demo/cmd/one"})
     monkeypatch.setitem(build.COMPONENTS, "demo", comp)
-    monkeypatch.setattr(build, "pins", lambda: {"demo": "v1.0.0"})
     out = build.build("demo", echo=lambda _: None)
     assert (out / "one").read_text() == "built"
     (out / "one").write_text("kept")  # the earlier build's binary
@@ -267,23 +274,15 @@ def test_a_component_that_gains_a_binary_builds_only_that_one(
     said: list[str] = []
     build.build("demo", echo=said.append)
     assert (out / "one").read_text() == "kept" and (out / "two").read_text() == "built"
-    installs = [line for line in log.read_text().splitlines() if line.startswith("install")]
+    installs = [line for line in fake_go.read_text().splitlines() if line.startswith("install")]
     assert len(installs) == 2 and installs[-1].endswith("example.com/demo/cmd/two@v1.0.0")
     assert said[0].startswith("building demo v1.0.0 (two)")
     assert not out.with_name(out.name + ".partial").exists()
 
 
-def test_the_node_binaries_are_built_only_for_the_node(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+@pytest.mark.usefixtures("fake_go")
+def test_the_node_binaries_are_built_only_for_the_node(monkeypatch: pytest.MonkeyPatch) -> None:
     """A kwok-only cluster's build leaves the kubelet out; the node's start builds it."""
-    bindir = tmp_path / "fakebin"
-    bindir.mkdir()
-    (bindir / "go").write_text(FAKE_GO)
-    (bindir / "go").chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_GO_LOG", str(tmp_path / "go.log"))
-    monkeypatch.setenv("MEGDET_CLUSTER_CACHE", str(tmp_path / "cache"))
     comp = build.Component(
         "demo",
         "example.com/demo",
@@ -291,7 +290,6 @@ def test_the_node_binaries_are_built_only_for_the_node(
         node_binaries=frozenset({"agent"}),
     )
     monkeypatch.setitem(build.COMPONENTS, "demo", comp)
-    monkeypatch.setattr(build, "pins", lambda: {"demo": "v1.0.0"})
     out = build.build("demo", echo=lambda _: None)
     assert (out / "server").exists() and not (out / "agent").exists()
     assert build.is_built("demo") and not build.is_built("demo", node=True)
