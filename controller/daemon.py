@@ -305,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     reconciler = Reconciler(
         Cluster(api, timeout=args.api_timeout),
         policy=load_policy(args.policy_file),
-        # Checkpointed events every K-th checkpoint, on both targets (the TrainJob mirror too).
+        # Checkpointed events every K-th checkpoint, on both targets (progress_events.py).
         checkpoint_events=args.progress_checkpoint_events,
         progress_url=args.progress_url,  # given to every run's render ("" = none)
     )

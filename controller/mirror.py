@@ -1,6 +1,7 @@
 """What a run's status mirrors from its job and pods, event by event: the job's state (a
-job deleted, someone else's job under the run's name, a TrainJob's reported progress and its
-milestone events) and ``PodsStarted`` from the pods that cannot start.
+job deleted, someone else's job under the run's name, a TrainJob's reported progress) and
+``PodsStarted`` from the pods that cannot start. A TrainJob's milestone events come from the
+run's watch, as a PyTorchJob's do (controller/progress_events.py).
 
 Every status write of the handlers goes through :meth:`RunMirror.write` (the reconcile's as
 well): the run read once under its lock (:class:`~megdet.controller.status_writer.StatusWriter`),
@@ -12,7 +13,6 @@ owns one and registers its handlers.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,7 +31,6 @@ from megdet.controller.pod_problems import (
     run_of_pod,
     started,
 )
-from megdet.controller.progress_hub import Milestones
 from megdet.controller.status import (
     Decision,
     Foreign,
@@ -64,8 +63,7 @@ def run_ref(namespace: str, name: str, uid: str | None) -> dict[str, Any]:
 class RunMirror:
     """The job and pod event handlers of one operator, and the status write they share with
     the reconcile. ``recreate(run, retry)``: reconcile a run whose resized job is gone (the
-    reconciler's, so that the next job is made as every job is). ``checkpoint_events``: a
-    TrainJob's ``Checkpointed`` event every this many checkpoints."""
+    reconciler's, so that the next job is made as every job is)."""
 
     def __init__(
         self,
@@ -73,7 +71,6 @@ class RunMirror:
         children: Children,
         now: Callable[[], str],
         recreate: Callable[[dict[str, Any], int], None],
-        checkpoint_events: int = 5,
     ) -> None:
         self.writer = writer
         self.children = children
@@ -81,7 +78,6 @@ class RunMirror:
         self.backoff = children.backoff
         self.now = now
         self.recreate = recreate
-        self.checkpoint_events = checkpoint_events
         self.records = writer.records
 
     def write(
@@ -160,7 +156,19 @@ class RunMirror:
             # no status to say it on, but it counts as deleted all the same.
             metrics.JOBS_DELETED.labels(namespace, TARGET_BY_KIND[job["kind"]]).inc()
         if written is not None and job["kind"] == "TrainJob" and type != "DELETED":
-            self._progress_events(run, *written)
+            self._log_progress_problems(run, *written)
+
+    def _log_progress_problems(
+        self, run: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any], job: Any
+    ) -> None:
+        """Log, once per change, what a TrainJob's mirrored ``trainerStatus`` held that the
+        run's ``status.progress`` could not keep."""
+        progress = new.get("progress")
+        if isinstance(progress, Mapping) and progress != old.get("progress"):
+            problems = trainjob_progress(job)[1] if isinstance(job, Mapping) else []
+            if problems:
+                key = run_meta(run)[:2]
+                logger.warning("run %s/%s: TrainJob trainerStatus: %s", *key, "; ".join(problems))
 
     def _finish_resize(self, namespace: str, name: str, uid: str | None) -> None:
         """Create the job of a resize whose stopped job is gone (controller/resize.py)."""
@@ -171,27 +179,6 @@ class RunMirror:
             self.recreate,
             uid,
         )
-
-    def _progress_events(
-        self, run: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any], job: Any
-    ) -> None:
-        """A TrainJob's mirrored progress (what the trainer reported to Trainer's status
-        server), once per change: its problems logged, its milestone events posted as the
-        pytorchjob endpoint posts them (controller/progress_hub.py)."""
-        progress = new.get("progress")
-        if not isinstance(progress, Mapping) or progress == old.get("progress"):
-            return
-        key = run_meta(run)[:2]
-        problems = trainjob_progress(job)[1] if isinstance(job, Mapping) else []
-        if problems:
-            logger.warning("run %s/%s: TrainJob trainerStatus: %s", *key, "; ".join(problems))
-        milestones = self.records.get(key, "milestones")
-        if milestones is None:
-            written = old.get("progress") if isinstance(old.get("progress"), Mapping) else {}
-            milestones = Milestones.from_written(written, self.checkpoint_events)
-            self.records.set(key, milestones=milestones)
-        for reason, message in milestones.note(progress, time.monotonic()):
-            kopf.event(dict(run), type="Normal", reason=reason, message=message[:1000])
 
     # -- the pods of the run's job: why they cannot start ----------------------------------
 

@@ -1,18 +1,11 @@
 """Milestone events from the run's watch: the old and the new ``status.progress``, both targets.
 
-A Normal ``Evaluated`` event for each new evaluation (AP, AP50, iteration) and a Normal
-``Checkpointed`` event every K-th new checkpoint (:class:`Milestones`), through a per-run token
-bucket (at most :data:`EVENT_BURST` at once, :data:`EVENTS_PER_HOUR` an hour). They are computed
-where ``status.progress`` changes are seen, the run's watch (:func:`register`: a kopf event
-handler, so only the replica kopf lets act posts them), not where reports arrive: every replica
-serves reports (controller/progress_server.py), and a ``target: trainjob`` run's progress comes
-from Kubeflow Trainer's status server through the TrainJob mirror. What the watch saw last is the
-run's :class:`Milestones` in its record (controller/run_record.py, dropped with the run), which
-the TrainJob mirror's own check shares: one event per milestone, whoever notes it first.
-
-The first look at a run (a new replica, a restart, a failover) starts from the progress it holds
-then, so no milestone already passed is announced again; a run created again under the same name
-(another uid) starts anew even when the old one's record is not dropped yet.
+A Normal ``Evaluated`` event for each new evaluation and a Normal ``Checkpointed`` event every
+K-th new checkpoint (:class:`Milestones`), through a per-run token bucket; posted by a kopf
+event handler (:func:`register`), so on the replica kopf lets act. What the watch saw last is
+the run's :class:`Milestones` in its record (controller/run_record.py). Why there and not where
+reports arrive, and what a restart or failover announces: docs/controller.md, "Progress
+reporting in detail".
 """
 
 from __future__ import annotations

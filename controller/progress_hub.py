@@ -39,7 +39,6 @@ from typing import Any
 from megdet import progress as protocol
 from megdet.controller import metrics
 from megdet.controller.progress_binding import RunRef
-from megdet.controller.progress_events import Milestones  # noqa: F401  (reconciler.py's import)
 from megdet.fabric_report import FabricReport
 
 __all__ = [

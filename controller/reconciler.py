@@ -1,17 +1,8 @@
-"""The MegDetRun handlers: reconcile a run, mirror its job, forget a deleted run.
-
-:class:`Reconciler` holds what the handlers of one operator share (the API layer, the
-cluster's policy, the backoff, the status writer with its phase gauge, the TrainJob mirror's
-milestones); its methods are the kopf handlers, which
-:func:`megdet.controller.operator.build_registry` registers. What a run owns is decided by the
-pure :func:`~megdet.controller.planning.plan_children`; what its status says, by
-:mod:`megdet.controller.status`. The reconcile here decides, from the run and its job as
-read, what happens next and what the run's status says; the API calls that create, update
-and delete the run's objects are :class:`~megdet.controller.children.Children`'s, and the
-job and pod events and every status write are :class:`~megdet.controller.mirror.RunMirror`'s.
-
-Handlers are sync methods: kopf runs them in its thread pool, so the blocking client and the
-in-process Helm render never stall kopf's event loop.
+"""The MegDetRun handlers (:class:`Reconciler`, registered by
+:func:`megdet.controller.operator.build_registry`): reconcile a run, mirror its job, forget a
+deleted run. How they split with children.py and mirror.py: docs/architecture.md, "The
+controller". Handlers are sync methods, run in kopf's thread pool, so the blocking client and
+the in-process Helm render never stall kopf's event loop.
 """
 
 from __future__ import annotations
@@ -70,10 +61,10 @@ class Reconciler:
     ``observe`` (optional) receives each reconcile's duration in seconds, as the histogram
     does; the benchmark uses it for exact percentiles. ``policy``: the cluster's MegDet policy
     (default: the operator chart's secure defaults), checked before a run's job is created.
-    ``checkpoint_events``: the TrainJob mirror posts a ``Checkpointed`` event every this many
-    checkpoints (``--progress-checkpoint-events``). ``progress_url``: the progress endpoint's
-    base URL given to every run (``--progress-url``; "" = none, see
-    :func:`~megdet.controller.planning.with_progress`).
+    ``checkpoint_events``: the run's watch posts a ``Checkpointed`` event every this many
+    checkpoints (``--progress-checkpoint-events``; controller/progress_events.py).
+    ``progress_url``: the progress endpoint's base URL given to every run (``--progress-url``;
+    "" = none, see :func:`~megdet.controller.planning.with_progress`).
     """
 
     def __init__(
@@ -102,11 +93,10 @@ class Reconciler:
             self.children,
             now,
             lambda run, retry: self._reconcile(run, "resize", None, retry, None),
-            checkpoint_events,
         )
         #: kopf's diff base storage (configure() gives it to kopf's settings).
         self.diffbase = self.writer.diffbase
-        #: what this process keeps of each run: its phase, the TrainJob mirror's milestones,
+        #: what this process keeps of each run: its phase, its milestones,
         #: its ``PodsStarted=False`` message, the diff base its last write carried.
         self.records = self.writer.records
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from megdet.controller.progress_hub import Milestones
+    from megdet.controller.progress_events import Milestones
 
 __all__ = ["RunKey", "RunRecord", "RunRecords"]
 
@@ -37,7 +37,7 @@ class RunRecord:
 
     #: Its ``status.phase`` as last written (the runs-by-phase gauge).
     phase: str | None = None
-    #: The TrainJob mirror's milestone events state (:class:`Milestones`).
+    #: What its watch saw of its milestones (controller/progress_events.py).
     milestones: Milestones | None = None
     #: The message of its ``PodsStarted=False`` as last written: only a stuck run's started
     #: pods reach the pod handler.
