@@ -59,8 +59,10 @@ logger = logging.getLogger(__name__)
 ATTEMPTS = 3
 
 MAX_INT64 = 2**63 - 1
+INF = float("inf")
 #: ``status.progress`` field -> (kind, lowest, highest) it may hold: what the CRD's schema
-#: (``format: int64``, ``percent`` 0-100) and the field's meaning allow. AP is in percent.
+#: (``format: int64``, ``percent`` 0-100), the protocol and the field's meaning allow. AP is
+#: in percent.
 RANGES: dict[str, tuple[type, float, float]] = {
     "iteration": (int, 0, MAX_INT64),
     "maxIter": (int, 0, MAX_INT64),
@@ -70,9 +72,14 @@ RANGES: dict[str, tuple[type, float, float]] = {
     "checkpointIteration": (int, 0, MAX_INT64),
     "etaSeconds": (int, 0, MAX_INT64),
     "percent": (int, 0, 100),
-    "imagesPerSecond": (float, 0, float("inf")),
+    "imagesPerSecond": (float, 0, INF),
     "ap": (float, 0, 100),
     "ap50": (float, 0, 100),
+    # The final report's run totals (megdet.progress.REPORT_METRICS), as the trainer sends them.
+    **{
+        name: (int, 0, protocol.MAX_INT32) if name in protocol.INT_METRICS else (float, 0, INF)
+        for name in protocol.REPORT_METRICS
+    },
 }
 #: Values of the ``result`` label of ``megdet_controller_progress_writes_total``.
 #: ``superseded``: the run held this report or a newer one already (another replica's write).
@@ -99,7 +106,7 @@ def out_of_range(progress: Mapping[str, Any]) -> list[str]:
             )
             allowed = (
                 f"a finite number {low:g}..{high:g}"
-                if high != float("inf")
+                if high != INF
                 else (f"a finite number >= {low:g}")
             )
         if not ok:

@@ -27,6 +27,7 @@ from megdet.controller import metrics
 from megdet.controller.progress_auth import REFRESH_SECONDS, RunAuthenticator
 from megdet.controller.progress_hub import (
     MAX_INT64,
+    RANGES,
     HubFull,
     InvalidProgress,
     UnknownRun,
@@ -244,6 +245,18 @@ def test_out_of_range_values_are_refused_with_the_field_and_range() -> None:
     ]
     with pytest.raises(InvalidProgress, match="iteration"):
         hub.report(NS, "r1", {"iteration": MAX_INT64 + 1})
+
+
+def test_every_number_the_trainer_reports_has_a_range() -> None:
+    """Each number field ``to_status`` makes (the final report's totals among them) is bounded
+    by RANGES: the totals at most 2^31-1, the totals' rate >= 0."""
+    numbers = {*protocol.INT_METRICS.values(), *protocol.NUMBER_METRICS.values()}
+    assert numbers | {"percent", "etaSeconds"} <= set(RANGES)
+    assert out_of_range({"attempts": 2**31, "stepsImagesPerSecond": -0.5}) == [
+        f"attempts: {2**31} is not an integer 0..{protocol.MAX_INT32}",
+        "stepsImagesPerSecond: -0.5 is not a finite number >= 0",
+    ]
+    assert out_of_range({"attempts": protocol.MAX_INT32, "stepsImagesPerSecond": 0.0}) == []
 
 
 class ApiError(Exception):
