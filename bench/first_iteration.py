@@ -357,17 +357,10 @@ def format_report(result: dict[str, Any]) -> str:
             out.append("        launch + rendezvous: " + _cells(s["launch_split"]))
     summary = result["summary"]
     floor, run = summary["floor"], summary["run"]
+    out.append(f"  medians: floor {_cells(floor['parts'])}, total {floor['total']:.2f} s")
     out.append(
-        "  medians: floor "
-        + ", ".join(f"{p} {v:.2f}" for p, v in floor["parts"].items())
-        + f", total {floor['total']:.2f} s"
-    )
-    out.append(
-        "           run "
-        + ", ".join(f"{p} {v:.2f}" for p, v in run["parts"].items())
-        + f", total {run['total']:.2f} s; "
-        + ", ".join(f"{p} {v:.2f}" for p, v in run["end"].items())
-        + f", to the end {run['to_end']:.2f} s"
+        f"           run {_cells(run['parts'])}, total {run['total']:.2f} s; "
+        f"{_cells(run['end'])}, to the end {run['to_end']:.2f} s"
     )
     if run.get("launch_split"):
         out.append("           launch + rendezvous: " + _cells(run["launch_split"]))
