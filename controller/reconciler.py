@@ -179,7 +179,7 @@ class Reconciler:
         gpus = None if job is None else resize.wanted(run, decision, job)
         if job is not None and gpus is not None:
             # No diff base on this write: the delete after it may still be retried.
-            resize.start(self.writer, self.cluster, run, job, gpus, retry)
+            resize.start(self.writer, run, job, gpus, retry)
             metrics.RECONCILES.labels("success").inc()
             return
 

@@ -1,31 +1,8 @@
-"""Resizing a live elastic run: ``spec.gpus`` changed within ``spec.elastic``'s bounds.
-
-Neither job API can change the size of a running job in place (docs/elastic.md, "The
-controller and the chart", from the upstream sources), so a resize stops the run's job and
-creates it again at the new size, over the same output folder; the trainer re-plans from the
-last checkpoint for the world it finds (:func:`megdet.plan.plan_continuation`).
-
-1. The reconcile sees ``spec.gpus`` differ from ``status.gpus`` (the GPUs of the job it
-   created) on an elastic run that has not finished: it records the resize in the status
-   first (``status.resize``: from, to, the uid of the job it stops; condition ``Resizing``),
-   then deletes that job, only that incarnation, with foreground propagation
-   (:func:`start`). The pods get SIGTERM and the trainer saves a checkpoint within
-   ``terminationGracePeriodSeconds``.
-2. Foreground deletion keeps the job until the garbage collector has deleted every dependent
-   that blocks its owner's deletion (the pods, or a TrainJob's JobSet, its Jobs and their
-   pods), and a pod is removed only once its containers have ended. So the job's DELETED
-   event, on the controller's watch of the jobs, means that no pod of the old size is left:
-   the job mirror then finishes the resize (:func:`finish`), as does a reconcile that finds
-   the job gone (a restarted controller).
-3. Finishing is the reconcile's ordinary create, with the run's other objects brought to the
-   new render first (a TrainJob's TrainingRuntime): the created job's status write
-   (:func:`with_segments`, from :func:`megdet.controller.status.desired_status`) records the
-   new job's uid, ``attempt`` + 1, a segment, and clears ``status.resize``; the write posts
-   the Normal event ``Resized``.
-
-The resize is in the status before the job is deleted, so a deletion the controller did not
-make still fails an unfinished run (``JobDeleted``): the job mirror tells the two apart by the
-job's uid (:func:`is_stopped_job`).
+"""Resizing a live elastic run (``spec.gpus`` changed within ``spec.elastic``'s bounds): record
+the resize in the status, stop the job in the foreground (:func:`start`), create it again at
+the new size once its DELETED event says no old pod is left (:func:`finish`), and record the
+new attempt (:func:`with_segments`). Why and how, from the upstream sources: docs/elastic.md,
+"How the controller resizes a run".
 """
 
 from __future__ import annotations
@@ -133,12 +110,7 @@ def _set_condition(status: Mapping[str, Any], *args: Any, now: str, gen: Any) ->
 
 
 def start(
-    writer: Any,
-    cluster: Any,
-    run: Mapping[str, Any],
-    job: Mapping[str, Any],
-    gpus: int,
-    retry: int,
+    writer: Any, run: Mapping[str, Any], job: Mapping[str, Any], gpus: int, retry: int
 ) -> None:
     """Record the resize of ``run`` to ``gpus`` (the status first), then delete its ``job``,
     only that incarnation, in the foreground. ``writer``: the
@@ -166,7 +138,7 @@ def start(
     written = writer.write(run, compute, retry, kind)
     if written is None or not is_stopped_job(written[1], job):
         return  # the run is gone, or another resize is under way
-    restop(writer.backoff, cluster, job, retry)
+    restop(writer.backoff, writer.cluster, job, retry)
 
 
 def restop(backoff: Backoff, cluster: Any, job: Mapping[str, Any], retry: int) -> None:
