@@ -100,21 +100,6 @@ def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, ca: 
     )
 
 
-def _key_usage(ca: bool) -> x509.KeyUsage:
-    """Digital signature and key encipherment; a CA also signs certificates and CRLs."""
-    return x509.KeyUsage(
-        digital_signature=True,
-        key_encipherment=True,
-        key_cert_sign=ca,
-        crl_sign=ca,
-        content_commitment=False,
-        data_encipherment=False,
-        key_agreement=False,
-        encipher_only=False,
-        decipher_only=False,
-    )
-
-
 def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str]):
     """A self-signed CA certificate for ``key``; ``names`` are its DNS SANs (cert-controller
     checks a CA it is given against its CAName as a DNS name)."""
@@ -124,7 +109,20 @@ def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str
             x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
             critical=False,
         )
-        .add_extension(_key_usage(ca=True), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .sign(key, hashes.SHA256())
     )
 
@@ -187,7 +185,20 @@ class CertificateAuthority:
         builder = (
             _builder(_name(cn, orgs), self.cert.subject, key, ca=False)
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(_key_usage(ca=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_encipherment=True,
+                    key_cert_sign=False,
+                    crl_sign=False,
+                    content_commitment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
