@@ -1,17 +1,7 @@
-"""What this process keeps of each run, in one record per run, forgotten in one place.
-
-The handlers of one operator share one :class:`RunRecords` (the status writer makes it, the
-reconciler and the diff base read it): a :class:`RunRecord` per run, keyed by (namespace,
-name), that holds every value the controller keeps of a run between its events. The run's
-watch says when it is deleted, and :meth:`RunRecords.forget` drops the whole record, so a
-value added to a run's record needs no forget of its own. A record whose fields are all None
-is dropped as well: a run the controller keeps nothing of costs no entry.
-
-The stores that keep their own structures (each with its own forget, called by
-:meth:`megdet.controller.reconciler.Reconciler.forget`; docs/architecture.md, "The
-controller") are the kept renders, the run's metric series and the progress hub;
-the per-run status locks, the job cache and kopf's index of the runs let go by themselves (a
-lock when no handler holds it, a job or a run when its watch drops it).
+"""What this process keeps of each run: one :class:`RunRecord` per run in the operator's
+:class:`RunRecords`, dropped whole when the run's watch says it was deleted (and when all its
+fields are None). Which stores keep their own and forget apart: docs/architecture.md, "The
+controller".
 """
 
 from __future__ import annotations
@@ -66,41 +56,28 @@ class RunRecords:
             record = self._records.get(key)
             return None if record is None else getattr(record, field)
 
-    def set(self, key: RunKey, **values: Any) -> None:
-        """Set fields of the run's record (None clears one)."""
+    def _edit(self, key: RunKey, edit: Callable[[RunRecord], Any]) -> Any:
+        """``edit(the run's record)`` under the lock; a record left empty is dropped."""
         with self._lock:
             record = self._records.get(key) or RunRecord()
-            for field, value in values.items():
-                getattr(record, field)  # a field that does not exist is an AttributeError
-                setattr(record, field, value)
+            result = edit(record)
             if record.empty():
                 self._records.pop(key, None)
             else:
                 self._records[key] = record
+            return result
+
+    def set(self, key: RunKey, **values: Any) -> None:
+        """Set fields of the run's record (None clears one)."""
+        self._edit(key, lambda record: [_set(record, f, v) for f, v in values.items()])
 
     def update(self, key: RunKey, field: str, change: Callable[[Any], Any]) -> Any:
         """Set the run's ``field`` to ``change(its value)`` in one step; the new value."""
-        with self._lock:
-            record = self._records.get(key) or RunRecord()
-            value = change(getattr(record, field))
-            setattr(record, field, value)
-            if record.empty():
-                self._records.pop(key, None)
-            else:
-                self._records[key] = record
-            return value
+        return self._edit(key, lambda record: _set(record, field, change(getattr(record, field))))
 
     def take(self, key: RunKey, field: str) -> Any:
         """The run's ``field``, cleared."""
-        with self._lock:
-            record = self._records.get(key)
-            if record is None:
-                return None
-            value = getattr(record, field)
-            setattr(record, field, None)
-            if record.empty():
-                del self._records[key]
-            return value
+        return self._edit(key, lambda record: _set(record, field, None, getattr(record, field)))
 
     def values_of(self, field: str) -> dict[RunKey, Any]:
         """Each run's ``field``, for the runs that have one."""
@@ -127,3 +104,11 @@ class RunRecords:
     def __len__(self) -> int:
         with self._lock:
             return len(self._records)
+
+
+def _set(record: RunRecord, field: str, value: Any, answer: Any = ...) -> Any:
+    """Set ``record.field`` (a field that does not exist is an AttributeError); ``answer``, or
+    the value set."""
+    getattr(record, field)
+    setattr(record, field, value)
+    return value if answer is ... else answer
