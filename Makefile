@@ -166,9 +166,9 @@ clean:
 	rm -rf $(VENV) build output .pytest_cache .ruff_cache .hypothesis .cluster
 
 # The MegDetRun CRD is generated from charts/megdet/values.schema.json and values.yaml
-# (tests/controller/offline/test_crd.py fails when the committed copy is stale).
+# (tests/api/test_crd.py fails when the committed copy is stale).
 crd: setup
-	$(BIN)/python -m megdet.controller.offline.crd
+	$(BIN)/python -m megdet.api.crd
 
 # The detectron2 override keys that named values own (megdet/overrides.py), as the run chart reads
 # them (tests/chart fails when charts/megdet/files/owned-overrides.yaml is stale).
@@ -189,15 +189,15 @@ messages: setup
 # (tests/controller/test_policy.py fails when the committed copy is stale).
 POLICY_FILE := charts/megdet-operator/files/policy-validations.yaml
 policy: setup
-	$(BIN)/python -m megdet.controller.policy > $(POLICY_FILE).tmp
+	$(BIN)/python -m megdet.api.admission > $(POLICY_FILE).tmp
 	mv $(POLICY_FILE).tmp $(POLICY_FILE)
 
 # The docs' tables made from one source, rewritten between their markers
-# (controller/offline/docs_tables.py): docs/helm.md's run values (megdet/run_values.py) and
+# (megdet/api/docs_tables.py): docs/helm.md's run values (megdet/run_values.py) and
 # docs/operations.md's spec fields (controller/fields.py)
-# (tests/controller/offline/test_docs_tables.py fails when one is stale).
+# (tests/api/test_docs_tables.py fails when one is stale).
 doc-tables: setup
-	$(BIN)/python -m megdet.controller.offline.docs_tables
+	$(BIN)/python -m megdet.api.docs_tables
 
 # Every generated file, in dependency order: the CRD's CEL rules read the owned-overrides list.
 generate: overrides messages crd dashboards policy doc-tables

@@ -32,7 +32,7 @@ def served_spec(index: int) -> dict[str, Any]:
     this spec, so an undefaulted spec would cost a second render that a cluster never causes).
     In cluster mode the server's own defaults are compared with this (``specs_as_kmock``).
     """
-    from megdet.controller.offline.validation import default_spec
+    from megdet.api.validation import default_spec
 
     return default_spec(SPECS[index % len(SPECS)])
 

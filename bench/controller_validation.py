@@ -33,8 +33,8 @@ import helm_python
 import yaml
 
 from bench import harness
-from megdet.controller.offline.schema import cel_problems, coerce_numbers, rule_sites
-from megdet.controller.offline.validation import crd_spec_schema, default_spec, validate_run
+from megdet.api.schema import cel_problems, coerce_numbers, rule_sites
+from megdet.api.validation import crd_spec_schema, default_spec, validate_run
 from megdet.controller.planning import plan_children
 from megdet.controller.render import chart_dir, render_run
 

@@ -9,6 +9,6 @@ objects. The kopf handlers (:mod:`megdet.controller.reconciler`, registered by
 build on them and do the I/O (:mod:`megdet.controller.kubeapi`). ``megdet controller`` is
 :mod:`megdet.controller.daemon`.
 What runs without a cluster (the CRD generator, ``megdet validate`` and ``megdet render``,
-every check a spec goes through) is :mod:`megdet.controller.offline`; the running operator
+every check a spec goes through) is :mod:`megdet.api`; the running operator
 imports none of it.
 """

@@ -14,7 +14,7 @@ may set it. :data:`TABLE` answers it once for every leaf of the CRD's spec schem
 A leaf is a path in the schema: ``[]`` is a list's item, ``.*`` any key of a map, and for an
 object that keeps unknown fields (``x-kubernetes-preserve-unknown-fields``: a Kubernetes type
 the CRD does not spell out) any key at any depth below it. Such an entry says which rule bounds
-everything a run can put there. ``tests/controller/offline/test_fields.py`` walks the CRD and
+everything a run can put there. ``tests/api/test_fields.py`` walks the CRD and
 fails on a leaf the table does not classify, on an entry no leaf has, and on a rule or knob
 the policy does not have; docs/operations.md's "Every field a run can set" is :func:`markdown`.
 """
@@ -333,18 +333,6 @@ def leaves(schema: Mapping[str, Any]) -> list[str]:
 def unknown_fields(schema: Mapping[str, Any]) -> list[str]:
     """The leaves that stand for every key below an object that keeps unknown fields."""
     return [leaf for leaf, unknown in _walk(schema, "spec") if unknown]
-
-
-def crd_spec_schema(crd: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
-    """The spec schema of the (committed) MegDetRun CRD, its only version."""
-    if crd is None:
-        import yaml
-
-        from megdet.controller.offline.crd import CRD_FILE
-
-        crd = yaml.safe_load(CRD_FILE.read_text())
-    (version,) = crd["spec"]["versions"]
-    return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
 
 def unclassified(schema: Mapping[str, Any], table: tuple[Fields, ...] = TABLE) -> list[str]:

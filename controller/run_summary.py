@@ -91,12 +91,12 @@ SEGMENT_FIELDS = {
     "globalBatch": "Global batch of the job as planned.",
 }
 #: The summary's fields by type; every other field but ``phase`` and ``segments`` is a whole
-#: number (the CRD's schema: controller/offline/crd.py).
+#: number (the CRD's schema: megdet/api/crd.py).
 TEXT_FIELDS = frozenset({"reason", "target", "fabric"})
 NUMBER_FIELDS = frozenset({"ap", "ap50", "imagesPerSecond", "stepsImagesPerSecond", "lr"})
 TIME_FIELDS = frozenset({"startTime", "completionTime"})
 
-#: Every summary field and what it says (the CRD's descriptions: controller/offline/crd.py).
+#: Every summary field and what it says (the CRD's descriptions: megdet/api/crd.py).
 FIELDS: dict[str, str] = {
     "phase": "The phase summarized: Succeeded or Failed.",
     "reason": "The reason of the phase's condition (e.g. JobDeleted for a job deleted before "
@@ -182,7 +182,7 @@ def _segments(status: Mapping[str, Any]) -> list[dict[str, Any]]:
 def build_summary(status: Mapping[str, Any]) -> dict[str, Any] | None:
     """The summary of a run whose status is ``status``; None unless it finished with a job."""
     # Here, not at the top: status.py brings kopf (resize.py), and the CRD generator
-    # (controller/offline/crd.py) reads this module's fields without the operator.
+    # (megdet/api/crd.py) reads this module's fields without the operator.
     from megdet.controller.status import finished
 
     if not isinstance(status, Mapping) or not finished(status) or not status.get("jobUID"):

@@ -96,7 +96,7 @@ ENFORCED = frozenset(
 )
 #: Keywords neither validator enforces: draft 7's annotations, ``$schema`` (at the root, one of
 #: :data:`DRAFT7`), and the chart's own (``patternMessageRef``: megdet/messages.py;
-#: ``x-kubernetes-validations``: the CRD's CEL rules, controller/offline/crd.py).
+#: ``x-kubernetes-validations``: the CRD's CEL rules, megdet/api/crd.py).
 ANNOTATIONS = frozenset(
     {
         "$comment",

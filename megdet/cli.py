@@ -23,7 +23,7 @@ COMMAND_MODULES = (
     "megdet.trainer.cli",
     "megdet.trainer.report_cli",
     "megdet.image.cli",
-    "megdet.controller.offline.cli",
+    "megdet.api.cli",
     "megdet.controller.daemon",
 )
 

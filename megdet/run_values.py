@@ -10,7 +10,7 @@ made from it:
 
 - ``megdet.overrides.OWNED_OVERRIDES`` (the keys ``extraOverrides`` may not set): every ``key``
   row;
-- ``megdet.controller.offline.cel_rules.IMMUTABLE_FIELDS`` (the CRD's transition rules): every
+- ``megdet.api.cel_rules.IMMUTABLE_FIELDS`` (the CRD's transition rules): every
   row with an ``immutable`` reason, on its top-level field;
 - ``megdet.controller.fields`` (the policy's classification): the ``recipe`` rows are the free
   "plan and its recipe" entry;

@@ -1,5 +1,5 @@
 """Hypothesis strategies for MegDetRun spec sections that the agreement tests sample alike
-(tests/controller/offline/test_validation.py, tests/e2e/test_apply_runs.py): valid values and
+(tests/api/test_validation.py, tests/e2e/test_apply_runs.py): valid values and
 the few that a rule refuses in combination."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ object the run chart renders, job first, as YAML. The controller also sets
 the run's uid, which exists only in the cluster, so it is left out unless ``--owner-uid`` is
 given. (Applying a job whose owner does not exist would have it garbage-collected at once.)
 ``megdet render --pods`` prints instead the pods the job creates, as plain Pods for linters
-(:mod:`megdet.controller.offline.pods`).
+(:mod:`megdet.api.pods`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from megdet.controller.api import RUN_API_VERSION
-from megdet.controller.offline.documents import (
+from megdet.api.documents import (
     Document,
     document_problems,
     owned_objects,
@@ -39,6 +38,7 @@ from megdet.controller.offline.documents import (
     report_invalid,
     report_problems,
 )
+from megdet.controller.api import RUN_API_VERSION
 
 __all__ = ["Document", "read_documents", "register"]
 
@@ -71,7 +71,7 @@ def run_validate(args: argparse.Namespace) -> int:
 
 def run_render(args: argparse.Namespace) -> int:
     if args.pods:
-        from megdet.controller.offline.pods import run_render_pods
+        from megdet.api.pods import run_render_pods
 
         return run_render_pods(args)
     documents, errors = read_documents(args.file)

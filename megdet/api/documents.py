@@ -1,7 +1,7 @@
 """The MegDetRun documents of ``megdet validate`` and ``megdet render``: read from files,
 checked, reported, and what the controller creates for each.
 
-Shared by :mod:`megdet.controller.offline.cli` and :mod:`megdet.controller.offline.pods`
+Shared by :mod:`megdet.api.cli` and :mod:`megdet.api.pods`
 (``megdet render --pods``), which the CLI dispatches to, so it imports neither.
 """
 
@@ -101,7 +101,7 @@ def read_documents(
 
 def document_problems(doc: Document) -> list[str]:
     """Every problem with one MegDetRun, as ``spec.field: message`` strings."""
-    from megdet.controller.offline.validation import validate_run
+    from megdet.api.validation import validate_run
 
     body = doc.body
     problems = [f"{key}: unknown field" for key in sorted(set(body) - _TOP_LEVEL)]

@@ -17,7 +17,7 @@ A CRD's ``openAPIV3Schema`` is OpenAPI v3.0 and must be structural
 - defaults come from a separate values document (Helm's values.yaml), pruned to the declared
   fields.
 
-Nothing here knows the MegDetRun: :mod:`megdet.controller.offline.crd` passes the run chart's schema
+Nothing here knows the MegDetRun: :mod:`megdet.api.crd` passes the run chart's schema
 and the names the spec leaves out.
 """
 

@@ -32,14 +32,14 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from megdet.controller.api import KIND, OWNED_KINDS
-from megdet.controller.offline.documents import (
+from megdet.api.documents import (
     owned_objects,
     print_objects,
     read_documents,
     report_input_errors,
     report_invalid,
 )
+from megdet.controller.api import KIND, OWNED_KINDS
 
 __all__ = ["RENDERED_KINDS", "PodsError", "job_pods", "run_render_pods"]
 

@@ -1,6 +1,6 @@
 """Every check a MegDetRun's spec goes through offline, as a list of field-named problems.
 
-This is ``megdet validate`` without a cluster (``controller/offline/cli.py``): what the API server
+This is ``megdet validate`` without a cluster (``megdet/api/cli.py``): what the API server
 and the controller would say, with no server at hand. On a cluster the API server applies
 layers 1 and 2 itself and the controller only renders (``controller/planning.py``); ``megdet
 validate --kubeconfig`` asks the server instead. The layers run in the order the cluster
@@ -26,9 +26,9 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
-from megdet.controller.offline.cel_rules import owned_override_cel_message
-from megdet.controller.offline.crd import build_crd, spec_schema
-from megdet.controller.offline.schema import (
+from megdet.api.cel_rules import owned_override_cel_message
+from megdet.api.crd import build_crd, spec_schema
+from megdet.api.schema import (
     apply_defaults,
     cel_problems,
     coerce_numbers,

@@ -18,27 +18,27 @@ import yaml
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.api import DROPPED_VALUES
-from megdet.controller.offline import crd as crd_module
-from megdet.controller.offline.cel_rules import ELASTIC_FIELDS, IMMUTABLE_FIELDS
-from megdet.controller.offline.crd import (
+from megdet.api import crd as crd_module
+from megdet.api.cel_rules import ELASTIC_FIELDS, IMMUTABLE_FIELDS
+from megdet.api.crd import (
     CRD_FILE,
     MissingDescriptionsError,
     build_crd,
     crd_yaml,
     spec_schema,
 )
-from megdet.controller.offline.schema import (
+from megdet.api.schema import (
     apply_defaults,
     cel_problems,
     coerce_numbers,
     rule_sites,
     schema_problems,
 )
+from megdet.controller.api import DROPPED_VALUES
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "megdet"
 
 #: Keywords a structural schema must not use (apiextensions v1 refuses them).
@@ -410,7 +410,7 @@ def test_cel_python_and_the_rust_interpreter_agree_on_every_rule(root, spec, old
 
 
 def test_json_schema_constructs_map_to_structural_ones():
-    from megdet.controller.offline.openapi import convert as _convert
+    from megdet.api.openapi import convert as _convert
 
     level = _convert(
         {

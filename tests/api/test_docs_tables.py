@@ -1,4 +1,4 @@
-"""The docs' generated tables (controller/offline/docs_tables.py, ``make doc-tables``) are what
+"""The docs' generated tables (megdet/api/docs_tables.py, ``make doc-tables``) are what
 their sources make now, and the writer touches nothing outside their markers."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megdet.controller.offline import docs_tables
-from megdet.controller.offline.docs_tables import END, ROOT, TABLES, main, stale, write
+from megdet.api import docs_tables
+from megdet.api.docs_tables import END, ROOT, TABLES, main, stale, write
 
 
 def _copy(tmp_path: Path) -> Path:

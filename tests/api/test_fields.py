@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from megdet.api.crd import committed_spec_schema
 from megdet.controller import fields, policy
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def schema():
-    return fields.crd_spec_schema()
+    return committed_spec_schema()
 
 
 def test_every_leaf_of_the_crd_is_classified(schema) -> None:

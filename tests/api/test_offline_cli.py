@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from megdet.controller.offline.cli import refusal_lines
+from megdet.api.cli import refusal_lines
 from tests.json_http import JsonHandler
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 RUN = """\
 apiVersion: megdet.io/v1alpha1
 kind: MegDetRun

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from megdet.controller.offline.cel_rules import ELASTIC_FIELDS, GENERATED, resolve_rules
-from megdet.controller.offline.crd import build_crd, spec_schema
+from megdet.api.cel_rules import ELASTIC_FIELDS, GENERATED, resolve_rules
+from megdet.api.crd import build_crd, spec_schema
 from megdet.messages import MESSAGES, cel_message
 
-CHART = Path(__file__).resolve().parents[3] / "charts" / "megdet"
+CHART = Path(__file__).resolve().parents[2] / "charts" / "megdet"
 
 
 def rule_lists(node: Mapping[str, Any], path: str = "") -> Iterator[tuple[str, list[Any]]]:

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.offline.schema import schema_problems
-from megdet.controller.offline.validation import (
+from megdet.api.schema import schema_problems
+from megdet.api.validation import (
     chart_problems,
     crd_problems,
     crd_spec_schema,
@@ -36,7 +36,7 @@ from megdet.controller.render import RUN_SPEC_VALUES, render_run
 from megdet.plan import RunSpec
 from tests.spec_strategies import GANG, KUEUE, NCCL, RUN_POLICY
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "megdet"
 VALUES_SCHEMA = json.loads((CHART / "values.schema.json").read_text())["properties"]
 

@@ -9,13 +9,13 @@ import jsonschema
 import pytest
 import yaml
 
-from megdet.controller.offline.cel_rules import IMMUTABLE_FIELDS
-from megdet.controller.offline.crd import build_crd
-from megdet.controller.offline.schema import apply_defaults, to_json_schema
-from megdet.controller.offline.validation import validate_run, validate_update
+from megdet.api.cel_rules import IMMUTABLE_FIELDS
+from megdet.api.crd import build_crd
+from megdet.api.schema import apply_defaults, to_json_schema
+from megdet.api.validation import validate_run, validate_update
 from megdet.controller.render import render_run
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
@@ -137,7 +137,7 @@ def test_invalid_spec_names_the_field(change, path, words, cr_schema):
 @pytest.mark.parametrize(("change", "path", "words"), INVALID, ids=[i[1] for i in INVALID])
 def test_every_invalid_spec_fails_the_crd_alone(change, path, words, cr_schema):
     """Each is refused at `kubectl apply` already (schema or CEL), on the same field."""
-    from megdet.controller.offline.validation import crd_problems, default_spec
+    from megdet.api.validation import crd_problems, default_spec
 
     problems = crd_problems(default_spec({**BASE, **change}))
     assert any(p.path == path for p in problems), problems

@@ -11,7 +11,7 @@ from a folder made here, offline:
   reaches copied into it (kubeconform would otherwise fetch ``/api/_definitions.json`` from
   kubernetes.io, and compile all of it for every kind);
 * custom resources: each CRD's ``openAPIV3Schema`` as JSON Schema
-  (megdet.controller.offline.schema.to_json_schema: unknown fields refused, as
+  (megdet.api.schema.to_json_schema: unknown fields refused, as
   ``kubectl apply --validate=strict``): the CRDs the e2e cluster installs, from the pinned Go
   modules (Kubeflow training operator, Trainer), the operator chart's own ``crds/``, and the
   structure of Prometheus Operator's CRDs in tests/schemas.
@@ -32,7 +32,7 @@ import kubernetes_validate
 import yaml
 
 from cluster import build
-from megdet.controller.offline.schema import to_json_schema
+from megdet.api.schema import to_json_schema
 
 REPO = Path(__file__).resolve().parents[2]
 #: The newest Kubernetes kubernetes-validate bundles schemas for (kube-score: its minor).

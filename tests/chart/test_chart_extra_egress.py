@@ -11,8 +11,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from megdet.controller.offline.crd import build_crd
-from megdet.controller.offline.schema import apply_defaults, cel_problems, schema_problems
+from megdet.api.crd import build_crd
+from megdet.api.schema import apply_defaults, cel_problems, schema_problems
 from megdet.controller.problems import InvalidRunError
 from megdet.controller.render import render_run
 

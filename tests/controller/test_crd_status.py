@@ -12,9 +12,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from megdet.api.crd import build_crd
+from megdet.api.schema import to_json_schema
 from megdet.controller.job_state import JobState
-from megdet.controller.offline.crd import build_crd
-from megdet.controller.offline.schema import to_json_schema
 from megdet.controller.planning import Planned, plan_children
 from megdet.controller.status import (
     Created,

@@ -63,7 +63,7 @@ def test_the_charts_defaults_are_the_modules_defaults() -> None:
 
 
 def test_the_generated_admission_validations_are_current() -> None:
-    from megdet.controller.offline.crd import spec_schema
+    from megdet.api.crd import spec_schema
 
     committed = yaml.safe_load((CHART / "files" / "policy-validations.yaml").read_text())
     assert committed == policy_module.generated(spec_schema()), "run `make policy`"
@@ -78,7 +78,7 @@ def test_the_generated_admission_validations_are_current() -> None:
 def test_the_admission_policy_compares_every_spec_field_but_suspend() -> None:
     """The matchCondition names each field of the CRD's spec (a field added to the CRD and
     not compared would let its changes past the policy) and runPolicy's but suspend."""
-    from megdet.controller.offline.crd import spec_schema
+    from megdet.api.crd import spec_schema
 
     schema = spec_schema()
     (condition,) = policy_module.match_conditions(schema)
@@ -494,7 +494,7 @@ def test_group_id_zero_is_the_podsecurity_knob_and_other_ids_are_free() -> None:
     allowed = Policy.from_values({"privileged": {"podSecurity": True}})
     assert problems(root_group, allowed) == {}
     # The CRD's default podSecurityContext passes.
-    from megdet.controller.offline.validation import default_spec
+    from megdet.api.validation import default_spec
 
     assert problems(default_spec({"gpus": 8})) == {}
 

@@ -20,13 +20,13 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.api import DROPPED_VALUES
-from megdet.controller.offline.validation import (
+from megdet.api.validation import (
     crd_problems,
     crd_spec_schema,
     default_spec,
     plan_problems,
 )
+from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.problems import InvalidRunError, Problem
 from megdet.controller.render import (
     CHART_DIR_ENV,

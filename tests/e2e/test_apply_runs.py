@@ -14,7 +14,7 @@ from e2e_helpers import ROOT, apply_objects, get_json, mdr, namespace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from megdet.controller.offline.validation import validate_run
+from megdet.api.validation import validate_run
 from megdet.controller.policy import Policy
 from megdet.controller.policy import check as check_policy
 from tests.spec_strategies import GANG, KUEUE, NCCL, RUN_POLICY

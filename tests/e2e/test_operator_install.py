@@ -14,8 +14,8 @@ from e2e_helpers import CONTROLLER_USER, OPERATOR_NAMESPACE, ROOT, eventually, g
 
 from cluster import build
 from cluster.control_plane import Cluster
+from megdet.api.crd import CRD_FILE, build_crd
 from megdet.controller.api import PLURAL
-from megdet.controller.offline.crd import CRD_FILE, build_crd
 
 
 def test_crd_is_established_and_matches_the_generated_one(kube, operator_chart) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 from pydantic.alias_generators import to_camel
 
+from megdet.api.cel_rules import IMMUTABLE_FIELDS
+from megdet.api.crd import committed_spec_schema
 from megdet.controller import fields
 from megdet.controller.api import DROPPED_VALUES
-from megdet.controller.offline.cel_rules import IMMUTABLE_FIELDS
 from megdet.overrides import OWNED_OVERRIDES
 from megdet.plan import RunSpec
 from megdet.run_values import (
@@ -110,7 +111,7 @@ def trainer_keys() -> set[str]:
 
 @pytest.fixture(scope="module")
 def crd_spec() -> Mapping[str, Any]:
-    return fields.crd_spec_schema()
+    return committed_spec_schema()
 
 
 def test_the_table_agrees_with_the_schema_the_crd_the_trainer_and_the_plan(crd_spec, trainer_keys):

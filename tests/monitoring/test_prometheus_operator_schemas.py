@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 from monitoring_helpers import OPERATOR_CHART, ROOT, of_kind, render_operator
 
-from megdet.controller.offline.schema import to_json_schema
+from megdet.api.schema import to_json_schema
 
 KINDS = ("ServiceMonitor", "PodMonitor", "PrometheusRule")
 

@@ -9,7 +9,7 @@ import json
 import yaml
 from operator_chart_helpers import CHART_DIR, RELEASE, render, render_error
 
-from megdet.controller.offline.crd import spec_schema
+from megdet.api.crd import spec_schema
 from megdet.controller.policy import Policy, match_conditions, validations
 
 FULLNAME = RELEASE
