@@ -1,28 +1,12 @@
 """Bounded HTTP serving for the controller's two servers (``/metrics`` and the progress endpoint).
 
-Both are reachable by every pod of the cluster, so neither may let a client hold what the
-controller needs (threads, memory) for long. :class:`BoundedServerMixin` (for a
-``socketserver.ThreadingMixIn`` server) and :class:`BoundedHandlerMixin` (for its
-``StreamRequestHandler``) give them, as :class:`Limits` says:
-
-- **a cap on connections**, in all and per source address. At the cap, a newcomer takes the
-  place of the oldest connection whose request has not arrived yet (a real client's arrives in
-  milliseconds; one that holds a connection open on purpose is the oldest); over its source's
-  cap, or when every place is answering a request, it is closed at once by the accept loop
-  (plain HTTP first gets a ``503``; over TLS nothing can be said before a handshake). Never
-  queued; counted;
-- **a whole-request deadline**: the TLS handshake, the request line, the headers and the body
-  of one request must all arrive within ``request_timeout`` seconds of the connection's
-  accept (or of the previous answer on a kept-alive connection). Unlike a socket timeout,
-  which restarts with every byte that arrives, a client that sends one byte every few seconds
-  is cut off at the deadline;
-- **a byte budget per request** (``max_request_bytes``): what a request may send in all, so a
-  hundred 64 KiB header lines cannot sit in memory;
-- **a deadline for the answer** (``write_timeout``): a client that does not read cannot hold
-  the thread either.
-
-What Go's ``net/http`` calls ``ReadTimeout`` / ``WriteTimeout`` / ``MaxHeaderBytes``, and
-controller-runtime's servers set; Python's ``http.server`` has only the per-read timeout.
+:class:`BoundedServerMixin` (for a ``socketserver.ThreadingMixIn`` server) and
+:class:`BoundedHandlerMixin` (for its ``StreamRequestHandler``) give them what :class:`Limits`
+says: a cap on connections in all and per source address (at the cap a newcomer takes the
+place of the oldest whose request has not arrived), one deadline for a whole request (TLS
+handshake, headers and body: not a per-read timeout), a byte budget per request and a deadline
+for the answer. What each limit is and why: docs/operations.md, "Limits: nothing a pod can send
+takes the controller down".
 """
 
 from __future__ import annotations
@@ -189,15 +173,21 @@ class _Deadline:
         return left
 
 
-class _DeadlineReader(io.RawIOBase):
+class _DeadlineSocket(io.RawIOBase):
     """The connection's reads, each given only what is left of the request's deadline, and
-    at most the request's byte budget in all (then end of file)."""
+    at most the request's byte budget in all (then end of file); its writes ``sendall`` with
+    ``write_timeout`` for the whole answer (CPython's sendall timeout is a deadline for the
+    call, not per chunk)."""
 
-    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+    def __init__(self, sock: socket.socket, deadline: _Deadline, write_timeout: float) -> None:
         self._sock = sock
         self._deadline = deadline
+        self._write_timeout = write_timeout
 
     def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
         return True
 
     def readinto(self, buffer: Any) -> int:
@@ -213,20 +203,8 @@ class _DeadlineReader(io.RawIOBase):
         self._deadline.budget -= got
         return got
 
-
-class _DeadlineWriter(io.BufferedIOBase):
-    """``sendall`` with ``write_timeout`` for the whole answer (CPython's sendall timeout is a
-    deadline for the call, not per chunk)."""
-
-    def __init__(self, sock: socket.socket, timeout: float) -> None:
-        self._sock = sock
-        self._timeout = timeout
-
-    def writable(self) -> bool:
-        return True
-
     def write(self, data: Any) -> int:
-        self._sock.settimeout(self._timeout)
+        self._sock.settimeout(self._write_timeout)
         self._sock.sendall(data)
         with memoryview(data) as view:
             return view.nbytes
@@ -332,10 +310,8 @@ class BoundedHandlerMixin:
         except (OSError, ssl.SSLError):
             self.close_connection = True
             raise
-        self.rfile = io.BufferedReader(
-            _DeadlineReader(self.connection, self.deadline), self.rbufsize
-        )
-        self.wfile = _DeadlineWriter(self.connection, limits.write_timeout)
+        self.wfile = _DeadlineSocket(self.connection, self.deadline, limits.write_timeout)
+        self.rfile = io.BufferedReader(self.wfile, self.rbufsize)
 
     def parse_request(self) -> bool:
         ok = super().parse_request()  # type: ignore[misc]
