@@ -1,28 +1,11 @@
 """kopf's diff base of a MegDetRun kept in its status, written by the reconcile's own status write.
 
-kopf decides why it calls the reconcile (create, update, resume) and what changed (the
-``diff`` the handler gets) by comparing the run's *essence* (its spec, labels and
-annotations) with the essence it last handled to an end: its diff base. kopf's stock storages
-keep that base in an annotation or in ``status.kopf``, and write it with a patch of their own
-once the handler is done (kopf 1.45 ``_core/reactor/processing.py``,
-``process_changing_cause``: ``diffbase_storage.store`` after the handlers). That patch is one
-write of the run per reconcile, and one watch event back to every watcher, on top of the status
-write the reconcile makes anyway.
-
-:class:`StatusDiffBase` keeps the base in ``status.handledConfiguration`` (a field the CRD
-declares) and lets the reconcile write it *in* its last status write, when that write ends the
-handler: :meth:`StatusDiffBase.note_written` records it, and kopf's :meth:`~StatusDiffBase.store`
-then finds nothing left to write. Where the handler ends without such a write (it retries, a
-rare path writes no status), kopf's own patch writes the field, as its stock storages do.
-
-kopf's progress storage (:class:`ProgressAnnotations`) writes only what a handler that is retried
-needs: kopf's stock one also marks every run once with ``megdet.io/kopf-managed`` (a patch of
-its own on the first reconcile), which tells other kopf operators to leave ``megdet.io/``
-annotations out of the essence; our :meth:`StatusDiffBase.build` always leaves them out.
-
-Runs reconciled by earlier controllers keep their base in the annotation
-``megdet.io/last-handled-configuration``; :meth:`~StatusDiffBase.fetch` reads it where the
-status has none, so a restart of the new controller resumes them instead of re-creating.
+:class:`StatusDiffBase` keeps the base in ``status.handledConfiguration`` and lets the
+reconcile's last status write carry it (:meth:`StatusDiffBase.note_written`), so kopf's
+:meth:`~StatusDiffBase.store` finds nothing left to write; :meth:`~StatusDiffBase.fetch` reads
+an earlier controller's ``megdet.io/last-handled-configuration`` annotation where the status
+has none. :class:`ProgressAnnotations` drops kopf's marker annotation. Why, from kopf's source:
+docs/controller.md, "The controller in detail".
 """
 
 from __future__ import annotations

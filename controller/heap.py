@@ -1,39 +1,8 @@
-"""Hand the heap a burst of runs freed back to the operating system.
+"""Hand the heap a burst of runs freed back to the operating system (:class:`HeapTrimmer`).
 
-After a burst of runs the controller's live Python objects are back near their idle size, but
-glibc keeps the freed memory in its arenas (one per thread that allocated: the handler pool,
-the client's threads), so the process's RSS stays where the burst's peak left it. Measured on
-a real API server: 1,000 runs reconciled and deleted left 560 MiB of RSS against 201 MiB idle,
-of which only about 40 MiB were live objects (docs/benchmarks.md, "Does the memory come
-back?"). glibc's ``malloc_trim(0)`` returns the free pages of every arena to the OS (and
-jemalloc's purge, where the process runs on jemalloc: "The allocator" below).
-
-:class:`HeapTrimmer` calls it from a daemon thread that looks at the process every
-``interval`` seconds (two reads of ``/proc/self``; no locks, no Python objects walked):
-
-- when the process has gone idle after work (its CPU over the last interval below
-  ``idle_cpu`` of one core, after at least ``min_work_s`` of CPU since the last trim): a
-  ``gc.collect()`` and a trim, once per quiet period: the burst is over, give its memory back;
-- once more, ``settle_s`` seconds after such a trim, if the process is still idle: what the
-  burst's idle client connections held goes only when they close, 15 s after their last
-  request (aiohttp's ``keepalive_timeout``; each TLS connection holds a 256 KiB read buffer,
-  about 24 MiB for kopf's pool after 1,000 runs), after the first trim; measured on a real API
-  server, this trim returned 27 MiB of the main arena (docs/benchmarks.md);
-- while busy, when the RSS has grown ``growth_mib`` above what the last trim left: a trim
-  without the collection (it costs tens of milliseconds and blocks other threads' ``malloc``
-  while it runs), at most once per ``min_gap_s``: a long burst does not pile up free heap.
-
-**The allocator.** A trim gives back only free pages of the C heap. Python's own small-object
-allocator (pymalloc) keeps its 1 MiB arenas outside it, and an arena goes back only when every
-object in it is gone: after a burst a few survivors pin tens of them (after 1,000 runs were
-deleted, 1.23-1.24x the ready RSS, +40 MiB of anonymous mappings, live objects within 1.3 MiB
-of ready). The controller image therefore preloads jemalloc with ``PYTHONMALLOC=malloc``
-(Dockerfile; the operator chart's ``controller.allocator``), so that Python's objects come from
-the C allocator too, and :func:`find_trim` picks jemalloc's purge of every arena, not glibc's
-``malloc_trim`` (which would find nothing of jemalloc's): 1.14x after the same 1,000 runs, at
-the same CPU per run (docs/benchmarks.md). On glibc the chart sets ``MALLOC_ARENA_MAX=2``
-(fewer arenas, less memory stranded in them); where the C library has neither (musl, macOS)
-the trimmer does nothing.
+When it trims, what a trim can give back and why the image runs on jemalloc:
+docs/capacity.md, "What a run costs" (the heap trimmer); measured in docs/benchmarks.md, "Does
+the memory come back?" and "The controller on jemalloc".
 """
 
 from __future__ import annotations
@@ -121,7 +90,7 @@ class TrimStats:
 
 
 class HeapTrimmer:
-    """Trim the C heap when a burst is over, and while one grows it (see the module's text).
+    """Trim the C heap when a burst is over, and while one grows it (docs/capacity.md).
 
     ``trim``, ``rss``, ``cpu`` and ``clock`` are seams for the tests (default: the process's
     allocator's trim, :func:`find_trim`; :func:`rss_bytes`, ``time.process_time``,

@@ -1,26 +1,13 @@
 """Who may report a run's progress: the run's own pods, by their projected token, checked here.
 
-The token is the pod's projected ServiceAccount token for the run's audience
-(:func:`megdet.progress.run_audience`, the run's uid in it), a JWT the API server signed. As
-Kubeflow Trainer's status server does (``pkg/statusserver/auth.go``, v2.3.0: go-oidc against the
-cluster's issuer), it is verified here, without asking the API server per report
-(:class:`RunAuthenticator`, with PyJWT):
-
-- its signature, by the cluster's service-account issuer keys (:class:`IssuerKeys`: the
-  issuer from the API server's OIDC discovery document ``/.well-known/openid-configuration``,
-  the keys from the API server's own JWKS, ``/openid/v1/jwks``, where it always serves them
-  (kubernetes ``pkg/serviceaccount/openidmetadata.go``; the document's ``jwks_uri`` may name a
-  host only the internet or the pods reach), read once, and again for a key id not known yet,
-  at most once every :data:`REFRESH_SECONDS`);
-- its expiry and not-before time (:data:`LEEWAY_SECONDS` of clock skew), its issuer, and an
-  audience that is the run's (a run created again has a new uid: an old run's token fails);
-- its ``kubernetes.io`` claims: the run's namespace, and the pod it is bound to (name and
-  uid), which must be a live pod of the run's job (:mod:`~megdet.controller.progress_binding`,
-  stronger than Trainer's namespace check).
-
-Verdicts (:class:`~megdet.controller.tokenauth.Verdict`): 200, 401 (no well-formed bearer
-token), 403 (any refusal), 500 (the issuer's keys could not be read). Nothing is cached per
-token and nothing is asked per token: a flood of forged tokens costs a signature check each.
+As Kubeflow Trainer's status server does (``pkg/statusserver/auth.go``, v2.3.0), the token is
+verified here, with PyJWT, without asking the API server per report (:class:`RunAuthenticator`):
+its signature by the cluster's service-account issuer keys (:class:`IssuerKeys`, read again for
+an unknown key id at most once every :data:`REFRESH_SECONDS`), its times (:data:`LEEWAY_SECONDS`
+of skew), issuer and the run's audience, and its pod, which must be a live pod of the run's job
+(progress_binding.py). Verdicts (:class:`~megdet.controller.tokenauth.Verdict`): 200, 401 (no
+well-formed bearer token), 403 (any refusal), 500 (the issuer's keys could not be read). In
+detail, from the upstream sources: docs/controller.md, "Progress reporting in detail".
 """
 
 from __future__ import annotations

@@ -1,28 +1,12 @@
 """Which pod's token may report a run's progress: a live pod of the job this controller created.
 
-A verified token for the run's audience (:mod:`~megdet.controller.progress_auth`) names the pod
-it is bound to (its ``kubernetes.io`` claim: pod name and uid). The audience alone is no proof:
-any pod of the namespace may ask the kubelet for a token of any audience. So the pod must be
-
-- named as the training operator names the job's pods (``<job>-master-0``,
-  ``<job>-worker-<i>``, the index as the operator writes it: ``<job>-worker-01`` is no pod's
-  name), within the job's replica counts (``<job>-worker-999`` of a job with
-  4 workers is no pod of it), and
-- live with that uid in the controller's watch of the runs' pods (:class:`PodDirectory`, fed by
-  the pods' watch events: a deleted pod's token stops working when its pod goes), controlled by
-  the run's job: its controller owner reference is the PyTorchJob named ``status.jobName`` whose
-  uid is ``status.jobUID``, the job this controller created (for a run from before ``jobUID``:
-  the job of that name whose controller reference is the run's uid).
-
-What a namespace user who may create pods can still do is in docs/operations.md ("Progress
-reporting", who may report): a pod carrying a copied owner reference under one of the job's
-pod names that no live pod holds, and anything run inside the job's own pods (``kubectl
-exec``).
-
-:class:`RunDirectory` is what the controller knows of the runs from their watch (uid, job name
-and uid, ``status.progress``), so that a report costs no read of the run; the job is read once
-in a while per run (its replica counts). Every replica keeps both directories from watches of
-its own (:mod:`~megdet.controller.progress_watch`).
+:class:`PodDirectory` (the runs' pods, from their watch) checks that the pod a verified token
+is bound to is named as the training operator names the job's pods, within its replica counts,
+live with that uid and controlled by the run's job (``status.jobName``, ``status.jobUID``);
+:class:`RunDirectory` is what the runs' watch says of each run, so that a report costs no read
+of the run. Every replica keeps both from its own watches (progress_watch.py). Why and what a
+pod creator can still do: docs/controller.md, "Progress reporting in detail", and
+docs/operations.md, "Progress reporting".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
 """Progress reports -> ``status.progress`` writes, coalesced per run, never blocking.
 
 A report only replaces the run's latest progress in memory (:class:`ProgressHub`), checked
-against the run as this replica's watch last saw it (:class:`~megdet.controller.progress_binding.
-RunDirectory`: no read of the run). A flusher thread writes ``status.progress`` at most once per
-run every ``interval`` seconds (a new stage at once), and only when it changed: 1,000 reporting
-runs cost 1000/interval writes a second (docs/operations.md, "Progress reporting").
-
-Every controller replica serves reports, and the Service spreads a run's reports over them, so
-two replicas may each hold a report of the same run. A write therefore never replaces a newer
-report with an older one: it is a merge patch of ``status.progress`` conditional on the
-resourceVersion of the run it was compared with (409 if anything wrote the run since: the run is
-read again and compared again, at most :data:`ATTEMPTS` times), and it is made only when the
-report is at least as new (its ``updatedTime``, the trainer's ``lastUpdatedTime``) as the
-progress the run holds and changes it. Milestone events are no part of it: the run's watch posts
-them from the old and new ``status.progress`` (:mod:`~megdet.controller.progress_events`).
-
-The run's fabric, when a report carries it, sets the run's ``FabricDegraded`` condition
-(``write_fabric``: :func:`megdet.controller.fabric_condition.condition_writer`) when it
-changes, not on every report.
-
-Bounded: values outside their ranges are refused before they are kept (:func:`out_of_range`);
-at most ``max_runs`` runs are held (:class:`HubFull` beyond); a run is forgotten when its watch
-says it was deleted, when a write finds it gone, and after ``idle_forget`` seconds without
-reports. A status write the API server refuses (400, 422) is dropped and counted, never retried
-(``megdet_controller_progress_writes_total{result}``).
+against the run as this replica's watch last saw it; a flusher writes ``status.progress`` at
+most once per run every ``interval`` seconds (a new stage at once), only when it changed, as a
+resourceVersion-checked merge patch made only when the report is at least as new as what the
+run holds (:data:`ATTEMPTS` tries), and sets ``FabricDegraded`` when the reported fabric
+changes. Why, and its bounds (:func:`out_of_range`, ``max_runs``, ``idle_forget``, refused
+writes dropped): docs/controller.md, "Progress reporting in detail".
 """
 
 from __future__ import annotations

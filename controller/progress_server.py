@@ -1,38 +1,12 @@
 """The progress endpoint's HTTPS server: authenticate, hand the report to the hub, answer.
 
 ``POST /apis/megdet.io/v1alpha1/namespaces/<ns>/megdetruns/<name>/status`` with Kubeflow
-Trainer's runtime-status body (``{"trainerStatus": {...}}``), answered as Trainer v2.3.0's
-status server answers (``pkg/statusserver/``): the body back on 200, a ``metav1.Status`` on a
-failure. Every report is counted (``megdet_controller_progress_reports_total{result}``,
-:data:`RESULTS`); refusals of a reviewed token are logged once per run a minute.
-
-Reachable by every pod, so bounded before anything else (docs/operations.md, "Progress
-reporting"): connections, whole-request time and bytes (:mod:`~megdet.controller.http_limits`);
-the path's names to what Kubernetes allows (a namespace is a DNS-1123 label, at most 63
-characters; a run's name a DNS-1123 subdomain, at most 253). A request without a well-formed
-bearer token, or for a path that names no possible run, leaves nothing behind: no log entry, no
-run state. Report values are checked
-against their ranges (:func:`~megdet.controller.progress_hub.out_of_range`) before the hub
-keeps them: 422 names the field and the range.
-
-The endpoint serves ``target: pytorchjob`` runs: the trainer POSTs Kubeflow Trainer's
-runtime-status protocol (``megdet.progress``: the same body, env and token scheme as Trainer
-v2.3.0's status server). Every controller replica serves it, as Trainer's status server runs on
-every replica (``pkg/statusserver/server.go``: ``NeedLeaderElection`` returns false), behind one
-Service that selects them all. :func:`start` serves it (``megdet controller --progress-url``)
-with its neighbours, none of which waits for kopf's peering:
-
-- :class:`~megdet.controller.progress_auth.RunAuthenticator`: only the run's own pods may report
-  (a token the cluster's issuer signed for the run's audience, its uid in it, verified here
-  with the issuer's keys, bound to a live pod of the run's job:
-  :mod:`~megdet.controller.progress_binding`), checked against this replica's own watches of
-  the runs and their pods (:mod:`~megdet.controller.progress_watch`); no API call per report;
-- :mod:`~megdet.controller.progress_hub`: reports -> rate-limited, conditional
-  ``status.progress`` writes that never put an older report over a newer one, never blocking
-  the request (milestone events come from the run's watch: progress_events.py);
-- :mod:`~megdet.controller.progress_ca`: the serving certificate (shared by the replicas
-  through a Secret), and its CA published in each run's namespace as ConfigMap
-  ``megdet-progress-ca``, which the run chart mounts, and written back when edited.
+Trainer's runtime-status body, answered as Trainer v2.3.0's status server answers
+(``pkg/statusserver/``): the body back on 200, a ``metav1.Status`` on a failure; every report
+counted by :data:`RESULTS`. :func:`start` serves it with its neighbours (progress_auth.py,
+progress_binding.py, progress_watch.py, progress_hub.py, progress_ca.py) on every replica.
+How they fit: docs/architecture.md, "Progress reporting"; its bounds and answers:
+docs/operations.md, "Progress reporting".
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """Bearer tokens on the controller's ``/metrics``: a cached check, a ``TokenReview`` behind it.
 
-What controller-runtime's ``filters.WithAuthenticationAndAuthorization`` and kube-rbac-proxy do,
-in process (:class:`TokenAuthorizer`): the request's bearer token goes to the API server with a
-``TokenReview``, and the user it names is asked about with a ``SubjectAccessReview`` for the
-non-resource URL (``get /metrics``), so the usual "metrics reader" ClusterRole
-(``nonResourceURLs: ["/metrics"], verbs: ["get"]``) grants it. (The progress endpoint checks its
-pods' tokens itself, with the issuer's keys: :mod:`~megdet.controller.progress_auth`; it shares
-:func:`bearer_token` and :class:`Verdict` with this module.)
-
-Verdicts (:class:`Verdict`): 200 (allowed), 401 (no or malformed token, or one the API server
-rejects), 403 (a valid token without the grant), 429 (too many reviews from the client's
-address), 500 (the API server could not be asked; never cached). :class:`TokenAuthorizer`: a
-malformed token is refused before anything is looked up or kept; verdicts are kept by the
-token's SHA-256 (never the token itself) and what was asked, each for its own time (refusals
-for less, so a new grant takes effect soon), in two bounded pools (:class:`VerdictCache`: a
-flood of bad tokens cannot evict a grant), so a client that repeats its request every few
-seconds costs an API call a minute, not one a request; and :class:`SourceLimiter` bounds how
-many reviews one address may cause.
+:class:`TokenAuthorizer` does in process what controller-runtime's
+``filters.WithAuthenticationAndAuthorization`` does: a ``TokenReview`` of the request's token,
+then a ``SubjectAccessReview`` for ``get /metrics``; verdicts (:class:`Verdict`: 200, 401, 403,
+429, 500) kept by the token's SHA-256 in two bounded pools (:class:`VerdictCache`), reviews per
+source address bounded (:class:`SourceLimiter`). The progress endpoint shares
+:func:`bearer_token` and :class:`Verdict`. In detail: docs/monitoring.md, "Metrics
+authentication".
 """
 
 from __future__ import annotations

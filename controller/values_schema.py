@@ -1,20 +1,10 @@
 """The run chart's values schema, checked in process only where that check is Helm's own.
 
-Helm checks a chart's ``values.schema.json`` on every render, compiling it each time (helm/helm,
-``pkg/chart/common/util/jsonschema.go`` ``ValidateAgainstSingleSchema``: a new
-santhosh-tekuri/jsonschema v6 compiler per call). :class:`ValuesSchema` compiles it once with
-jsonschema's ``Draft7Validator``, and the renderer skips Helm's check for values it passes. That
-is only safe where the two validators agree, so a schema is checked in process only when:
-
-- its ``$schema`` is draft 7: Helm's validator reads a schema without one as draft 2020-12
-  (santhosh-tekuri/jsonschema ``roots.go``, ``draftLatest``), where, for one, the keywords
-  beside a ``$ref`` apply, which draft 7 ignores;
-- it is a valid draft-7 schema (Helm refuses every render of a chart whose schema is not);
-- every keyword in it, at any depth, is in :data:`ENFORCED` or :data:`ANNOTATIONS`;
-- every ``pattern`` (and ``patternProperties`` name) is in the regular-expression syntax that
-  Go's RE2 and Python's ``re`` read alike once :func:`go_pattern` has rewritten it (RE2 reads
-  ``a{,3}`` as text and ``[[:alpha:]]`` as a class, and refuses lookarounds, which would make
-  Helm refuse every render).
+:class:`ValuesSchema` compiles ``values.schema.json`` once (draft 7), and the renderer skips
+Helm's check (a new compiler per render) for values it passes. When that is safe (draft 7, a
+valid schema, every keyword in :data:`ENFORCED` or :data:`ANNOTATIONS`, every ``pattern`` read
+alike by RE2 and ``re`` after :func:`go_pattern`), from the upstream sources:
+docs/architecture.md, "The controller".
 
 Otherwise :meth:`ValuesSchema.passes` answers "no" to everything, and every value goes to
 Helm's check. Left out on purpose, each for a reason:
