@@ -1,20 +1,11 @@
 """The MegDetRun's ``FabricDegraded`` condition, from the fabric in the trainer's reports.
 
-Rank 0 reports the run's fabric with its progress (:mod:`megdet.fabric_report`: which network
-each rank's NCCL logged at init). The condition is True (reason ``SocketFallback``) when ranks
-of a run that asked for InfiniBand use TCP sockets, False when the fabric is as requested
-(``FabricAsRequested``) or not NCCL at all (``NotNCCL``: gloo, one process), and absent until
-a report says.
-
-Two writers, one per target, as for ``status.progress``:
-
-* ``target: trainjob``: the job mirror (:func:`megdet.controller.status.desired_status`,
-  decision ``Observed``) reads the report from ``TrainJob.status.trainerStatus.metrics``
-  (:func:`trainjob_fabric`) and sets the condition with the mirrored phase
-  (:func:`with_fabric`).
-* ``target: pytorchjob``: the progress endpoint's hub calls :func:`condition_writer` when a
-  run's fabric changes. A merge patch replaces ``conditions`` whole, so the write reads the run
-  and patches over that version (409 Conflict: read again), never over a stale list.
+What the condition says: docs/operations.md, "The fabric". Two writers, one per target, as for
+``status.progress``: for ``target: trainjob`` the job mirror reads the report from
+``TrainJob.status.trainerStatus.metrics`` (:func:`trainjob_fabric`) and sets it with the
+mirrored phase (:func:`with_fabric`); for ``target: pytorchjob`` the progress hub calls
+:func:`condition_writer` when a run's fabric changes, which patches over the version it read
+(a merge patch replaces ``conditions`` whole; 409: read again).
 """
 
 from __future__ import annotations

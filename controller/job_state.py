@@ -1,27 +1,11 @@
 """A job's status -> :class:`JobState`, in MegDetRun terms: pure functions, no I/O.
 
-A MegDetRun's ``status.phase`` is one of :data:`PHASES`. The controller reads the job it owns
-(a Kubeflow ``PyTorchJob`` or a Trainer v2 ``TrainJob``) and turns the job's status into a
-:class:`JobState` here; :func:`megdet.controller.status.next_status` folds that into the run's
-status.
-
-Upstream semantics this follows (read from the source, not guessed):
-
-- PyTorchJob, kubeflow/trainer branch ``release-1.9`` (commit 3a3a1da8):
-  ``pkg/apis/kubeflow.org/v1/common_types.go`` defines the condition types Created, Running,
-  Restarting, Succeeded, Suspended, Failed and ``JobStatus`` (conditions, replicaStatuses,
-  startTime, completionTime). ``pkg/util/status.go`` keeps Running and Restarting mutually
-  exclusive (setting one filters out the other), sets Running to False when the job Succeeded or
-  Failed, and freezes the conditions once Failed is True; ``IsSucceeded``/``IsFailed``/
-  ``IsSuspended`` test ``status == "True"`` of one type. ``pkg/controller.v1/common/job.go``
-  sets Suspended True (reason ``<Kind>Suspended``) and Running False on suspend, and Suspended
-  False (reason ``<Kind>Resumed``) on resume.
-- TrainJob, kubeflow/trainer tag ``v2.3.0`` (commit 658725bd):
-  ``pkg/apis/trainer/v1alpha1/trainjob_types.go`` defines the condition types Suspended,
-  Complete, Failed (``metav1.Condition``; reasons Suspended, Resumed, DeadlineExceeded, ...),
-  ``status.jobsStatus[]`` with per-child-Job counts (ready, succeeded, failed, active,
-  suspended) and ``spec.suspend``. TrainJob has no Running or Restarting condition and no
-  start time, so those are read from ``jobsStatus`` (see :func:`trainjob_state`).
+The controller reads the job it owns (a Kubeflow ``PyTorchJob`` or a Trainer v2 ``TrainJob``)
+and turns its status into a :class:`JobState` here; :func:`megdet.controller.status.next_status`
+folds that into the run's status (a phase of :data:`PHASES`). The mapping and the upstream
+sources it follows (kubeflow/trainer ``release-1.9`` and ``v2.3.0``): docs/controller.md,
+"Status mapping". A TrainJob has no Running or Restarting condition and no start time, so those
+are read from ``jobsStatus`` (:func:`trainjob_state`).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""The controller's API layer: the calls it makes, and how it sorts their failures.
-
-- :class:`Cluster` reads and writes objects with the official ``kubernetes`` client
-  (``CustomObjectsApi``), as kopf's own examples do from sync handlers; reads answer ``None``
-  for 404. With a :class:`~megdet.controller.job_cache.JobCache` it answers "no such job" and
-  "the job just created" from the controller's own watch of the jobs instead of asking the API
-  server (``JobCache`` says why that is safe).
-- :func:`api_call`: one call of a handler's; a failure worth retrying becomes kopf's
-  ``TemporaryError`` (:func:`retryable` says which, :class:`Backoff` after how long;
-  :func:`retry_later` sorts a failure the caller has caught itself).
-- A refused create: :class:`KindNotServed` (404: the cluster lacks the kind),
-  :class:`RefusalHeals` (a refusal that heals by itself or by an admin, not by the run's
-  spec: a ResourceQuota without room, an admission check that looks up an object it does not
-  see yet, the controller's own RBAC; :func:`heal_reason`) and :class:`JobRefused` (any other
-  4xx outside :data:`NOT_REFUSALS`: only a spec edit fixes it), with the server's own words
-  (:func:`refusal_message`).
+"""The controller's API layer: the calls it makes (:class:`Cluster`, the official ``kubernetes``
+client; with a :class:`~megdet.controller.job_cache.JobCache`, job reads from the controller's
+own watch), :func:`api_call` and how it sorts failures (:func:`retryable`, :class:`Backoff`,
+:func:`retry_later`), and a refused create's kind: :class:`KindNotServed`,
+:class:`RefusalHeals` (:func:`heal_reason`: a refusal no spec edit fixes) or
+:class:`JobRefused`, in the server's own words (:func:`refusal_message`). docs/architecture.md,
+"The controller" (I/O seam); the refusals: docs/controller.md, "The controller in detail".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Where a run is in its life, from real signals: the run's lifecycle conditions. Pure.
 
-The job's conditions say little between "created" and "running" (a PyTorchJob is ``Created``
-until every pod runs; a TrainJob says nothing), and nothing of what the trainer does. This
-module reads three sources, each in its owner's words, and never guesses:
-
-* the pods of the run's job (:func:`pod_summary`, kept by the controller's watch of them):
-  the scheduler's ``PodScheduled`` condition (its reason and message, e.g. ``Unschedulable``,
-  ``0/4 nodes are available: ...``) and the kubelet's container states (``waiting`` with its
-  reason, ``running`` with ``startedAt``), k8s.io/api ``core/v1/types.go``;
-* the trainer's own reports (``status.progress``: ``stage`` and the attempt's moments
-  ``worldTime``, ``loadedTime``, ``firstIterationTime``; :mod:`megdet.progress`), counted
-  only when they are this attempt's: a report whose world formed before the pods' containers
-  started is an earlier attempt's;
-* Kueue's Workload of the job (:func:`admission`): its ``QuotaReserved`` and ``Admitted``
-  conditions, with Kueue's reason and message (kueue v0.19.0 ``apis/kueue/v1beta2/
-  workload_types.go``).
-
-Conditions (each added when it first applies, as the mirrored phases are; its
-``lastTransitionTime`` is the signal's own time where the source gives one):
-``Admitted`` (Kueue), ``PodsScheduled``, ``Initialized`` (False while containers start,
-while the world forms, while the model and data load; True when they are ready),
-``Training`` (True from the first iteration), ``Evaluating``. ``status.stage`` names the
-step a researcher waits on (the Stage column), and ``status.startup`` the time each part of
-this attempt's start took, where the signals give both ends.
+From the pods of the run's job (:func:`pod_summary`: the scheduler's ``PodScheduled``, the
+kubelet's container states), the trainer's reports of this attempt (``status.progress``) and
+Kueue's Workload (:func:`admission`), each in its owner's words, never guessed: the conditions
+``Admitted``, ``PodsScheduled``, ``Initialized``, ``Training``, ``Evaluating``,
+``status.stage`` and ``status.startup``. Each condition, its reasons and sources:
+docs/controller.md, "Where a run is: the lifecycle conditions".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The handlers that keep a run's lifecycle conditions (:mod:`megdet.controller.lifecycle`).
 
-Three sources change them: the pods of the run's job (the scheduler's and the kubelet's
-writes), Kueue's Workload of the job, and the run's own status (the trainer's reports in
-``status.progress``, the phase the job mirror writes). A kopf index, ``megdet_pods``, keeps
-every trainer pod's :func:`~megdet.controller.lifecycle.pod_summary` by run from the pods'
-watch (the API server selects the run chart's label); another, ``megdet_workloads``, the
-Workloads of jobs by (namespace, job), where Kueue is installed (kopf serves the resources it
-finds at start: without Kueue no job waits for admission). An event of a pod, a Workload or a
-run computes the run's lifecycle from the run's view and those indexes, under the run's lock
-(:class:`StatusWriter`), and writes only what differs: nothing at all when nothing does. A
-run's event is filtered in kopf's loop first (most are the controller's own writes, which
-change nothing more). Level-triggered: a missed event is made good by the next one. A write
-that adds a part to ``status.startup`` observes it in ``megdet_controller_startup_seconds``
-(:mod:`~megdet.controller.startup_metrics`). A run's event also writes when its
-``status.summary`` lags its status (:mod:`~megdet.controller.run_summary`): the trainer's
-final report can reach ``status.progress`` after the run ended.
+Kopf indexes keep every trainer pod's :func:`~megdet.controller.lifecycle.pod_summary` by run
+(``megdet_pods``) and Kueue's Workloads by job (``megdet_workloads``, where Kueue is installed);
+an event of a pod, a Workload or a run (filtered in kopf's loop first) computes the run's
+lifecycle from the run's view and those indexes under the run's lock (:class:`StatusWriter`)
+and writes only what differs, level-triggered. A write that adds a part to ``status.startup``
+observes it (:mod:`~megdet.controller.startup_metrics`); a run's event also writes when its
+``status.summary`` lags its status (the trainer's final report can land after the run ended).
 """
 
 from __future__ import annotations

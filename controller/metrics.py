@@ -1,20 +1,12 @@
 """The controller's Prometheus metrics (``megdet_controller_*``), in one module-level registry.
 
 The names are a contract with the dashboards and alerts in charts/megdet-operator: change them
-only together. Units follow Prometheus conventions (seconds, ``_total`` for counters). The five
-job counters mirror the Kubeflow training operator's ``training_operator_jobs_*_total``
-(created, deleted, successful, failed, restarted), with a ``target`` label because this
-controller owns PyTorchJobs or TrainJobs.
-
-The controller serves :data:`REGISTRY` on its ``metrics`` port (8080, ``/metrics``); see
-:func:`serve`. A private registry (not the process-wide default) keeps the exposition to
-these series, and lets tests read values without cross-talk from other libraries.
-
-The series name every tenant's runs, so the pod serves them over HTTPS to callers the API
-server vouches for (a TokenReview, then a SubjectAccessReview for ``get /metrics``; see
-tokenauth.py) unless ``--no-metrics-secure`` asks for plain HTTP. The serving certificate: a
-mounted ``tls.crt``/``tls.key`` pair, or a self-signed one generated at start, as
-controller-runtime's secure metrics serving does (:func:`server_ssl_context`).
+only together. :data:`REGISTRY` (a private registry: only these series, no cross-talk in tests)
+is served on the ``metrics`` port by :func:`serve`, over HTTPS to callers the API server vouches
+for (tokenauth.py) unless ``--no-metrics-secure``, with a mounted or self-signed certificate
+(:func:`server_ssl_context`). The job counters are the Kubeflow training operator's
+``training_operator_jobs_*_total`` with a ``target`` label. Each series: docs/monitoring.md,
+"What is exported".
 """
 
 from __future__ import annotations

@@ -1,27 +1,13 @@
-"""Why a run's pods do not start, in the kubelet's own words, for the run's status.
+"""Why a run's pods do not start, in the kubelet's own words, for the run's status. Pure.
 
-A PyTorchJob whose pods wait for an image they can never get stays ``Created`` (and a TrainJob
-says nothing either): the job operators copy pod phases, not the reasons a container waits.
-The kubelet writes those into each pod's ``status.containerStatuses[].state.waiting``; the
-reasons below are the ones that do not heal by waiting for them, as the kubelet names them in
-k8s.io/kubernetes v1.36.3: ``pkg/kubelet/images/types.go`` (ErrImagePull, ImagePullBackOff,
-ErrImageNeverPull, InvalidImageName, ImageInspectError), ``pkg/kubelet/kuberuntime/
-kuberuntime_container.go`` (CreateContainerConfigError, CreateContainerError) and
-``pkg/kubelet/container/sync_result.go`` (RunContainerError, CrashLoopBackOff). A container
-that is merely pulling or creating (``ContainerCreating``, ``PodInitializing``) is not a
-problem, nor is one that a restart policy is about to start again.
-
-Which pods count (:func:`pod_of_runs_job`): the run chart labels every trainer pod
-``app.kubernetes.io/part-of=megdet`` and ``app.kubernetes.io/instance=<run>``; those labels
-are anyone's to write, so the pod must also be controlled by the run's job: for a PyTorchJob
-the one named ``status.jobName`` whose uid is ``status.jobUID``; for a TrainJob (pods of a
-batch/v1 Job of its JobSet, which is named after the TrainJob) a Job named ``<job>-...`` and
-the JobSet's ``jobset.sigs.k8s.io/jobset-name`` label. An owner reference is no proof against
-a namespace user who may create pods (it can be copied); that pod could only make the run say
-a pod cannot start, never change its phase, its job or its result.
-
-Pure functions: the handler that reads the pods and the status write that shows the result
-live in the run mirror (:mod:`megdet.controller.mirror`).
+The waiting reasons that do not heal by waiting (:data:`STUCK_REASONS`, the kubelet's names)
+and which pods count: docs/operations.md, "Pods that cannot start". The chart's labels are
+anyone's to write, so a pod counts only when controlled by the run's job
+(:func:`pod_of_runs_job`): for a PyTorchJob the one named ``status.jobName`` whose uid is
+``status.jobUID``; for a TrainJob a batch/v1 Job of its JobSet (named ``<job>-...``, with the
+JobSet's ``jobset.sigs.k8s.io/jobset-name`` label). A copied owner reference could only make
+the run say a pod cannot start, never change its phase, its job or its result. The handler and
+the status write are the run mirror's (:mod:`megdet.controller.mirror`).
 """
 
 from __future__ import annotations

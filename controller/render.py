@@ -1,28 +1,12 @@
 """A MegDetRun's spec -> the objects the run chart renders for it, in process.
 
-The controller does not build jobs itself: it renders ``charts/megdet`` with the real Helm engine
-(helm-python-sdk binds Helm's Go SDK), exactly as ``helm install <run> charts/megdet`` would with
-the run's spec as values. The CR spec uses the chart's value names, so spec -> values is the
-identity plus ``fullnameOverride = <run name>`` (the job is named after the run). Whatever the
-chart renders, the controller creates: there is one job builder.
-
-The chart is loaded once per process and reused. Helm checks the values against the chart's
-``values.schema.json`` on every render, compiling the schema each time (half of a render's CPU,
-docs/benchmarks.md): :class:`ValuesSchema` compiles it once in process, and values it passes
-are rendered by the same chart loaded without the schema file (and without NOTES.txt, which no
-one reads here); values it refuses are rendered with the schema, so Helm's own check and
-messages decide (its verdict is never widened). A schema the in-process check would not judge
-as Helm does (controller/values_schema.py: a keyword it does not enforce as Helm does, such as
-``format``, or another draft) is never checked in process: a warning says so and every render
-is checked by Helm.
-
-The controller renders a run once per reconcile and creates what that render returned. A run
-whose inputs (name, namespace, the values the controller built from its spec) are what they
-were at its last render is not rendered again:
-:class:`ChartRenderer` keeps the last render of each run (at most ``memo_size`` runs, the least
-recently rendered dropped first) and hands out copies of it, so a reconcile retried or resumed
-on the same spec generation costs no render. The controller's delete handler drops the run's
-entry (:func:`forget_run`).
+The controller renders ``charts/megdet`` with the real Helm engine (helm-python-sdk), exactly as
+``helm install <run> charts/megdet`` would with the run's spec as values (plus
+``fullnameOverride = <run name>``), and creates what it renders: one job builder. The chart is
+loaded once; values :class:`ValuesSchema` passes skip Helm's schema check (values_schema.py);
+:class:`ChartRenderer` keeps each run's last render (at most ``memo_size`` runs, least recently
+rendered dropped first) and hands out copies while its inputs are unchanged, dropped by
+:func:`forget_run`. Why: docs/architecture.md, "The controller".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """``status.summary``: what a finished run did, from what the controller holds. Pure.
 
-A run that reached ``Succeeded`` or ``Failed`` after it had its job (:func:`~megdet.controller.
-status.finished`, with ``status.jobUID``) gets one flat object that stays after its pods and
-its job are gone (the job deleted by hand or by the operator's TTL leaves the phase as it is):
-
-* the trainer's last report (``status.progress``, :mod:`megdet.progress`): the last
-  evaluation's AP and AP50 and its iteration, iterations and images done and planned, the
-  throughput it last measured, when its last attempt trained and ended, and, from its final
-  report, its attempts and their wall time by part (``trainer/report.py``, rank 0's log);
-* the controller's own facts: the terminal condition's reason, the job's start and completion
-  times, the jobs the run had (``attempt``, ``segments``), the restarts it saw, the newest
-  attempt's start-up (``status.startup.totalSeconds``), the plan the run ended with, and the
-  fabric (the ``FabricDegraded`` condition's reason).
-
-A field whose source does not say it is left out, never guessed. :func:`with_summary` is
-applied to every status the controller writes (``StatusWriter.write``), so the summary follows
-its sources: written when the phase turns terminal, and again only if a source changes after
-that (the trainer's final report can reach ``status.progress`` after the job's end). The
-summary is flat (no nested objects: a merge patch would keep a nested key the new summary
-lacks), and bounded: at most :data:`MAX_SEGMENTS` segments, strings of at most
-:data:`MAX_TEXT` characters (the CRD's schema says the same).
+A run that reached ``Succeeded`` or ``Failed`` after it had its job gets one flat, bounded
+object (:data:`MAX_SEGMENTS`, :data:`MAX_TEXT`) from the trainer's last report and the
+controller's own facts, a field whose source does not say it left out; :func:`with_summary` is
+applied to every status the controller writes, so it follows its sources. What it holds:
+docs/operations.md, "What a run did"; how it is written: docs/controller.md, "The controller in
+detail".
 """
 
 from __future__ import annotations

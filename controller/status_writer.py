@@ -1,20 +1,13 @@
 """Writing a MegDetRun's status from the handlers: one writer per run, events, counters.
 
-:meth:`StatusWriter.write` is the one place a handler writes a run's status. A run's writes
-are serialized by a lock per run: the run's reconcile and its job's mirror never interleave,
-and each computes the status from the run (and the job) read inside the lock
-(:func:`~megdet.controller.status.desired_status`), so what it writes is level-triggered:
-the current state, written only where it differs from what the run holds, and nothing at all
-when nothing does (the controller runs active-passive: kopf's peering keeps a second replica
-idle). The run is read from :class:`RunViews` (the run's own watch, or this process's last
-write of it, whichever is newer) rather than from the API server; such a write carries the
-version it was computed from as a precondition, so a view that turns out stale costs a 409,
-a read and a second try, never a lost update. ``status.progress`` has its own
-writer (the progress endpoint, or the TrainJob mirror), a field no other writer touches. The
-events and counters of a write follow from the old and the new status
-(:func:`~megdet.controller.status_events.events`). Every status it writes carries what
-follows from the rest: ``status.stage`` and, once the run finished, ``status.summary``
-(:func:`~megdet.controller.run_summary.with_summary`).
+:meth:`StatusWriter.write` is the one place a handler writes a run's status: under a lock per
+run, computed from the run as :class:`RunViews` has it (its watch, or this process's last write,
+whichever is newer; the write carries that version as a precondition, so a stale view costs a
+409 and a second try, never a lost update), written only where it differs; the events and
+counters follow from the old and new status (:func:`~megdet.controller.status_events.events`),
+and every status it writes carries ``status.stage`` and, once the run finished,
+``status.summary``. Why: docs/controller.md, "The controller in detail" (one writer per run's
+status).
 """
 
 from __future__ import annotations
