@@ -1,16 +1,7 @@
-"""The MegDetRun operator: kopf's registry of the handlers, and kopf's settings.
-
-The handlers are methods of :class:`~megdet.controller.reconciler.Reconciler` (reconcile a run,
-clean up after it, mirror its job); :func:`build_registry` registers them with kopf, with one
-kopf index (``megdet_outputs``: runs by output folder) so that a reconcile knows which other
-runs write where without listing the namespace. kopf keeps a retried handler's progress in
-annotations and its diff base in ``status.handledConfiguration`` (see :func:`configure`), so
-``status`` holds only the fields the CRD declares.
-
-Where the rest lives: :mod:`~megdet.controller.api` (group, version, kinds),
-:mod:`~megdet.controller.planning` (a run -> the objects it owns, pure),
-:mod:`~megdet.controller.status` (the run's status, pure), :mod:`~megdet.controller.kubeapi`
-(API calls and retries), :mod:`~megdet.controller.status_writer` (status writes and events).
+"""The MegDetRun operator: kopf's registry of the handlers (:func:`build_registry`), and kopf's
+settings (:func:`configure`: a retried handler's progress in annotations, the diff base in
+``status.handledConfiguration``). What each module of the controller does:
+docs/architecture.md, "The controller".
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """The cluster's MegDet policy: what creating a MegDetRun lets its author put into pods.
 
-The controller creates a run's job with its own rights, so every spec field that reaches a pod is
-a question of who may set it. A platform team states the answer once, in the operator chart's
-``policy`` values; two engines enforce it:
-
-- the controller (:func:`check`, before it creates a run's job: condition ``Valid=False``,
-  reason ``PolicyDenied``, and a Warning event);
-- the API server, through a ValidatingAdmissionPolicy on MegDetRuns whose validations are
-  generated from :data:`RULES` (``make policy`` writes ``charts/megdet-operator/files/
-  policy-validations.yaml``), so ``kubectl apply`` is refused at once. Its matchCondition
-  (:func:`match_conditions`) checks a run's creation and every update of its spec against the
-  policy as it is now, except a change of ``runPolicy.suspend`` alone: a revoked grant or a
-  stricter policy applies to an existing run at its next spec change, and its owner can still
-  suspend, resume and delete it. The controller re-checks a run whose job exists the same way.
-  The admission policy also checks the grant for the privileged knobs: ``use`` on
-  ``megdetruns/privileged`` in the run's namespace, asked of the cluster's own authorizer for
-  the requesting user. The controller never learns who wrote a run, so that check exists only
-  at admission.
-
-Each rule is written once, in CEL (:mod:`megdet.controller.policy_rules`, the privileged knobs in
-:mod:`megdet.controller.policy_knobs`): the admission policy is generated from that text and the
-controller evaluates the same text (:mod:`megdet.controller.policy_cel`), so the two cannot
-disagree. This module holds the policy's values, :func:`check` and the generated admission
-policy.
+This module holds the policy's values (:class:`Policy`), the controller's :func:`check` (before
+it creates a run's job: ``Valid=False``, reason ``PolicyDenied``, a Warning event) and the
+generated ValidatingAdmissionPolicy's parts (:data:`RULES`, :func:`match_conditions`: a run's
+creation and every spec change but ``runPolicy.suspend`` alone). Each rule is written once, in
+CEL (policy_rules.py, policy_knobs.py), and both engines evaluate that text (policy_cel.py).
+How the two engines share it and why the privileged grant exists only at admission:
+docs/architecture.md, "The controller's validation layers"; the values: docs/operations.md,
+"Who may do what: the cluster's MegDet policy".
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
 """The MegDet policy's rules as CEL, and their evaluation in the controller.
 
-Each rule of the policy (:mod:`megdet.controller.policy_rules`) is one CEL expression and one CEL
-messageExpression, with ``s`` the run's spec and ``variables.<key>`` the policy value of that key
-(:meth:`megdet.controller.policy.Policy.values`). The API server evaluates them in the operator
-chart's ValidatingAdmissionPolicy (``s`` spelled ``object.spec`` there); the controller evaluates
-the very same text here, with the CEL library ``megdet validate`` uses
-(common-expression-language, the Rust interpreter), each compiled once per process. So the two
-engines cannot disagree on what a rule says.
-
-The Rust interpreter has the CEL core; the string functions the rules call beyond it (``split``,
-``join``, ``trim``: Kubernetes' CEL strings library) come from the package's ``cel.stdlib``.
+Each rule (:mod:`megdet.controller.policy_rules`) is one CEL expression and messageExpression,
+with ``s`` the run's spec (``object.spec`` in the admission policy) and ``variables.<key>`` the
+policy's values; the controller evaluates the very text the API server does, with the Rust CEL
+interpreter ``megdet validate`` uses, each compiled once per process. The string functions the
+rules call beyond CEL's core (``split``, ``join``, ``trim``: Kubernetes' CEL strings library)
+come from the package's ``cel.stdlib``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The progress endpoint's certificate, and its CA published where the run's pods read it.
 
-The CA and serving certificate (:class:`ServingCert`) come from ``--progress-cert-dir`` (a
-mounted Secret, e.g. cert-manager's), or from the Secret ``--progress-ca-secret`` that the
-replicas share (:meth:`ServingCert.shared`: the first replica that finds none creates it, so
-every replica serves the same certificate and the CA stays the same across restarts and
-failovers), or are made at start for this process only. The CA is published in each
-``target: pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key ``ca.crt``),
-which the run chart mounts next to the token, and kept so (:class:`CAKeeper`, told of each
-namespace with runs by the runs' watch: a watch of the ConfigMaps of that name; one that is
-missing, or that a namespace editor changed or deleted, is written at once; nothing is written
-while they are right). Every replica keeps them: they all hold the same CA (the shared Secret,
-or the same mounted one), so two writes of one ConfigMap write the same data.
+:class:`ServingCert` comes from ``--progress-cert-dir``, or from the Secret
+``--progress-ca-secret`` the replicas share (:meth:`ServingCert.shared`: the first replica that
+finds none creates it), or is made at start for this process only. :class:`CAKeeper` keeps the
+CA in each ``target: pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key
+``ca.crt``, mounted by the run chart), from a watch of those ConfigMaps: one missing or changed
+is written at once, nothing while they are right; every replica keeps them, with the same CA.
+docs/operations.md, "Progress reporting".
 """
 
 from __future__ import annotations

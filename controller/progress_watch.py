@@ -1,11 +1,5 @@
-"""The progress endpoint's own watches, kept by every controller replica.
-
-kopf pauses every watch of a replica that its peering does not let act (kopf 1.45
-``_cogs/clients/watching.py``, ``streaming_block``), so what the endpoint checks a report
-against (the runs, their pods, the CA ConfigMaps) comes from watches of its own, which every
-replica keeps, as controller-runtime's informers run on every replica of Kubeflow Trainer while
-only its reconcilers wait for the leader (kubeflow/trainer v2.3.0 ``pkg/statusserver/server.go``,
-``NeedLeaderElection`` returns false: the status server runs on all replicas).
+"""The progress endpoint's own watches, kept by every controller replica (kopf pauses the
+watches of a replica its peering does not let act: docs/architecture.md, "Progress reporting").
 
 :class:`ListWatch` is one such watch: a list, then a watch from its resourceVersion, again after
 any error, each object passed through ``keep`` first (the API server's selectors are asked for
