@@ -8,10 +8,18 @@ reports in status.progress (megdet.progress.to_status of its metrics)."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from megdet.controller.lifecycle import admission, lifecycle_status, pod_summary, stage_of
 
 NOW = "2026-12-06T09:00:00Z"
+
+
+def t(clock: str) -> str:
+    """The time ``clock`` (HH:MM:SS) on the day of :data:`NOW`."""
+    return f"2026-12-06T{clock}Z"
+
+
 JOB, JOB_UID = "tiny", "6a1f0c52-8d9e-4c1b-9a57-0d3c0e2f8b11"
 
 
@@ -163,8 +171,12 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     assert stage_of(status) == "Initializing"
     assert status["startup"] == {"attempt": 1, "schedulingSeconds": 3}
 
-    def step(status: dict, progress: dict) -> dict:
-        """The lifecycle after the trainer's report ``progress``, the pods as they are."""
+    progress: dict[str, Any] = {}
+
+    def step(status: dict, stage: str, at: str, **fields: Any) -> dict:
+        """The lifecycle after the trainer's next report (``stage`` from ``at``, ``fields``
+        added to what it reported before), the pods as they are."""
+        progress.update(stage=stage, stageTime=t(at), **fields)
         before = {**run(), "status": {**status, "progress": progress}}
         return lifecycle_status(before, summaries(master, worker), None, NOW)
 
@@ -189,25 +201,14 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     assert conditions(again)["Initialized"]["reason"] == "Rendezvous"
     assert "Training" not in conditions(again)
 
-    progress = {
-        "stage": "loading",
-        "stageTime": "2026-12-06T08:59:20Z",
-        "worldTime": "2026-12-06T08:59:20Z",
-        "iteration": 0,
-        "maxIter": 30,
-    }
-    status = step(status, progress)
+    status = step(status, "loading", "08:59:20", worldTime=t("08:59:20"), iteration=0, maxIter=30)
     cond = conditions(status)["Initialized"]
     assert (cond["status"], cond["reason"]) == ("False", "LoadingDataAndModel")
     assert status["startup"]["rendezvousSeconds"] == 9
 
-    progress |= {
-        "stage": "training",
-        "stageTime": "2026-12-06T08:59:31Z",
-        "loadedTime": "2026-12-06T08:59:27Z",
-        "firstIterationTime": "2026-12-06T08:59:31Z",
-    }
-    status = step(status, progress)
+    status = step(
+        status, "training", "08:59:31", loadedTime=t("08:59:27"), firstIterationTime=t("08:59:31")
+    )
     conds = conditions(status)
     assert (conds["Initialized"]["status"], conds["Initialized"]["reason"]) == ("True", "Loaded")
     assert conds["Initialized"]["lastTransitionTime"] == "2026-12-06T08:59:27Z"
@@ -226,19 +227,12 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
         "totalSeconds": 31,
     }
 
-    progress |= {"stage": "evaluating", "stageTime": "2026-12-06T08:59:50Z", "iteration": 15}
-    status = step(status, progress)
+    status = step(status, "evaluating", "08:59:50", iteration=15)
     assert conditions(status)["Evaluating"]["status"] == "True"
     assert conditions(status)["Evaluating"]["message"] == "evaluating at iteration 15"
     assert stage_of(status) == "Evaluating"
 
-    progress |= {
-        "stage": "training",
-        "stageTime": "2026-12-06T08:59:55Z",
-        "evalIteration": 15,
-        "ap": 1.5,
-    }
-    status = step(status, progress)
+    status = step(status, "training", "08:59:55", evalIteration=15, ap=1.5)
     cond = conditions(status)["Evaluating"]
     assert (cond["status"], cond["reason"], cond["message"]) == (
         "False",
@@ -248,8 +242,7 @@ def test_pods_scheduled_then_containers_creating_then_the_trainers_stages():
     assert stage_of(status) == "Training"
 
     # The trainer ran its last iteration and evaluation; the job has not succeeded yet.
-    progress |= {"stage": "finished", "stageTime": "2026-12-06T09:00:10Z"}
-    finishing = step(status, progress)
+    finishing = step(status, "finished", "09:00:10")
     assert conditions(finishing)["Training"]["reason"] == "TrainingFinished"
     assert stage_of(finishing) == "Finishing"
 

@@ -9,7 +9,6 @@ owner reference the operator adds) the objects must be equal.
 from __future__ import annotations
 
 import copy
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import helm_python
 import pytest
+from chart_helpers import CHART_DIR, CI_VALUES, values_file
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -38,8 +38,6 @@ from megdet.controller.render import (
 from megdet.plan import plan_run
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "chart"))
-from chart_helpers import CHART_DIR, CI_VALUES, values_file  # noqa: E402
 
 JOB_KINDS = ("PyTorchJob", "TrainJob")
 

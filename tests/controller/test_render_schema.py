@@ -19,6 +19,7 @@ from typing import Any
 
 import helm_python
 import pytest
+from chart_helpers import ALL_CI_VALUES, CHART_DIR, values_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,10 +32,6 @@ from megdet.controller.values_schema import (
     unlike_helm,
     unlisted_keywords,
 )
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "tests" / "chart"))
-from chart_helpers import ALL_CI_VALUES, CHART_DIR, values_file  # noqa: E402
 
 SCHEMA = json.loads((CHART_DIR / SCHEMA_FILE).read_text())
 
