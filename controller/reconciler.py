@@ -15,6 +15,7 @@ import kopf
 
 from megdet.controller import metrics, resize
 from megdet.controller.children import Children, Trouble
+from megdet.controller.conditions import condition_of
 from megdet.controller.kubeapi import Backoff, Cluster, api_call
 from megdet.controller.mirror import RunMirror
 from megdet.controller.planning import (
@@ -29,9 +30,8 @@ from megdet.controller.planning import (
     plan_children,
     run_owner,
 )
-from megdet.controller.policy import Policy
+from megdet.controller.policy import SUSPEND_FIELD, Policy
 from megdet.controller.policy import check as check_policy
-from megdet.controller.recheck import SUSPEND_DIFF, rechecks_policy
 from megdet.controller.render import forget_run as forget_render
 from megdet.controller.status import (
     POLICY_DENIED,
@@ -53,6 +53,8 @@ __all__ = ["OUTPUTS_INDEX", "Reconciler"]
 
 #: The kopf index of MegDetRuns by output folder (also the handlers' keyword argument).
 OUTPUTS_INDEX = "megdet_outputs"
+#: The kopf diff path of a run's suspend flag.
+SUSPEND_DIFF = ("spec", *SUSPEND_FIELD)
 
 
 class Reconciler:
@@ -330,3 +332,37 @@ class Reconciler:
     def index_outputs(body: kopf.Body, **_: Any) -> dict[tuple[str, str, str], OutputClaim]:
         """The ``megdet_outputs`` index: runs by output folder."""
         return output_claim(body)
+
+
+def rechecks_policy(seen: Mapping[str, Any], reason: str, diff: Any) -> bool:
+    """Whether a run whose job exists is checked against the policy again: on a spec change
+    other than suspend alone (its owner may always suspend and resume it; labels and
+    annotations are no spec change), and while the run is denied (until a spec inside the
+    policy, or a looser policy, clears it)."""
+    if (condition_of(seen, "Valid") or {}).get("reason") == POLICY_DENIED:
+        return True
+    if reason != "update":
+        return False
+    return any(
+        tuple(path)[:1] == ("spec",) and not _suspend_alone(tuple(path), old, new)
+        for _op, path, old, new in diff or ()
+    )
+
+
+def _suspend_alone(path: tuple[str, ...], old: Any, new: Any) -> bool:
+    """Whether one kopf diff item changes the suspend flag and nothing else (an item above
+    it, such as adding ``spec.runPolicy``, carries the values below its path)."""
+    if path[: len(SUSPEND_DIFF)] == SUSPEND_DIFF:
+        return True
+    if SUSPEND_DIFF[: len(path)] != path:
+        return False
+    rest = SUSPEND_DIFF[len(path) :]
+
+    def without_suspend(value: Any, keys: tuple[str, ...]) -> Any:
+        if not isinstance(value, Mapping):
+            return value
+        if len(keys) == 1:
+            return {k: v for k, v in value.items() if k != keys[0]}
+        return {**value, keys[0]: without_suspend(value.get(keys[0]), keys[1:])}
+
+    return without_suspend(old or {}, rest) == without_suspend(new or {}, rest)
