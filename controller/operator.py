@@ -30,14 +30,8 @@ class IndexedWorkerLimit:
     """kopf's ``settings.queueing.worker_limit`` (objects of one watched kind handled at once),
     enforced only once the operator is indexed.
 
-    kopf (1.45) starts a worker per object (``kopf/_core/reactor/queueing.py``, ``watcher``)
-    through a scheduler whose limit it compares as ``len(running) < limit``
-    (``kopf/_cogs/aiokits/aiotasks.py``, ``Scheduler._can_spawn``). An object listed before the
-    operator is indexed gets a readiness toggle, and its worker, after running the index
-    handlers, waits for every other object's toggle while holding its place
-    (``kopf/_core/reactor/processing.py``, ``process_resource_event``). A plain limit below the
-    number of objects that exist at start-up therefore deadlocks (kopf issue #1243): the
-    objects whose index handlers would release the waiting ones never get a place.
+    A plain limit below the number of objects that exist at start-up deadlocks kopf 1.45
+    (docs/capacity.md, "What limits one replica", with kopf's source).
 
     This limit is unbounded until :meth:`note_indexed` is called, which the registry does from
     a handler of its own (kopf calls handlers only once every index is complete), and bounded

@@ -108,7 +108,7 @@ def plan_children(
     then one render of the run chart, which runs ``RunSpec`` + ``plan_run`` (the scaling rules)
     and the chart's own ``fail`` checks. That render's objects are what the controller creates.
     ``megdet validate`` (no server at hand) runs the CRD's checks offline too
-    (:mod:`megdet.controller.validation`).
+    (:mod:`megdet.api.validation`).
 
     ``unsafe_weights``: the cluster policy's ``unsafeWeights``, the chart's
     ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides). ``progress_url``:

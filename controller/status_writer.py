@@ -169,20 +169,10 @@ def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 class RunViews:
     """Each run as this process last knew it, so that a status write reads no run from the
-    API server: the run as its watch last delivered it (a kopf index, ``megdet_runs``, fed by
-    the watch kopf already keeps of the runs and filled before any handler runs: at least as
-    new as the event a handler was called for), or as the answer to this process's own last
-    status write of it, until the watch delivers that write (the newer of the two, by
-    resourceVersion: etcd's revision).
-
-    A view may be stale by what the watch has not delivered yet (metric
-    ``megdet_controller_run_reads_total``, by source). :meth:`StatusWriter.write`
-    therefore writes over a view only with its ``resourceVersion`` as a precondition: if the
-    run changed meanwhile the API server answers 409 and the writer reads the run and tries
-    once more, as it did for every write before. A view that says nothing needs writing when
-    a write has landed meanwhile costs nothing: that write is a change of the run, which its
-    watch delivers. Nothing of a run outlives it: kopf drops a deleted run from its index,
-    :meth:`forget` drops its last answer (and so does the watch's delivery of it).
+    API server: as its watch last delivered it (the kopf index ``megdet_runs``), or as the
+    answer to this process's own last status write of it until the watch delivers that write
+    (the newer by resourceVersion). Why a stale view is safe (writes over it are conditional):
+    docs/controller.md, "The controller in detail". :meth:`forget` drops a run's last answer.
     """
 
     def __init__(self, records: RunRecords | None = None) -> None:
