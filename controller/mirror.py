@@ -23,6 +23,7 @@ from megdet.controller.api import GROUP, KIND, TARGET_BY_KIND, VERSION
 from megdet.controller.children import Children
 from megdet.controller.job_state import trainjob_progress
 from megdet.controller.kubeapi import api_call
+from megdet.controller.lifecycle_watch import PODS_INDEX
 from megdet.controller.planning import expected_job_name, is_runs_job, run_owner
 from megdet.controller.pod_problems import (
     PODS_STARTED_CONDITION,
@@ -113,7 +114,7 @@ class RunMirror:
         self.records.set(run_meta(run)[:2], stuck=stuck)
         return (*written, found[0])
 
-    def job_event(self, body: kopf.Body, type: str | None, retry: int, **_: Any) -> None:
+    def job_event(self, body: kopf.Body, type: str | None, retry: int, **kw: Any) -> None:
         """Mirror the run's job into the run's status; record a job that was deleted."""
         job = dict(body)
         ref = run_owner(job)
@@ -149,7 +150,7 @@ class RunMirror:
         run = run_ref(namespace, ref["name"], ref.get("uid"))
         written = self.write(run, decide, retry, job["kind"])
         if stopped:
-            self._finish_resize(namespace, ref["name"], ref.get("uid"))
+            self._finish_resize(namespace, ref["name"], ref.get("uid"), kw.get(PODS_INDEX))
             return
         if type == "DELETED" and (written is None or deleting):
             # Deleted with its run (the garbage collector's work, or a foreground deletion's):
@@ -170,14 +171,23 @@ class RunMirror:
                 key = run_meta(run)[:2]
                 logger.warning("run %s/%s: TrainJob trainerStatus: %s", *key, "; ".join(problems))
 
-    def _finish_resize(self, namespace: str, name: str, uid: str | None) -> None:
-        """Create the job of a resize whose stopped job is gone (controller/resize.py)."""
+    def _finish_resize(self, namespace: str, name: str, uid: str | None, pods: Any) -> None:
+        """Create the job of a resize whose stopped job is gone (controller/resize.py), once
+        kopf's index of the trainer pods (``pods``) holds none of the run."""
+
+        def pods_left() -> bool:
+            try:
+                return pods is not None and bool(list(pods.get((namespace, name)) or []))
+            except RuntimeError:  # the index changed while read
+                return True
+
         resize.finish(
             lambda: api_call(
                 "get run", lambda: self.cluster.get_run(namespace, name), self.backoff, 0
             ),
             self.recreate,
             uid,
+            pods_left=pods_left,
         )
 
     # -- the pods of the run's job: why they cannot start ----------------------------------

@@ -48,6 +48,13 @@ MAX_SEGMENTS = 32
 #: How long the job mirror keeps trying to finish a resize whose create fails for a reason
 #: that heals (5xx, a quota); after that the next reconcile finishes it.
 FINISH_SECONDS = 600.0
+#: How often the job mirror looks again whether the stopped job's pods are gone.
+POLL_SECONDS = 1.0
+#: How a resize deletes the job. A TrainJob goes in the background: Trainer v2.3.0 applies the
+#: JobSet of every unfinished TrainJob, one being deleted too, so in a foreground deletion the
+#: garbage collector deletes JobSets that Trainer makes again (docs/elastic.md); :func:`finish`
+#: waits for the pods instead.
+PROPAGATION = {"PyTorchJob": "Foreground", "TrainJob": "Background"}
 
 
 def _status(run: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -142,8 +149,8 @@ def start(
 
 
 def restop(backoff: Backoff, cluster: Any, job: Mapping[str, Any], retry: int) -> None:
-    """Delete the job a recorded resize stops (that incarnation, in the foreground), unless it
-    is being deleted already; also for a controller that stopped between the status write
+    """Delete the job a recorded resize stops (that incarnation, :data:`PROPAGATION`), unless
+    it is being deleted already; also for a controller that stopped between the status write
     and the delete."""
     meta = job["metadata"]
     if meta.get("deletionTimestamp"):
@@ -156,7 +163,7 @@ def restop(backoff: Backoff, cluster: Any, job: Mapping[str, Any], retry: int) -
             meta["namespace"],
             meta["name"],
             meta.get("uid"),
-            propagation="Foreground",
+            propagation=PROPAGATION.get(job["kind"], "Foreground"),
         ),
         backoff,
         retry,
@@ -169,9 +176,12 @@ def finish(
     uid: str | None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    pods_left: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Finish the resize of a run whose stopped job is gone (its DELETED event): read the run
-    (its spec), and reconcile it, which creates the job at the size its spec asks for now.
+    """Finish the resize of a run whose stopped job is gone (its DELETED event): once no pod of
+    the run is left (``pods_left``: a TrainJob's pods outlive it, :data:`PROPAGATION`), read
+    the run (its spec), and reconcile it, which creates the job at the size its spec asks for
+    now.
 
     kopf never retries an event handler (kopf 1.45 ``_core/reactor/processing.py``,
     ``process_watching_cause``), so a try that fails for a reason that heals is tried again
@@ -184,18 +194,19 @@ def finish(
             run = get_run()
             if run is None or _uid(run) != uid or pending(_status(run)) is None:
                 return  # gone, another incarnation, or finished by a reconcile meanwhile
-            reconcile(dict(run), retry)
-            return
-        except kopf.TemporaryError as err:
-            delay = float(err.delay or 1.0)
-            if clock() + delay > deadline:
-                logger.warning(
-                    "a resize's job is not created yet (%s); the run's next reconcile creates it",
-                    err,
-                )
+            if not pods_left():
+                reconcile(dict(run), retry)
                 return
-            sleep(delay)
+            why, delay = "the stopped job's pods are still there", POLL_SECONDS
+        except kopf.TemporaryError as err:
+            why, delay = str(err), float(err.delay or 1.0)
             retry += 1
+        if clock() + delay > deadline:
+            logger.warning(
+                "a resize's job is not created yet (%s); the run's next reconcile creates it", why
+            )
+            return
+        sleep(delay)
 
 
 def _segment(

@@ -40,7 +40,7 @@ from kmock_helpers import run_status as status
 
 from megdet.controller.planning import Planned
 from megdet.controller.render import render_run
-from megdet.controller.resize import finish, with_segments
+from megdet.controller.resize import POLL_SECONDS, finish, with_segments
 
 ELASTIC = {"gpus": 2, "gpusPerNode": 1, "elastic": {"minGpus": 1, "maxGpus": 2}}
 
@@ -261,7 +261,8 @@ async def test_a_trainjob_run_is_resized_with_its_runtime_brought_to_the_new_siz
     assert uid_of(second) != uid_of(first)
     assert second["spec"]["trainer"]["numNodes"] == 1
     (delete_request,) = requests_to(cluster, "DELETE", "/trainjobs/t")
-    assert delete_request.data["propagationPolicy"] == "Foreground"
+    # In the background: Trainer makes the JobSet of a TrainJob being deleted again.
+    assert delete_request.data["propagationPolicy"] == "Background"
     runtime = get(cluster, RUNTIMES, "t")
     assert runtime["spec"]["mlPolicy"]["numNodes"] == 1  # patched before the TrainJob
     assert [s["gpus"] for s in status(cluster, "t")["segments"]] == [2, 1]
@@ -323,3 +324,14 @@ def test_finishing_a_resize_retries_what_heals_and_stops_when_done_elsewhere() -
         sleep=lambda s: now.__setitem__(0, now[0] + s),
     )
     assert now[0] == 400.0  # one wait, then the next would pass FINISH_SECONDS
+    # The stopped job's pods still there (a TrainJob's outlive it): no job until they go.
+    calls.clear()
+    slept.clear()
+    left = [2]
+
+    def pods_left() -> bool:
+        left[0] -= 1
+        return left[0] >= 0
+
+    finish(lambda: run, reconcile, "u", clock=lambda: 0.0, sleep=slept.append, pods_left=pods_left)
+    assert slept[:2] == [POLL_SECONDS, POLL_SECONDS] and calls[0] == 0
