@@ -23,6 +23,7 @@ from e2e_helpers import (
     mdr,
     namespace,
     pods_of,
+    resolve_env,
     run_namespace,
     run_phase,
 )
@@ -305,3 +306,271 @@ def test_a_quota_refusal_is_retried_until_the_quota_has_room(kube, ns) -> None:
     )
     reasons = [e["reason"] for e in run_events(kube, name, QUOTA_RUN) if e["type"] == "Warning"]
     assert reasons.count("Retrying") == 1 and "JobRefused" not in reasons, reasons
+
+
+# -- Elastic: a resize and a preemption of a live run ------------------------------------------
+
+ELASTIC_NS = "trainjob-elastic-e2e"
+HELD_FLAVOR, HELD_CLUSTER_QUEUE, HELD_QUEUE = "no-nodes", "megdet-held", "held"
+RESIZED, PREEMPTED, PREEMPTOR = "elastic-16", "preempted-16", "preemptor"
+#: A node label no node has: Kueue's flavor puts it into the pods' nodeSelector, so they stay
+#: Pending. kwok completes the pods a Job owns as soon as they run, and a run that has
+#: succeeded is neither resized nor preempted: held, the run stays live for as long as the test
+#: needs it, with its TrainJob, JobSet, Jobs and pods all made by the real controllers.
+HOLD_LABEL = "megdet.io/e2e-no-such-node"
+
+
+@pytest.fixture(scope="module")
+def held_queue(kube, controller):
+    """Trainer v2, JobSet and Kueue; a ClusterQueue of 16 GPUs for the namespace that preempts
+    lower priorities within itself, its one flavor's nodes nowhere (:data:`HOLD_LABEL`)."""
+    if kube.start_trainer_v2() + kube.start_kueue():
+        controller.restart()  # kopf lists the kinds to watch once
+    ns = run_namespace(kube, ELASTIC_NS)
+    quotas = {"cpu": "1k", "memory": "64Ti", "nvidia.com/gpu": "16"}
+    resources = [{"name": k, "nominalQuota": v} for k, v in quotas.items()]
+    apply_objects(
+        kube,
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": HELD_FLAVOR},
+            "spec": {"nodeLabels": {HOLD_LABEL: "true"}},
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "ClusterQueue",
+            "metadata": {"name": HELD_CLUSTER_QUEUE},
+            "spec": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "preemption": {"withinClusterQueue": "LowerPriority"},
+                "resourceGroups": [
+                    {
+                        "coveredResources": list(quotas),
+                        "flavors": [{"name": HELD_FLAVOR, "resources": resources}],
+                    }
+                ],
+            },
+        },
+        {
+            "apiVersion": "kueue.x-k8s.io/v1beta2",
+            "kind": "LocalQueue",
+            "metadata": {"name": HELD_QUEUE, "namespace": ns},
+            "spec": {"clusterQueue": HELD_CLUSTER_QUEUE},
+        },
+    )
+    yield HELD_QUEUE
+    for name in (RESIZED, PREEMPTED):
+        kube.kubectl("delete", "mdr", name, "-n", ns, "--wait=false", check=False)
+    kube.kubectl("delete", "clusterqueue", HELD_CLUSTER_QUEUE, "--wait=false", check=False)
+
+
+def uid(obj: dict | None) -> str | None:
+    return ((obj or {}).get("metadata") or {}).get("uid")
+
+
+def admitted_job(kube, ns: str, name: str, nodes: int) -> tuple[dict, dict, list[dict]]:
+    """The run's TrainJob once Kueue has admitted it at ``nodes`` pods (its Workload, for the
+    TrainJob of that uid), with the JobSet Trainer made of it and the pods of that JobSet."""
+
+    def ready():
+        job = get_or_none(kube, "trainjob", name, "-n", ns)
+        if not job or job["spec"].get("suspend") or job["spec"]["trainer"]["numNodes"] != nodes:
+            return None
+        jobset = get_or_none(kube, "jobset", name, "-n", ns)
+        if not jobset or jobset["metadata"]["ownerReferences"][0]["uid"] != uid(job):
+            return None
+        pods = pods_of(kube, ns, f"{JOBSET_LABEL}={name}")
+        owned = [
+            p
+            for p in pods
+            if p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-uid") == uid(jobset)
+        ]
+        owned.sort(key=lambda p: p["metadata"]["name"])  # by completion index
+        return len(owned) == nodes and len(pods) == nodes and (job, jobset, owned)
+
+    return eventually(ready, timeout=90, message=f"{name}'s TrainJob admitted with {nodes} pods")
+
+
+def launch(pod: dict) -> tuple[list[str], dict[str, str]]:
+    """The pod's trainer arguments and its launch env (Trainer's PET_*, the chart's MEGDET_*)."""
+    (container,) = pod["spec"]["containers"]
+    env = {k: v for k, v in resolve_env(pod).items() if k.startswith(("PET_", "MEGDET_"))}
+    return container["args"], env
+
+
+def kueue_workload(kube, ns: str, job: dict) -> dict | None:
+    items = get_json(kube, "workloads.kueue.x-k8s.io", "-n", ns)["items"]
+    return next(
+        (
+            w
+            for w in items
+            if any(o["uid"] == uid(job) for o in w["metadata"].get("ownerReferences", []))
+        ),
+        None,
+    )
+
+
+def is_true(obj: dict | None, kind: str) -> dict | None:
+    cond = condition(obj, kind)
+    return cond if cond and cond["status"] == "True" else None
+
+
+def test_an_elastic_trainjob_run_is_resized_live_through_trainer_and_jobset(
+    kube, held_queue
+) -> None:
+    """`spec.gpus` 16 -> 8 on a live run: the controller deletes the TrainJob in the foreground
+    and creates it again at 1 node; Trainer and JobSet make the new world from it, and Kueue
+    admits its new Workload at the new size."""
+    ns = ELASTIC_NS
+    elastic = {"minGpus": 8, "maxGpus": 16}
+    spec = run_spec(runName=RESIZED, elastic=elastic, kueue={"queueName": held_queue})
+    apply_objects(kube, mdr(RESIZED, ns, spec))
+    old, old_jobset, old_pods = admitted_job(kube, ns, RESIZED, nodes=2)
+    old_args, old_env = launch(old_pods[0])
+    assert old_env["PET_NNODES"] == "2"
+    eventually(
+        lambda: get_json(kube, "mdr", RESIZED, "-n", ns)["status"].get("jobUID") == uid(old),
+        timeout=30,
+        message="the first TrainJob recorded",
+    )
+    run = get_json(kube, "mdr", RESIZED, "-n", ns)
+    assert run["status"]["phase"] not in ("Succeeded", "Failed"), run["status"]
+    assert (run["status"]["attempt"], run["status"]["gpus"]) == (1, 16), run["status"]
+
+    kube.kubectl("patch", "mdr", RESIZED, "-n", ns, "--type=merge", "-p", '{"spec":{"gpus":8}}')
+    new, jobset, pods = admitted_job(kube, ns, RESIZED, nodes=1)
+    # A new incarnation of everything below the run, none of the old left: the TrainJob (same
+    # name, so the old one was gone first), its JobSet, Jobs and pods.
+    assert uid(new) != uid(old) and uid(jobset) != uid(old_jobset)
+    left = {uid(p) for p in pods_of(kube, ns, f"{JOBSET_LABEL}={RESIZED}")}
+    assert not left & {uid(p) for p in old_pods}
+    # What the API server holds: the runtime patched to 1 node before the TrainJob, the
+    # JobSet Trainer made at 1 pod, the pod's env the world of 1 node.
+    runtime = get_json(kube, "trainingruntime", RESIZED, "-n", ns)
+    assert runtime["spec"]["mlPolicy"]["numNodes"] == 1
+    (replicated,) = jobset["spec"]["replicatedJobs"]
+    assert replicated["template"]["spec"]["parallelism"] == 1
+    assert replicated["template"]["spec"]["completions"] == 1
+    args, env = launch(pods[0])
+    assert env["PET_NNODES"] == "1" and env["PET_NPROC_PER_NODE"] == "8", env
+    # The resume: the same run folder and run id, the trainer told to keep the batch.
+    assert args == old_args and env["MEGDET_RUN_ID"] == old_env["MEGDET_RUN_ID"]
+    assert args[args.index("--output") + 1] == f"/output/{RESIZED}"
+    assert args[args.index("MEGDET.RESIZE") + 1] == "keep-batch"
+    # Kueue: the old Workload went with its TrainJob; the new one is admitted for 1 pod.
+    assert kueue_workload(kube, ns, old) is None
+    workload = kueue_workload(kube, ns, new)
+    assert [p["count"] for p in workload["spec"]["podSets"]] == [1]
+    assert is_true(workload, "Admitted")
+
+    status = eventually(
+        lambda: (s := get_json(kube, "mdr", RESIZED, "-n", ns)["status"]).get("jobUID") == uid(new)
+        and s,
+        timeout=30,
+        message="the new TrainJob recorded",
+    )
+    assert (status["attempt"], status["gpus"], status["worldSize"]) == (2, 8, 8), status
+    assert [(s["gpus"], s["reason"], s["jobUID"]) for s in status["segments"]] == [
+        (16, "Created", uid(old)),
+        (8, "Resized", uid(new)),
+    ]
+    assert status["globalBatch"] == 32 and not status.get("resize"), status  # kept
+    resizing = condition({"status": status}, "Resizing")
+    assert (resizing["status"], resizing["reason"]) == ("False", "Resized"), resizing
+    reasons = [e["reason"] for e in run_events(kube, ns, RESIZED)]
+    assert reasons.count("Resizing") == 1 and reasons.count("Resized") == 1, reasons
+    header, row = kube.kubectl("get", "mdr", RESIZED, "-n", ns).stdout.splitlines()[:2]
+    assert header.split()[2:5] == ["GPUS", "WORLD", "BATCH"]
+    assert row.split()[2:5] == ["8", "8", "32"]
+    kube.kubectl("delete", "mdr", RESIZED, "-n", ns)  # its 8 GPUs of quota back
+
+
+def preemptor(gpus: int) -> dict:
+    """A Workload of priority 1000 for ``gpus`` GPUs in the held queue (no job behind it)."""
+    container = {
+        "name": "main",
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}},
+    }
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": PREEMPTOR, "namespace": ELASTIC_NS},
+        "spec": {
+            "queueName": HELD_QUEUE,
+            "priority": 1000,
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": 1,
+                    "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+                }
+            ],
+        },
+    }
+
+
+def test_kueue_preempts_a_live_trainjob_run_and_admits_it_again(kube, held_queue) -> None:
+    """A Workload of a higher priority takes the ClusterQueue's 16 GPUs: Kueue evicts the run's
+    Workload and suspends its TrainJob, Trainer suspends the JobSet and the pods go; the run
+    is Suspended and says why. Once the preemptor goes, Kueue admits the same TrainJob again
+    and the pods come back with the same launch (the trainer resumes from the run folder)."""
+    ns = ELASTIC_NS
+    apply_objects(
+        kube, mdr(PREEMPTED, ns, run_spec(runName=PREEMPTED, kueue={"queueName": held_queue}))
+    )
+    job, _jobset, pods = admitted_job(kube, ns, PREEMPTED, nodes=2)
+    before = launch(pods[0])
+
+    apply_objects(kube, preemptor(16))
+    evicted = eventually(
+        lambda: is_true(kueue_workload(kube, ns, job), "Evicted"), timeout=60, message="evicted"
+    )
+    assert evicted["reason"] == "Preempted", evicted
+    eventually(
+        lambda: not pods_of(kube, ns, f"{JOBSET_LABEL}={PREEMPTED}"),
+        timeout=60,
+        message="the run's pods gone",
+    )
+    eventually(
+        lambda: is_true(
+            get_or_none(kube, "workloads.kueue.x-k8s.io", PREEMPTOR, "-n", ns), "Admitted"
+        ),
+        timeout=60,
+        message="the preemptor admitted",
+    )
+    suspended_job = get_json(kube, "trainjob", PREEMPTED, "-n", ns)
+    assert suspended_job["spec"]["suspend"] is True and uid(suspended_job) == uid(job)
+    assert get_json(kube, "jobset", PREEMPTED, "-n", ns)["spec"]["suspend"] is True
+    # The run: Suspended, and why in Kueue's words (its Workload's QuotaReserved=False).
+    run = eventually(
+        lambda: (r := get_json(kube, "mdr", PREEMPTED, "-n", ns))["status"].get("phase")
+        == "Suspended"
+        and (c := condition(r, "Admitted"))
+        and c["status"] == "False"
+        and r,
+        timeout=60,
+        message="the run Suspended, not admitted",
+    )
+    assert is_true(run, "Suspended"), run["status"]
+    reserved = condition(kueue_workload(kube, ns, job), "QuotaReserved")
+    admitted = condition(run, "Admitted")
+    assert reserved["status"] == "False", reserved
+    assert admitted["reason"] == reserved["reason"], (admitted, reserved)
+    assert admitted["message"], admitted
+
+    kube.kubectl("delete", "workloads.kueue.x-k8s.io", PREEMPTOR, "-n", ns)
+    again, _jobset, pods = admitted_job(kube, ns, PREEMPTED, nodes=2)
+    assert uid(again) == uid(job)  # the same TrainJob, resumed by Kueue
+    assert launch(pods[0]) == before  # same folder, run id and world: the trainer resumes
+    status = eventually(
+        lambda: (s := get_json(kube, "mdr", PREEMPTED, "-n", ns)["status"]).get("phase")
+        != "Suspended"
+        and s,
+        timeout=60,
+        message="the run no longer Suspended",
+    )
+    assert (c := condition({"status": status}, "Suspended")) and c["status"] == "False", status
+    assert is_true({"status": status}, "Admitted"), status
+    assert status["attempt"] == 1 and len(status["segments"]) == 1, status
