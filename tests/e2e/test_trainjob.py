@@ -1,7 +1,8 @@
 """What only the TrainJob target has, on the real control plane: a run with `kueue.queueName`
 that Kueue v0.19.0 holds suspended until its ClusterQueue has the GPUs, then resumes through the
 whole chain of Kubeflow Trainer v2.3.0 and JobSet v0.12.0 (both webhooks served with the
-project's certificates) to Succeeded; and a quota refusal that heals. The checks both targets
+project's certificates) to Succeeded; a quota refusal that heals; an elastic run resized live,
+and a run preempted by Kueue and admitted again (docs/elastic.md). The checks both targets
 share (an owned job, bound pods, the launch env, `restricted`) are in test_run_targets.py.
 
 The chain: the controller creates the run's TrainingRuntime and TrainJob (Trainer's webhooks
@@ -517,6 +518,8 @@ def test_kueue_preempts_a_live_trainjob_run_and_admits_it_again(kube, held_queue
     is Suspended and says why. Once the preemptor goes, Kueue admits the same TrainJob again
     and the pods come back with the same launch (the trainer resumes from the run folder)."""
     ns = ELASTIC_NS
+    # The queue's 16 GPUs for this run alone (the resize test's run gives them back at its end).
+    kube.kubectl("delete", "mdr", RESIZED, "-n", ns, "--ignore-not-found")
     apply_objects(
         kube, mdr(PREEMPTED, ns, run_spec(runName=PREEMPTED, kueue={"queueName": held_queue}))
     )
