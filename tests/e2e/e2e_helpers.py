@@ -361,3 +361,29 @@ def condition(obj: dict | None, kind: str) -> dict | None:
     """The status condition of type ``kind`` of ``obj``, if it has one."""
     conditions = ((obj or {}).get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c["type"] == kind), None)
+
+
+def preemptor(name: str, namespace: str, queue: str, gpus: int) -> dict[str, Any]:
+    """A bare Kueue Workload of priority 1000 for ``gpus`` GPUs in LocalQueue ``queue``: Kueue
+    admits it (preempting lower priorities where its ClusterQueue allows) and nothing runs."""
+    container = {
+        "name": "main",
+        "image": "registry.k8s.io/pause:3.10",
+        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}},
+    }
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "queueName": queue,
+            "priority": 1000,
+            "podSets": [
+                {
+                    "name": "main",
+                    "count": 1,
+                    "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
+                }
+            ],
+        },
+    }

@@ -44,7 +44,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_helpers import apply_objects, condition, eventually, get_json, get_or_none, mdr, pods_of
+from e2e_helpers import (
+    apply_objects,
+    condition,
+    eventually,
+    get_json,
+    get_or_none,
+    mdr,
+    pods_of,
+    preemptor,
+)
 from test_e2e_real_training import controller_pod, run_values, shapes_volumes, train_image
 
 from megdet.progress import parse_time
@@ -113,31 +122,6 @@ def queue(kube, volumes) -> Iterator[str]:
     )
     yield LOCAL_QUEUE
     kube.kubectl("delete", "clusterqueue", CLUSTER_QUEUE, "--wait=false", check=False)
-
-
-def preemptor(gpus: int) -> dict[str, Any]:
-    """A Workload of priority 1000 for ``gpus`` GPUs in the run's queue."""
-    container = {
-        "name": "main",
-        "image": "registry.k8s.io/pause:3.10",
-        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}},
-    }
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": PREEMPTOR, "namespace": NS},
-        "spec": {
-            "queueName": LOCAL_QUEUE,
-            "priority": 1000,
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": 1,
-                    "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
-                }
-            ],
-        },
-    }
 
 
 class RunWatch:
@@ -285,7 +269,7 @@ def job_suspended(kube) -> bool:
 def preempt_and_readmit(kube, story: Story) -> None:
     """Step 3: a higher priority takes both GPUs, holds them a while, and goes."""
     story.at["preempted"] = time.monotonic()
-    apply_objects(kube, preemptor(2))
+    apply_objects(kube, preemptor(PREEMPTOR, NS, LOCAL_QUEUE, 2))
     evicted = eventually(
         lambda: is_true(run_workload(kube), "Evicted"), timeout=300, message="run evicted"
     )

@@ -24,6 +24,7 @@ from e2e_helpers import (
     mdr,
     namespace,
     pods_of,
+    preemptor,
     resolve_env,
     run_namespace,
     run_phase,
@@ -91,21 +92,23 @@ def queue(kube, ns, controller):
     return LOCAL_QUEUE
 
 
-def cluster_queue(gpus: int) -> dict:
+def cluster_queue(gpus: int, name: str = CLUSTER_QUEUE, flavor: str = FLAVOR, **spec) -> dict:
+    """A ClusterQueue of ``gpus`` GPUs in one flavor (``spec``: more of its spec)."""
     quotas = {"cpu": "1k", "memory": "64Ti", "nvidia.com/gpu": str(gpus)}
     resources = [{"name": k, "nominalQuota": v} for k, v in quotas.items()]
     return {
         "apiVersion": "kueue.x-k8s.io/v1beta2",
         "kind": "ClusterQueue",
-        "metadata": {"name": CLUSTER_QUEUE},
+        "metadata": {"name": name},
         "spec": {
             "namespaceSelector": {},
             "resourceGroups": [
                 {
                     "coveredResources": list(quotas),
-                    "flavors": [{"name": FLAVOR, "resources": resources}],
+                    "flavors": [{"name": flavor, "resources": resources}],
                 }
             ],
+            **spec,
         },
     }
 
@@ -328,8 +331,6 @@ def held_queue(kube, controller):
     if kube.start_trainer_v2() + kube.start_kueue():
         controller.restart()  # kopf lists the kinds to watch once
     ns = run_namespace(kube, ELASTIC_NS)
-    quotas = {"cpu": "1k", "memory": "64Ti", "nvidia.com/gpu": "16"}
-    resources = [{"name": k, "nominalQuota": v} for k, v in quotas.items()]
     apply_objects(
         kube,
         {
@@ -338,21 +339,13 @@ def held_queue(kube, controller):
             "metadata": {"name": HELD_FLAVOR},
             "spec": {"nodeLabels": {HOLD_LABEL: "true"}},
         },
-        {
-            "apiVersion": "kueue.x-k8s.io/v1beta2",
-            "kind": "ClusterQueue",
-            "metadata": {"name": HELD_CLUSTER_QUEUE},
-            "spec": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                "preemption": {"withinClusterQueue": "LowerPriority"},
-                "resourceGroups": [
-                    {
-                        "coveredResources": list(quotas),
-                        "flavors": [{"name": HELD_FLAVOR, "resources": resources}],
-                    }
-                ],
-            },
-        },
+        cluster_queue(
+            16,
+            HELD_CLUSTER_QUEUE,
+            HELD_FLAVOR,
+            namespaceSelector={"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            preemption={"withinClusterQueue": "LowerPriority"},
+        ),
         {
             "apiVersion": "kueue.x-k8s.io/v1beta2",
             "kind": "LocalQueue",
@@ -487,31 +480,6 @@ def test_an_elastic_trainjob_run_is_resized_live_through_trainer_and_jobset(
     kube.kubectl("delete", "mdr", RESIZED, "-n", ns)  # its 8 GPUs of quota back
 
 
-def preemptor(gpus: int) -> dict:
-    """A Workload of priority 1000 for ``gpus`` GPUs in the held queue (no job behind it)."""
-    container = {
-        "name": "main",
-        "image": "registry.k8s.io/pause:3.10",
-        "resources": {"requests": {"nvidia.com/gpu": str(gpus)}},
-    }
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "Workload",
-        "metadata": {"name": PREEMPTOR, "namespace": ELASTIC_NS},
-        "spec": {
-            "queueName": HELD_QUEUE,
-            "priority": 1000,
-            "podSets": [
-                {
-                    "name": "main",
-                    "count": 1,
-                    "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
-                }
-            ],
-        },
-    }
-
-
 def test_kueue_preempts_a_live_trainjob_run_and_admits_it_again(kube, held_queue) -> None:
     """A Workload of a higher priority takes the ClusterQueue's 16 GPUs: Kueue evicts the run's
     Workload and suspends its TrainJob, Trainer suspends the JobSet and the pods go; the run
@@ -526,7 +494,7 @@ def test_kueue_preempts_a_live_trainjob_run_and_admits_it_again(kube, held_queue
     job, _jobset, pods = admitted_job(kube, ns, PREEMPTED, nodes=2)
     before = launch(pods[0])
 
-    apply_objects(kube, preemptor(16))
+    apply_objects(kube, preemptor(PREEMPTOR, ns, HELD_QUEUE, 16))
     evicted = eventually(
         lambda: is_true(kueue_workload(kube, ns, job), "Evicted"), timeout=60, message="evicted"
     )
