@@ -1,8 +1,9 @@
 """Resizing a live elastic run (``spec.gpus`` changed within ``spec.elastic``'s bounds): record
-the resize in the status, stop the job in the foreground (:func:`start`), create it again at
-the new size once its DELETED event says no old pod is left (:func:`finish`), and record the
-new attempt (:func:`with_segments`). Why and how, from the upstream sources: docs/elastic.md,
-"How the controller resizes a run".
+the resize in the status, delete the job (:func:`start`; a PyTorchJob in the foreground, a
+TrainJob in the background: :data:`PROPAGATION`), create it again at the new size once it is
+gone and no old pod is left (:func:`finish`), and record the new attempt
+(:func:`with_segments`). Why and how, from the upstream sources: docs/elastic.md, "How the
+controller resizes a run".
 """
 
 from __future__ import annotations
