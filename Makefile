@@ -19,7 +19,7 @@ help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make test-quick - the suite without the real-cluster (e2e) tests"
-	@echo "make test-real-pods - the real-pod tests on the real node (make test runs the first)"
+	@echo "make test-real-pods - only the real-pod modules on the real node (make test runs them too)"
 	@echo "make test-previous-apiserver - the CRD on the older kube-apiserver (its own build)"
 	@echo "make cluster - build (first time) and start a real local control plane in .cluster/ (kwok nodes + one real node), with the images make image / make suite-images built loaded into the real node"
 	@echo "make cluster-images - load the images built since into the running cluster's real node (IMAGES=train-ci: only that variant)"
@@ -56,15 +56,13 @@ demo: setup
 
 # Two pytest-xdist workers (PYTEST_WORKERS=0: all in one process). Every test of the real
 # cluster is in one xdist group (tests/e2e/conftest.py): one worker runs those in order, on the
-# session's control plane and the machine's one real node, while the other runs the rest.
-# The real_pods tests stay out: with them pytest took 32.4 min on 2 cores, the cluster's worker
-# all of it; and the controller-pod fixture's rollback left the controller's pod running beside
-# the host controller (docs/cluster.md, "What make test runs on the node").
+# session's control plane and the machine's one real node, while the other runs the rest. The
+# real_pods tests (the trainer and the controller in real pods) are part of it: the cluster's
+# worker is the longer one (docs/cluster.md, "What make test runs on the node").
 PYTEST_WORKERS ?= 2
 test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 	$(BIN)/ruff check .
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver and not real_pods" \
-		--durations=25
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver" --durations=25
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
@@ -83,9 +81,10 @@ suite-cluster: setup
 suite-images: setup
 	$(BIN)/python -m imagebuild.build controller train-ci
 
-# The trainer and the controller in real pods on the real node (make test runs the first;
-# docs/cluster.md, "What make test runs on the node"): the run chart's helm install, the
-# controller as a pod, the stamp, a bad image, the TrainJob, a deleted and a SIGKILLed Worker
+# Only the real-pod modules, without the rest of make test (which runs them too; docs/cluster.md,
+# "What make test runs on the node"): after a change to the Dockerfile, the charts' pod
+# templates, the launcher or the trainer's signal handling. The run chart's helm install, the
+# controller as a pod, the stamp, a bad image, the TrainJob, a Worker SIGKILLed then deleted
 # (tests/e2e/test_e2e_real_training.py), and one MegDetRun watched from its creation, resized
 # 2 -> 1 -> 2 GPUs while it trains and preempted by Kueue (tests/e2e/test_e2e_shared_run.py).
 test-real-pods: suite-deps

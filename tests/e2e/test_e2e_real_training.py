@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,9 @@ RELEASE = "tiny"
 IMAGE_UID = 10001
 #: The tiny run: 2 pods x 1 process, 2 images per process (global batch 4).
 MAX_ITER = 30
-#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image. The
-#: first test (the run chart's `helm install` trained to Succeeded) is part of `make test`; the
-#: others are marked `real_pods` and run by `make test-real-pods` (docs/cluster.md).
+#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image. All
+#: are part of `make test`; `make test-real-pods` runs this module and the shared run alone
+#: (docs/cluster.md).
 pytestmark = [pytest.mark.timeout(2400)]
 
 
@@ -567,14 +568,14 @@ def checkpoints(folder: Path) -> list[int]:
     return sorted(found)
 
 
-#: The fault tests' longer run: 50 iterations, a checkpoint every 10 (the fault comes after
-#: the third, with 20 iterations left to resume into).
-LONG_ITER, PERIOD = 50, 10
+#: The fault run: 40 iterations, a checkpoint every 10; the SIGKILL comes after the first
+#: checkpoint, the delete after the first one the resumed round writes (20 iterations left).
+LONG_ITER, PERIOD = 40, 10
 
 
 def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> tuple[str, Path]:
-    """`helm install` of a longer run; returns (job name, run folder) once three periodic
-    checkpoints are on the volume (mid-run, far from the end)."""
+    """`helm install` of the fault run; returns (job name, run folder) once its first periodic
+    checkpoint is on the volume."""
     values = tmp_path / "values.yaml"
     values.write_text(
         yaml.safe_dump(
@@ -582,7 +583,7 @@ def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> t
                 **run_values(image),
                 "runName": release,
                 "maxIter": LONG_ITER,
-                "steps": [45],
+                "steps": [35],
                 "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": PERIOD, "SEED": 7},
             }
         )
@@ -595,88 +596,114 @@ def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> t
     )
     run_dir = volumes["output"] / release
     eventually(
-        lambda: len(checkpoints(run_dir)) >= 3, timeout=900, interval=2,
-        message="three periodic checkpoints",
+        lambda: checkpoints(run_dir), timeout=900, interval=1, message="the first checkpoint"
     )  # fmt: skip
     return job, run_dir
 
 
-@pytest.mark.real_pods
-def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(
-    kube, train_image, volumes, tmp_path
-) -> None:
-    """`kubectl delete pod` of the Worker mid-run: the kubelet sends SIGTERM, the trainer's ranks
-    agree on a last step and rank 0 writes a checkpoint within the grace period; the training
-    operator creates the pod again, torchrun starts a new round, and the run resumes from that
-    checkpoint: at most the steps since the newest checkpoint before the delete are repeated."""
-    release, max_iter, period = "tiny-fault", LONG_ITER, PERIOD
-    job, run_dir = start_long_run(kube, train_image, volumes, release, tmp_path)
-    before = max(checkpoints(run_dir))
-    worker = get_json(kube, "pod", f"{job}-worker-0", "-n", NS)
-    assert before < max_iter - period, "the run got too far before the delete"
-    kube.kubectl("delete", "pod", f"{job}-worker-0", "-n", NS, "--wait=true", timeout=180)
+@dataclass
+class FaultedRun:
+    """What the fault run recorded: the newest checkpoint before each fault, the killed
+    container's status after its restart, the Worker pod before and after its delete, the
+    job's outcome and the Master's log (the Master is never stopped: one log for both)."""
 
-    recreated = eventually(
-        lambda: (p := get_json(kube, "pod", f"{job}-worker-0", "-n", NS))["metadata"]["uid"]
-        != worker["metadata"]["uid"] and p,
-        timeout=300, interval=2, message="the operator to create the Worker pod again",
-    )  # fmt: skip
-    assert recreated["spec"]["nodeName"] == NODE_NAME
-    outcome = eventually(
-        lambda: job_condition(kube, NS, job), timeout=1200, interval=5,
-        message="the job to finish after the delete",
-    )  # fmt: skip
-    master_log = kube.kubectl("logs", "-n", NS, f"{job}-master-0", check=False).stdout
-    assert outcome == "Succeeded", master_log[-6000:]
-    saved = [
-        int(line.split("at iteration ")[1].split()[0])
-        for line in master_log.splitlines()
-        if "after SIGTERM" in line and "at iteration " in line
-    ]
-    assert saved, f"no checkpoint after SIGTERM in the Master's log: {master_log[-4000:]}"
-    # The SIGTERM checkpoint is at or after the newest periodic one seen before the delete, so
-    # the new round repeats no step that had been checkpointed.
-    assert saved[0] >= before
-    assert f"Resuming from /output/{release}/model_{saved[0]:07d}.pth" in master_log
-    assert (run_dir / "model_final.pth").stat().st_size > 0
+    run_dir: Path
+    before_kill: int
+    after_kill: dict[str, Any]
+    before_delete: int
+    deleted: dict[str, Any]
+    recreated: dict[str, Any]
+    outcome: str | None
+    master_log: str
 
 
-@pytest.mark.real_pods
-def test_a_worker_killed_with_sigkill_restarts_and_resumes(
-    kube, real_node, train_image, volumes, tmp_path
-) -> None:
-    """SIGKILL of the Worker's container (the runtime's own kill, as the OOM killer or a node
-    agent does it): no checkpoint is written, the kubelet starts the container again (the
-    operator's restartPolicy OnFailure), torchrun on the Master starts a new round, and the run
-    resumes from the newest periodic checkpoint: at most one checkpoint interval is repeated."""
-    release, max_iter, period = "tiny-kill", LONG_ITER, PERIOD
-    job, run_dir = start_long_run(kube, train_image, volumes, release, tmp_path)
+@pytest.fixture(scope="module")
+def faulted_run(kube, real_node, train_image, volumes, tmp_path_factory) -> FaultedRun:
+    """One run, two faults one after the other (one run instead of one each): the Worker's
+    container killed with SIGKILL after the first periodic checkpoint; once the resumed round
+    has written a newer checkpoint, the Worker pod deleted (SIGTERM); then the run to its end."""
+    release = "tiny-faults"
+    job, run_dir = start_long_run(
+        kube, train_image, volumes, release, tmp_path_factory.mktemp("faults")
+    )
     pod_name = f"{job}-worker-0"
     (status,) = get_json(kube, "pod", pod_name, "-n", NS)["status"]["containerStatuses"]
     container_id = status["containerID"].removeprefix("containerd://")
+    before_kill = max(checkpoints(run_dir))
     killed = ctr(real_node.socket, "tasks", "kill", "--signal", "SIGKILL", container_id)
     assert killed.returncode == 0, killed.stderr
-    newest_before = max(checkpoints(run_dir))
-    assert newest_before < max_iter - period, "the run got too far before the kill"
 
     def restarted() -> dict | None:
         (st,) = get_json(kube, "pod", pod_name, "-n", NS)["status"]["containerStatuses"]
         return st if st.get("restartCount", 0) >= 1 else None
 
-    after = eventually(restarted, timeout=300, interval=2, message="the container restarted")
-    assert after["lastState"]["terminated"]["exitCode"] == 137
+    after_kill = eventually(restarted, timeout=300, interval=2, message="the container restarted")
+    before_delete = eventually(
+        lambda: (newest := max(checkpoints(run_dir))) > before_kill and newest,
+        timeout=900, interval=1, message="a checkpoint of the resumed round",
+    )  # fmt: skip
+    deleted = get_json(kube, "pod", pod_name, "-n", NS)
+    kube.kubectl("delete", "pod", pod_name, "-n", NS, "--wait=true", timeout=180)
+    recreated = eventually(
+        lambda: (p := get_json(kube, "pod", pod_name, "-n", NS))["metadata"]["uid"]
+        != deleted["metadata"]["uid"] and p,
+        timeout=300, interval=2, message="the operator to create the Worker pod again",
+    )  # fmt: skip
     outcome = eventually(
         lambda: job_condition(kube, NS, job), timeout=1200, interval=5,
-        message="the job to finish after the kill",
+        message="the job to finish after the faults",
     )  # fmt: skip
     master_log = kube.kubectl("logs", "-n", NS, f"{job}-master-0", check=False).stdout
-    assert outcome == "Succeeded", master_log[-6000:]
-    resumed = [
+    return FaultedRun(
+        run_dir, before_kill, after_kill, before_delete, deleted, recreated, outcome, master_log
+    )
+
+
+def resumed_from(master_log: str) -> list[int]:
+    """The iterations of the checkpoints each new round resumed from, in order."""
+    return [
         int(line.rsplit("model_", 1)[1].split(".pth")[0])
         for line in master_log.splitlines()
         if "Resuming from" in line and "model_" in line
     ]
-    assert resumed, master_log[-4000:]
-    # The new round started from a checkpoint at least as new as the one before the kill.
-    assert max(resumed) >= newest_before
-    assert (run_dir / "model_final.pth").stat().st_size > 0
+
+
+@pytest.mark.real_pods
+def test_a_worker_killed_with_sigkill_restarts_and_resumes(faulted_run: FaultedRun) -> None:
+    """SIGKILL of the Worker's container (the runtime's own kill, as the OOM killer or a node
+    agent does it): no checkpoint is written, the kubelet starts the container again (the
+    operator's restartPolicy OnFailure), torchrun on the Master starts a new round, and the run
+    resumes from the newest periodic checkpoint: at most one checkpoint interval is repeated."""
+    run = faulted_run
+    assert run.before_kill < LONG_ITER - PERIOD, "the run got too far before the kill"
+    assert run.after_kill["lastState"]["terminated"]["exitCode"] == 137
+    assert run.outcome == "Succeeded", run.master_log[-6000:]
+    resumed = resumed_from(run.master_log)
+    assert resumed, run.master_log[-4000:]
+    # The first new round started from a checkpoint at least as new as the one before the kill.
+    assert resumed[0] >= run.before_kill
+    assert (run.run_dir / "model_final.pth").stat().st_size > 0
+
+
+@pytest.mark.real_pods
+def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(faulted_run: FaultedRun) -> None:
+    """`kubectl delete pod` of the Worker mid-run: the kubelet sends SIGTERM, the trainer's ranks
+    agree on a last step and rank 0 writes a checkpoint within the grace period; the training
+    operator creates the pod again, torchrun starts a new round, and the run resumes from that
+    checkpoint: at most the steps since the newest checkpoint before the delete are repeated."""
+    run = faulted_run
+    assert run.before_delete < LONG_ITER - PERIOD, "the run got too far before the delete"
+    assert run.recreated["spec"]["nodeName"] == NODE_NAME
+    assert run.outcome == "Succeeded", run.master_log[-6000:]
+    saved = [
+        int(line.split("at iteration ")[1].split()[0])
+        for line in run.master_log.splitlines()
+        if "after SIGTERM" in line and "at iteration " in line
+    ]
+    assert saved, f"no checkpoint after SIGTERM in the Master's log: {run.master_log[-4000:]}"
+    # The SIGTERM checkpoint is at or after the newest periodic one seen before the delete, so
+    # the new round repeats no step that had been checkpointed; that round resumed from it.
+    assert saved[0] >= run.before_delete
+    assert resumed_from(run.master_log)[-1] == saved[0]
+    assert f"Resuming from /output/tiny-faults/model_{saved[0]:07d}.pth" in run.master_log
+    assert (run.run_dir / "model_final.pth").stat().st_size > 0
