@@ -321,9 +321,9 @@ def controller_pod(kube, real_node, controller, operator_chart, train_image):
         try_locally.run(install, kube.root, timeout=420)
         yield next(p for p in operator_pods(kube) if p["spec"].get("nodeName") == NODE_NAME)
     finally:
-        # The controller's pod goes first, and is waited for: a rollback alone only starts a
-        # rolling update, which leaves the old pod running until the new ones are ready, and a
-        # controller pod left on the node writes run status beside the host controller.
+        # The controller's pod goes first, and is waited for: `helm rollback --wait` returns
+        # once the old revision's pods are ready, while this one may still be terminating (its
+        # 30 s grace period), writing run status beside the host controller started next.
         kube.kubectl(
             "scale", "deployment", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS, "--replicas=0"
         )
