@@ -306,6 +306,17 @@ def preempt_and_readmit(kube, story: Story) -> None:
     story.seen["preemption seconds"] = time.monotonic() - story.at["preempted"]
 
 
+def training(watch: RunWatch, attempt: int) -> None:
+    """Wait for the run's status to show ``attempt`` training before the next stop: a
+    checkpoint on the volume can come before the controller writes the stage, and each
+    stretch's checks read the stage Training from the watch."""
+    watch.wait(
+        lambda s: s.get("attempt") == attempt and s.get("stage") == "Training",
+        timeout=300,
+        message=f"attempt {attempt}'s stage Training",
+    )
+
+
 @pytest.fixture(scope="module")
 def story(kube, train_image, volumes, queue, controller_pod) -> Iterator[Story]:
     """The run, from before its creation to Succeeded (Kueue starts before the controller pod,
@@ -331,15 +342,18 @@ def story(kube, train_image, volumes, queue, controller_pod) -> Iterator[Story]:
             lambda: is_true(run_workload(kube), "Admitted"), timeout=300, message="run admitted"
         )
         new_checkpoint(folder, set(), "a first checkpoint")
+        training(watch, 1)
         story.seen["first checkpoint"] = (watch.status(), (folder / "model_final.pth").exists())
         # 2. 2 -> 1 -> 2 GPUs, a checkpoint at each size.
         story.at["resized to 1"] = time.monotonic()
         story.seen["down"] = resize(kube, watch, 1, 2, 1)
         story.seen["1-GPU job"] = get_json(kube, "pytorchjob", RUN, "-n", NS)
         new_checkpoint(folder, checkpoints(folder), "a 1-GPU checkpoint")
+        training(watch, 2)
         story.at["resized to 2"] = time.monotonic()
         story.seen["up"] = resize(kube, watch, 2, 3, 2)
         new_checkpoint(folder, checkpoints(folder), "a checkpoint of the 2-GPU job")
+        training(watch, 3)
         story.seen["before preemption"] = (watch.status(), (folder / "model_final.pth").exists())
         # 3. Kueue preempts the run and admits it again.
         preempt_and_readmit(kube, story)
