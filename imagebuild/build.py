@@ -34,7 +34,8 @@ current builds are kept as the next build's cache (``prune_store``). A training 
 itself is not kept there once its archive is saved (``drop_image``): the archive holds it, and
 the store would hold its 6 GB venv twice (the build stage's and the image's copy). What an
 interrupted engine left in its temporary folder is removed before the next build
-(``clear_stale_tmp``). Builds from two processes take turns (a lock in the cache folder).
+(``clear_stale_tmp``), and so are the build containers it left in the store
+(``clear_stale_containers``). Builds from two processes take turns (a lock in the cache folder).
 """
 
 from __future__ import annotations
@@ -526,6 +527,9 @@ def _build_locked(
     cleared = clear_stale_tmp(cache / "tmp")
     if cleared:
         say(f"removed {cleared} left in the engine's temporary folder by an interrupted run")
+    stale = clear_stale_containers(env)
+    if stale:
+        say(f"removed {stale} build containers an interrupted build left in the store")
     base = base_image(pins, cache, env)
     tag = tag_for(variant, data["project"]["version"])
     iidfile = cache / f"iid-{digest[:16]}"
@@ -640,6 +644,21 @@ def clear_stale_tmp(tmp: Path, older_than: float = STALE_TMP_SECONDS) -> str:
         freed += size
         count += 1
     return f"{count} entries ({freed / 1e9:.1f} GB)" if count else ""
+
+
+def clear_stale_containers(env: Mapping[str, str]) -> int:
+    """Remove the working containers an interrupted build left in the store (a killed ``podman
+    build`` leaves its buildah containers behind; ``podman image prune`` keeps every image under
+    one, and once exited 125 on them: "image is in use by a container"). Called under the lock,
+    so no build of ours is using them: builds take turns, and nothing else makes buildah
+    containers in this store. Returns how many were removed."""
+    out = subprocess.run(
+        ["buildah", "containers", "--quiet"], env=env, capture_output=True, text=True, check=True
+    )
+    ids = out.stdout.split()
+    if ids:
+        subprocess.run(["buildah", "rm", *ids], env=env, capture_output=True, check=True)
+    return len(ids)
 
 
 def _newest_mtime(path: Path) -> float:

@@ -173,3 +173,22 @@ def test_a_build_waits_for_the_one_that_holds_the_lock(tmp_path):
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with open(tmp_path / "build.lock") as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again
+
+
+def test_an_interrupted_builds_containers_go_and_the_store_prunes_again(store):
+    # A killed build leaves its buildah working containers behind; an image under one is never
+    # pruned (and podman image prune exited 125 on them once, failing the next build after its
+    # archive was saved), so the store grew by every interrupted build's chain.
+    env, context = store
+    variant = b.VARIANTS["train-ci"]
+    cmd, first = build_train(env, context, "v1\n")
+    b.keep_stage(variant, cmd, env)
+    subprocess.run(["buildah", "from", first], env=env, check=True, capture_output=True)
+    cmd, _ = build_train(env, context, "v2\n")
+    b.keep_stage(variant, cmd, env)
+    b.prune_store(env)
+    assert first in images(env)  # held by the left-over container
+    assert b.clear_stale_containers(env) == 1
+    assert b.prune_store(env) >= 1
+    assert first not in images(env)
+    assert b.clear_stale_containers(env) == 0
