@@ -260,6 +260,10 @@ def quota(jobs: int) -> dict:
     }
 
 
+#: Trainer's webhook, before its cache holds a runtime just created (Trainer v2.3.0).
+RUNTIME_LAG = "specified trainingRuntime must be created before the TrainJob is created"
+
+
 def test_a_quota_refusal_is_retried_until_the_quota_has_room(kube, ns) -> None:
     """The real quota admission plugin refuses the TrainJob (403 "exceeded quota"): the run
     waits Pending, Created=False reason Retrying, the runtime already created; once the quota
@@ -276,18 +280,20 @@ def test_a_quota_refusal_is_retried_until_the_quota_has_room(kube, ns) -> None:
     )
     spec = run_spec(runName=QUOTA_RUN, gpus=8, runPolicy={"suspend": True})
     apply_objects(kube, mdr(QUOTA_RUN, name, spec))
+    # Both are the quota admission's refusals that heal: "status unknown" while its cache has
+    # not seen the quota's usage yet (seen on a loaded machine), then "exceeded". Before them,
+    # Trainer's webhook may refuse once more for its cache not holding the runtime the
+    # controller has just created (RUNTIME_LAG, seen in a fresh clone's make test): retried too.
+    quota_words = ("exceeded quota: trainjobs", "status unknown for quota: trainjobs")
     created = eventually(
         lambda: (c := condition(get_or_none(kube, "mdr", QUOTA_RUN, "-n", name), "Created"))
         and c["reason"] == "Retrying"
+        and any(words in c["message"] for words in quota_words)
         and c,
-        timeout=60,
-        message="Created=False reason Retrying",
+        timeout=120,  # a runtime-lag retry first, then the retry's backoff
+        message="Created=False reason Retrying, for the quota",
     )
-    # Both are the quota admission's refusals that heal: "status unknown" while its cache has
-    # not seen the quota's usage yet (seen on a loaded machine), then "exceeded".
-    quota_words = ("exceeded quota: trainjobs", "status unknown for quota: trainjobs")
     assert created["status"] == "False"
-    assert any(words in created["message"] for words in quota_words), created["message"]
     assert "HTTP 403 Forbidden" in created["message"] and "Not final" in created["message"]
     assert run_phase(kube, name, QUOTA_RUN) == "Pending"
     assert get_or_none(kube, "trainingruntime", QUOTA_RUN, "-n", name) is not None
@@ -308,7 +314,8 @@ def test_a_quota_refusal_is_retried_until_the_quota_has_room(kube, ns) -> None:
         condition(run, "Created")["status"] == "True"
         and run["status"]["jobUID"] == (job["metadata"]["uid"])
     )
-    reasons = [e["reason"] for e in run_events(kube, name, QUOTA_RUN) if e["type"] == "Warning"]
+    warnings = [e for e in run_events(kube, name, QUOTA_RUN) if e["type"] == "Warning"]
+    reasons = [e["reason"] for e in warnings if RUNTIME_LAG not in e["message"]]
     assert reasons.count("Retrying") == 1 and "JobRefused" not in reasons, reasons
 
 
