@@ -56,9 +56,9 @@ RELEASE = "tiny"
 IMAGE_UID = 10001
 #: The tiny run: 2 pods x 1 process, 2 images per process (global batch 4).
 MAX_ITER = 30
-#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image. All
-#: are part of `make test`; `make test-real-pods` runs this module and the shared run alone
-#: (docs/cluster.md).
+#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image. The
+#: tests marked real_pods stay out of `make test` (its time); `make test-real-pods` runs this
+#: module and the shared run whole (docs/cluster.md).
 pytestmark = [pytest.mark.timeout(2400)]
 
 
@@ -357,7 +357,6 @@ def operator_pods(kube) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.real_pods
 def test_a_megdetrun_trains_through_the_controller_pod(
     kube, train_image, volumes, controller_pod
 ) -> None:
@@ -436,7 +435,6 @@ def test_a_megdetrun_trains_through_the_controller_pod(
     assert (volumes["output"] / RUN / "model_final.pth").stat().st_size > 0
 
 
-@pytest.mark.real_pods
 def test_the_output_volumes_stamp_refuses_a_second_run(
     kube, train_image, volumes, controller_pod
 ) -> None:
@@ -472,7 +470,6 @@ def test_the_output_volumes_stamp_refuses_a_second_run(
     kube.kubectl("delete", "mdr", other, "-n", NS, "--wait=false", check=False)
 
 
-@pytest.mark.real_pods
 def test_a_run_whose_image_cannot_be_had_says_the_kubelets_reason(
     kube, volumes, controller_pod
 ) -> None:

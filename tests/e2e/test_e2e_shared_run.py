@@ -75,7 +75,7 @@ INITIALIZING = {"WaitingForKubelet": 0, "PodInitializing": 1, "ContainerCreating
                 "Rendezvous": 2, "LoadingDataAndModel": 3}  # fmt: skip
 #: The stages before an attempt trains.
 BEFORE_TRAINING = {"Pending", "Queued", "Scheduling", "Initializing"}
-pytestmark = [pytest.mark.timeout(2400), pytest.mark.real_pods]
+pytestmark = pytest.mark.timeout(2400)
 
 
 @pytest.fixture(scope="module")
