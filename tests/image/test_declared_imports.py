@@ -37,7 +37,7 @@ DEV_TOOLS = {
     "monitoring/queries.py": "the monitoring tests' PromQL checks (promql-parser)",
 }
 #: Folders of a package an image holds but does not run: the MegDetRun API tooling (make crd,
-#: megdet validate/render) runs on a user's machine and in the controller image, whose
+#: megdet validate/render) runs on a user's machine; the controller image can run it too, its
 #: [controller] extra installs what it imports (the controller case checks that).
 NOT_RUN = {"train": ("megdet/api/",)}
 #: Installed by the Dockerfile from [tool.megdet], not from a pin list.
