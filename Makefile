@@ -30,7 +30,7 @@ help:
 	@echo "make crd   - regenerate the MegDetRun CRD from charts/megdet's values schema"
 	@echo "make overrides - regenerate the chart's list of detectron2 keys that values own"
 	@echo "make messages - regenerate the run chart's rule message templates from megdet/messages.py"
-	@echo "make doc-tables - rewrite the docs' tables made from megdet/run_values.py and controller/fields.py"
+	@echo "make doc-tables - rewrite the docs' tables made from megdet/run_values.py and megdet/api/fields.py"
 	@echo "make generate - all generated files (overrides, messages, CRD, dashboards, policy, doc tables), in dependency order"
 	@echo "make image - build the training and controller images from package registries only"
 	@echo "make image-check - compile detectron2's C++/CUDA ops at the pinned commit (no Docker)"
@@ -196,7 +196,7 @@ policy: setup
 
 # The docs' tables made from one source, rewritten between their markers
 # (megdet/api/docs_tables.py): docs/helm.md's run values (megdet/run_values.py) and
-# docs/operations.md's spec fields (controller/fields.py)
+# docs/operations.md's spec fields (megdet/api/fields.py)
 # (tests/api/test_docs_tables.py fails when one is stale).
 doc-tables: setup
 	$(BIN)/python -m megdet.api.docs_tables

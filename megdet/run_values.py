@@ -12,7 +12,7 @@ made from it:
   row;
 - ``megdet.api.cel_rules.IMMUTABLE_FIELDS`` (the CRD's transition rules): every
   row with an ``immutable`` reason, on its top-level field;
-- ``megdet.controller.fields`` (the policy's classification): the ``recipe`` rows are the free
+- ``megdet.api.fields`` (the policy's classification): the ``recipe`` rows are the free
   "plan and its recipe" entry;
 - docs/helm.md's "Where each run value goes" is :func:`markdown` (``make doc-tables``).
 
@@ -74,7 +74,7 @@ class RunValue:
     where it goes (:data:`KINDS`; ``to`` is the key, flag or env name, or what of the job).
     ``form``: how the chart writes it (:data:`FORMS`). ``immutable``: why it may not change on a
     live run ("" when it may). ``recipe``: a number or enum of the run's recipe, free for any
-    run (``controller/fields.py`` classifies the others itself). ``optional``: the chart leaves
+    run (``megdet/api/fields.py`` classifies the others itself). ``optional``: the chart leaves
     it out when unset (null, "" or false). ``prefix``: what the chart puts before it (a folder).
     ``in_spec``: a MegDetRun spec field (False: the operator's to decide, ``DROPPED_VALUES``).
     """

@@ -5,7 +5,7 @@ this module and the source, and an end marker; nothing else of the page is touch
 
 - docs/helm.md, "Where each run value goes": :func:`megdet.run_values.markdown` with the run
   chart's defaults (``charts/megdet/values.yaml``);
-- docs/operations.md, "Every field a run can set": :func:`megdet.controller.fields.markdown`.
+- docs/operations.md, "Every field a run can set": :func:`megdet.api.fields.markdown`.
 
 ``python -m megdet.api.docs_tables`` rewrites them; ``--check`` lists the stale
 ones and exits 1 (``tests/megdet/api/test_docs_tables.py`` fails on a stale one too).
@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from megdet import run_values
-from megdet.controller import fields
+from megdet.api import fields
 
 ROOT = Path(__file__).resolve().parents[2]
 END = "<!-- end of the generated table -->"
@@ -52,7 +52,7 @@ def _run_values(root: Path) -> str:
 
 TABLES = (
     Table("docs/helm.md", "megdet/run_values.py", _run_values),
-    Table("docs/operations.md", "controller/fields.py", lambda root: fields.markdown()),
+    Table("docs/operations.md", "megdet/api/fields.py", lambda root: fields.markdown()),
 )
 
 

@@ -44,7 +44,7 @@ def test_a_hand_edited_table_is_stale(tmp_path):
     root = _copy(tmp_path)
     page = root / "docs/operations.md"
     page.write_text(page.read_text().replace("| free |", "| bounded |", 1))
-    assert stale(root) == ["docs/operations.md (from controller/fields.py)"]
+    assert stale(root) == ["docs/operations.md (from megdet/api/fields.py)"]
 
 
 def test_a_page_without_its_markers_is_named_with_the_markers(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""The allow-list: every leaf of the MegDetRun CRD's spec is classified in controller/fields.py,
+"""The allow-list: every leaf of the MegDetRun CRD's spec is classified in megdet/api/fields.py,
 every rule and knob the table names is one the policy has, and docs/operations.md shows the
 table as it is."""
 
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from megdet.api import fields
 from megdet.api.crd import committed_spec_schema
-from megdet.controller import fields, policy
+from megdet.controller import policy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,11 +132,11 @@ def test_an_entry_states_its_class_consistently() -> None:
 
 def test_the_docs_show_the_table() -> None:
     """docs/operations.md's section "Every field a run can set" holds fields.markdown() as
-    generated (regenerate: python -m megdet.controller.fields)."""
+    generated (regenerate: python -m megdet.api.fields)."""
     text = (ROOT / "docs/operations.md").read_text()
     section = re.search(r"\n#### Every field a run can set\n(.*?)(?=\n#{2,4} )", text, re.S)
     assert section, 'docs/operations.md has no "#### Every field a run can set" section'
     assert fields.markdown() in section.group(1), (
-        "docs/operations.md's field table differs from controller/fields.py: "
-        "python -m megdet.controller.fields prints it"
+        "docs/operations.md's field table differs from megdet/api/fields.py: "
+        "python -m megdet.api.fields prints it"
     )

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pydantic.alias_generators import to_camel
 
+from megdet.api import fields
 from megdet.api.cel_rules import IMMUTABLE_FIELDS
 from megdet.api.crd import committed_spec_schema
-from megdet.controller import fields
 from megdet.controller.api import DROPPED_VALUES
 from megdet.overrides import OWNED_OVERRIDES
 from megdet.plan import RunSpec
