@@ -73,33 +73,9 @@ def version_of(obj: Mapping[str, Any] | None) -> int | None:
 
 class JobCache:
     """The run-owned jobs as the controller's own watch of them last delivered them (a kopf
-    index per job kind, fed by the same watch as the job mirror: kopf fills it from its first
-    list before any handler runs, and drops a job when the watch says it is deleted or no run
-    controls it any more), so that job reads are not sent to the API server, as a
-    controller-runtime client reads from its informer cache:
-
-    - a job the watch has delivered: the index's copy (:func:`slim_job`: what the handlers
-      read). It may be behind the API server by what the watch has not delivered yet; the
-      status is level-triggered, and each change of the job is a watch event whose mirror
-      reads the job again (the index is updated before the handlers of an event run);
-    - "does the run's job exist?" when the watch has never seen it: no. A stale "no" (a job
-      the watch has not delivered yet, or one no run controls: those are not indexed) makes
-      the create answer 409, and the next read of that name asks the API server
-      (:meth:`refresh`);
-    - a job this process has just written (created or patched: the API server's answer), or
-      read from the API server (a create answered 409: the job of an earlier try whose answer
-      was lost): that answer, until the watch delivers that version of the job or a newer one
-      (by resourceVersion: etcd's revision), so a reconcile never reads back an older state
-      than its own write (a suspend it has just set). The answer is dropped when the index
-      holds the delivered version, not when the indexing function is called: kopf stores the
-      index entry after that call returns, and a read in between was answered "no such job",
-      which left the run without a status (its reconcile saw no job to report, and the job's
-      mirror leaves a job's first status to the reconcile). A job whose write the watch has not
-      delivered after ``ttl`` seconds is read from the API server.
-
-    A kind is answered from the cache only once its index has been seen (kopf hands every
-    index to each indexing call); until then, and for every other kind, reads go to the API
-    server. Nothing of a job outlives it: kopf drops a deleted job from its index.
+    index per job kind), or as this process last wrote or read them until the watch delivers
+    that version; job reads are answered from it. What it answers and why: docs/controller.md,
+    "The jobs are read from the controller's watch".
     """
 
     def __init__(self, ttl: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
@@ -136,9 +112,7 @@ class JobCache:
                 self._indexer(kind, ids[kind])
             )
 
-        # kopf hands every index to every indexing call: a run's own event (indexed before its
-        # handlers run) shows this the job indices before the first job exists, so the first
-        # runs of a burst are answered too. It indexes nothing.
+        # Indexes nothing: a run's event shows this the job indices before any job exists.
         async def see_job_indices(**kwargs: Any) -> dict[Any, Any]:
             if len(self._indices) < len(ids):
                 with self._lock:
@@ -153,9 +127,8 @@ class JobCache:
 
     def _indexer(self, kind: str, index_id: str) -> Callable[..., Any]:
         async def index(body: Mapping[str, Any], **kwargs: Any) -> dict[Any, Any]:
-            # Async: kopf calls it on its event loop, no hop to its handler threads.
-            # This process's answer for this job is dropped once the index holds it (_sweep),
-            # not here: kopf stores what this returns after it returns.
+            # This process's answer is dropped once the index holds the job (_sweep), not
+            # here: kopf stores what this returns after it returns.
             meta = body.get("metadata") or {}
             with self._lock:
                 if kind not in self._indices and index_id in kwargs:
@@ -236,10 +209,8 @@ class JobCache:
                 self._created.pop((kind, namespace, name), None)
 
     def _sweep(self, key: tuple[str, str, str] | None = None) -> None:
-        """Drop the answers older than ``ttl`` (their next read asks the API server unless
-        the index holds the job by then), and the answer for ``key`` (every answer when None)
-        once kopf's index holds that version of its job or a newer one (delivered). Under the
-        lock; a lookup checks its own key only, so a read stays O(1) in a burst."""
+        """Drop the answers older than ``ttl``, and the answer for ``key`` (every answer when
+        None) once kopf's index holds that version of its job or a newer one. Under the lock."""
         now = self._clock()
         while self._created:  # oldest first: one ttl for all, so ordered by expiry
             first, (expiry, _obj) = next(iter(self._created.items()))
