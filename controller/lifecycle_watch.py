@@ -1,29 +1,32 @@
-"""The handlers that keep a run's lifecycle conditions (:mod:`megdet.controller.lifecycle`).
-
-Kopf indexes keep every trainer pod's :func:`~megdet.controller.lifecycle.pod_summary` by run
-(``megdet_pods``) and Kueue's Workloads by job (``megdet_workloads``, where Kueue is installed);
-an event of a pod, a Workload or a run (filtered in kopf's loop first) computes the run's
-lifecycle from the run's view and those indexes under the run's lock (:class:`StatusWriter`)
-and writes only what differs, level-triggered. A write that adds a part to ``status.startup``
-observes it (:mod:`~megdet.controller.startup_metrics`); a run's event also writes when its
-``status.summary`` lags its status (the trainer's final report can land after the run ended).
+"""The handlers that keep a run's lifecycle conditions (:mod:`megdet.controller.lifecycle`)
+from kopf's indexes of the trainer pods and Kueue's Workloads, and the startup histogram
+(:func:`observe_startup`). How: docs/controller.md, "Where a run is: the lifecycle conditions".
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from megdet.controller.api import GROUP, KIND, PLURAL, VERSION
-from megdet.controller.lifecycle import lifecycle_status, pod_summary
+from megdet.controller.lifecycle import STARTUP_PARTS, lifecycle_status, pod_summary
+from megdet.controller.metrics import STARTUP
 from megdet.controller.pod_problems import PART_OF, run_of_pod
 from megdet.controller.run_summary import summary_stale
-from megdet.controller.startup_metrics import observe
 from megdet.controller.status_writer import StatusWriter
 
-__all__ = ["KUEUE", "PODS_INDEX", "WORKLOADS_INDEX", "LifecycleWatch"]
+__all__ = [
+    "KUEUE",
+    "PART_LABELS",
+    "PODS_INDEX",
+    "WORKLOADS_INDEX",
+    "LifecycleWatch",
+    "observe_startup",
+    "run_ref",
+]
 
 #: The kopf index of the trainer pods' summaries by (namespace, run).
 PODS_INDEX = "megdet_pods"
@@ -33,6 +36,42 @@ WORKLOADS_INDEX = "megdet_workloads"
 KUEUE = ("kueue.x-k8s.io", "workloads")
 #: The job kinds whose Workloads count (a MegDetRun's jobs).
 JOB_KINDS = ("PyTorchJob", "TrainJob")
+#: ``status.startup`` field -> the ``part`` label of its observations (``admissionWaitSeconds``
+#: -> ``admission_wait``: the unit is in the metric's name).
+PART_LABELS = {
+    field: re.sub(r"(?<!^)([A-Z])", r"_\1", field.removesuffix("Seconds")).lower()
+    for field in STARTUP_PARTS
+}
+
+
+def run_ref(namespace: str, name: str, uid: str | None) -> dict[str, Any]:
+    """A run as events name it (for the writer's read and kopf's events), not yet read."""
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"namespace": namespace, "name": name, "uid": uid},
+    }
+
+
+def observe_startup(namespace: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Observe in ``megdet_controller_startup_seconds`` the parts ``new`` (a run's status as
+    written) measures that ``old`` (the status it replaced) lacked for the same attempt (the
+    status is the record: a rewrite observes nothing); returns their labels."""
+    after = new.get("startup")
+    if not isinstance(after, Mapping):
+        return []
+    before = old.get("startup") if isinstance(old.get("startup"), Mapping) else {}
+    if before.get("attempt") != after.get("attempt"):
+        before = {}
+    target = str(new.get("target") or "unknown")
+    done = []
+    for field, part in PART_LABELS.items():
+        value = after.get(field)
+        if field in before or isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        STARTUP.labels(namespace, target, part).observe(value)
+        done.append(part)
+    return done
 
 
 class LifecycleWatch:
@@ -122,14 +161,9 @@ class LifecycleWatch:
                 return dict(status)
             return lifecycle_status(run, *signals, self.writer.now())
 
-        ref = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": KIND,
-            "metadata": {"namespace": namespace, "name": name, "uid": uid},
-        }
-        written = self.writer.write(ref, compute, retry)
+        written = self.writer.write(run_ref(namespace, name, uid), compute, retry)
         if written is not None:  # each part of status.startup once per attempt, as written
-            observe(namespace, *written)
+            observe_startup(namespace, *written)
 
 
 def _job_owner(body: Mapping[str, Any]) -> Mapping[str, Any] | None:

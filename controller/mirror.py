@@ -19,11 +19,11 @@ from typing import Any
 import kopf
 
 from megdet.controller import metrics, resize
-from megdet.controller.api import GROUP, KIND, TARGET_BY_KIND, VERSION
+from megdet.controller.api import TARGET_BY_KIND
 from megdet.controller.children import Children
 from megdet.controller.job_state import trainjob_progress
 from megdet.controller.kubeapi import api_call
-from megdet.controller.lifecycle_watch import PODS_INDEX
+from megdet.controller.lifecycle_watch import PODS_INDEX, run_ref
 from megdet.controller.planning import expected_job_name, is_runs_job, run_owner
 from megdet.controller.pod_problems import (
     PODS_STARTED_CONDITION,
@@ -43,22 +43,13 @@ from megdet.controller.status import (
 )
 from megdet.controller.status_writer import StatusWriter, run_meta
 
-__all__ = ["Decide", "RunMirror", "run_ref"]
+__all__ = ["Decide", "RunMirror"]
 
 logger = logging.getLogger(__name__)
 
 #: What a run's status write decides from the run as read under its lock: (the decision, the
 #: job it is about, the job to read now instead) or None (nothing to say: no write).
 Decide = Callable[[Mapping[str, Any]], "tuple[Decision, Any, Any] | None"]
-
-
-def run_ref(namespace: str, name: str, uid: str | None) -> dict[str, Any]:
-    """A run as events name it (for the writer's read and kopf's events), not yet read."""
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": {"namespace": namespace, "name": name, "uid": uid},
-    }
 
 
 class RunMirror:

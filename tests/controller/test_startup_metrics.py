@@ -1,11 +1,13 @@
 """megdet_controller_startup_seconds: each part of status.startup observed once per attempt
-(controller/startup_metrics.py); the running operator's path: test_operator_lifecycle.py."""
+(controller/lifecycle_watch.py, observe_startup); the running operator's path:
+test_operator_lifecycle.py."""
 
 from __future__ import annotations
 
 from megdet.controller import metrics
 from megdet.controller.lifecycle import STARTUP_PARTS
-from megdet.controller.startup_metrics import PART_LABELS, observe
+from megdet.controller.lifecycle_watch import PART_LABELS
+from megdet.controller.lifecycle_watch import observe_startup as observe
 
 NS = "ns-startup"
 
