@@ -20,26 +20,15 @@ from megdet.controller.reconciler import OUTPUTS_INDEX, Reconciler
 
 __all__ = ["IDLE_SECONDS", "IndexedWorkerLimit", "build_registry", "configure", "limit_workers"]
 
-#: Seconds an object's kopf worker stays after its last event (kopf's default is 5). A worker
-#: that waits keeps its place under :class:`IndexedWorkerLimit`; kopf keeps the object's state
-#: between workers (its per-object memories), so a new event only costs a new task.
+#: Seconds an object's kopf worker stays after its last event (kopf's default is 5): a waiting
+#: worker keeps its place under :class:`IndexedWorkerLimit` (docs/capacity.md).
 IDLE_SECONDS = 1.0
 
 
 class IndexedWorkerLimit:
     """kopf's ``settings.queueing.worker_limit`` (objects of one watched kind handled at once),
-    enforced only once the operator is indexed.
-
-    A plain limit below the number of objects that exist at start-up deadlocks kopf 1.45
-    (docs/capacity.md, "What limits one replica", with kopf's source).
-
-    This limit is unbounded until :meth:`note_indexed` is called, which the registry does from
-    a handler of its own (kopf calls handlers only once every index is complete), and bounded
-    from then on. kopf makes no toggles once the operator has been indexed, so every worker
-    that waits for the indexes has been started before the bound applies. The comparison is
-    the only thing kopf asks of the limit (``tests/controller/test_worker_limit.py`` runs
-    kopf's own scheduler with it).
-    """
+    unbounded until :meth:`note_indexed`, then ``limit`` (docs/capacity.md, "What limits one
+    replica": why a plain limit deadlocks kopf at start-up)."""
 
     def __init__(self, limit: int) -> None:
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -65,18 +54,14 @@ class IndexedWorkerLimit:
 
 def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
     """A kopf registry with the MegDetRun handlers of ``handlers`` (one operator's
-    :class:`~megdet.controller.reconciler.Reconciler`: its cluster, policy, backoff). The
-    progress endpoint needs none: every replica serves it from watches of its own
-    (controller/progress_server.py)."""
+    :class:`~megdet.controller.reconciler.Reconciler`); docs/architecture.md, "The controller"."""
     registry = kopf.OperatorRegistry()
     for register in (kopf.on.create, kopf.on.resume, kopf.on.update):
         register(GROUP, VERSION, PLURAL, registry=registry, id="reconcile")(handlers.reconcile)
-    # The runs by output folder, kept by kopf from its watch of MegDetRuns (filled before any
-    # handler runs); a reconcile reads it instead of listing the namespace.
+    # The runs by output folder: a reconcile reads it instead of listing the namespace.
     kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=OUTPUTS_INDEX)(handlers.index_outputs)
-    # A deleted run: what this process holds for it goes with its watch's DELETED event. No
-    # delete handler, so no finalizer: the garbage collector deletes what the run owns (owner
-    # references), and deleting a run never waits for the controller (docs/controller.md).
+    # A deleted run: what this process holds for it goes with its watch's DELETED event (no
+    # delete handler, so no finalizer: docs/controller.md).
     forget = handlers.forget
 
     async def run_deleted(event: Any, name: str, namespace: str, **_: Any) -> None:
@@ -101,8 +86,7 @@ def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
                 when=handlers.owned_by_run,
                 id=f"mirror-{kind}",
             )(handlers.job_event)
-    # The run's pods (the run chart's label, selected by the API server: see configure), for
-    # why they cannot start; only the few that say something reach the handler.
+    # The run's pods (the run chart's label, selected by the API server): why they cannot start.
     kopf.on.event(
         "v1",
         "pods",
@@ -122,14 +106,10 @@ def limit_workers(
     registry: kopf.OperatorRegistry, settings: kopf.OperatorSettings, limit: int
 ) -> IndexedWorkerLimit:
     """At most ``limit`` objects of each watched kind (per namespace when the controller
-    watches namespaces) handled at once, once the operator is indexed: the others' events wait
-    in their queues as received. A burst of runs then holds ``limit`` objects' processing
-    state at a time instead of every run's (docs/capacity.md)."""
+    watches namespaces) handled at once, once the operator is indexed (docs/capacity.md)."""
     bound = IndexedWorkerLimit(limit)
 
-    # kopf calls a handler only after every index handler has seen every listed object
-    # (processing.py waits for that before process_resource_causes): the first call is the
-    # moment the bound becomes safe. An event handler: no progress annotations, no API call.
+    # kopf calls a handler only once every index is complete: the bound is safe from then on.
     async def indexed(**_: Any) -> None:
         bound.note_indexed()
 
@@ -147,36 +127,24 @@ def configure(
     workers: int | None = None,
 ) -> None:
     """Operator settings: kopf's bookkeeping, the old finalizer, peering, timings.
-
-    ``diffbase``: the handlers' (``Reconciler.diffbase``), whose last status write of a
-    reconcile carries kopf's diff base (controller/diffbase.py).
-
-    ``fast`` shortens kopf's batching and posting delays (tests and the benchmark).
-    """
-    # kopf's default "smart" storage also writes status.kopf, which the CRD's structural schema
-    # would prune. A retried handler's progress: annotations. The diff base (what the run was
-    # when last handled): status.handledConfiguration, written with the reconcile's own last
-    # status write, so a reconcile costs kopf no patch of the run (controller/diffbase.py).
+    ``diffbase``: the handlers' (``Reconciler.diffbase``); ``fast`` shortens kopf's delays
+    (tests and the benchmark). Why each: docs/controller.md, "kopf's bookkeeping rides on the
+    status write"."""
+    # A retried handler's progress in annotations; the diff base in the status (diffbase.py).
     settings.persistence.progress_storage = ProgressAnnotations()
     settings.persistence.diffbase_storage = diffbase
-    # Runs carry no finalizer (no delete handler). Earlier controllers added this one; kopf
-    # removes it from any run that still has it, as it does any finalizer no handler needs.
+    # Earlier controllers added this finalizer; kopf removes it, as any no handler needs.
     settings.persistence.finalizer = FINALIZER
-    # Scanning watches CRDs and namespaces; the controller serves fixed resources cluster-wide,
-    # so it needs neither (and neither do its RBAC rules).
+    # No scanning of CRDs and namespaces: fixed resources, smaller RBAC (docs/operations.md).
     settings.scanning.disabled = True
     # The pods' watch: the run chart's trainer pods only, filtered by the API server.
     settings.watching.label_selectors["v1", "pods"] = f"{PART_OF[0]}={PART_OF[1]}"
-    # Events: ours (one per phase change, kopf.event) always post; of kopf's own log lines only
-    # warnings and errors become Events ("Handler succeeded" on every reconcile is noise and
-    # an API call per run).
+    # Of kopf's own log lines only warnings and errors become Events (ours always post).
     settings.posting.level = logging.WARNING
     if workers is not None:
-        # Sync handlers run in kopf's thread pool; more threads than cores only adds GIL
-        # contention to the CPU-bound part (the render), see docs/benchmarks.md.
+        # kopf's thread pool for the sync handlers (docs/capacity.md).
         settings.execution.max_workers = workers
-    # (No peering.clusterwide here: kopf.run and kopf.operator set it from their own
-    # ``clusterwide`` argument, overwriting any value given in the settings.)
+    # (kopf.run sets peering.clusterwide from its own ``clusterwide``: docs/operations.md.)
     if peering:
         settings.peering.name = peering
         settings.peering.mandatory = True
