@@ -37,6 +37,7 @@ from kmock_helpers import (
     stop_operator,
 )
 
+from megdet.api import admission
 from megdet.cli import UsageError
 from megdet.controller import metrics
 from megdet.controller import policy as policy_module
@@ -66,7 +67,7 @@ def test_the_generated_admission_validations_are_current() -> None:
     from megdet.api.crd import spec_schema
 
     committed = yaml.safe_load((CHART / "files" / "policy-validations.yaml").read_text())
-    assert committed == policy_module.generated(spec_schema()), "run `make policy`"
+    assert committed == admission.generated(spec_schema()), "run `make policy`"
     validations = committed["validations"]
     # Every rule and every way of using a knob with its grant, each naming its field.
     assert len(validations) == len(policy_module.RULES) + len(policy_module.KNOB_USES)
@@ -81,7 +82,7 @@ def test_the_admission_policy_compares_every_spec_field_but_suspend() -> None:
     from megdet.api.crd import spec_schema
 
     schema = spec_schema()
-    (condition,) = policy_module.match_conditions(schema)
+    (condition,) = admission.match_conditions(schema)
     expression = condition["expression"]
     assert expression.startswith("request.operation == 'CREATE' || (object.spec != oldObject")
     for field in schema["properties"]:

@@ -9,8 +9,9 @@ import json
 import yaml
 from operator_chart_helpers import CHART_DIR, RELEASE, render, render_error
 
+from megdet.api.admission import match_conditions, validations
 from megdet.api.crd import spec_schema
-from megdet.controller.policy import Policy, match_conditions, validations
+from megdet.controller.policy import Policy
 
 FULLNAME = RELEASE
 
