@@ -7,7 +7,6 @@ import functools
 import json
 import shutil
 from collections.abc import Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import cel
@@ -37,9 +36,7 @@ from megdet.api.schema import (
 from megdet.controller.api import DROPPED_VALUES
 from megdet.naming import MAX_JOB_NAME_LENGTH
 from megdet.overrides import OWNED_OVERRIDES
-
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "megdet"
+from tests.repo_files import RUN_CHART, run_values_schema
 
 #: Keywords a structural schema must not use (apiextensions v1 refuses them).
 FORBIDDEN = {"$ref", "$schema", "id", "definitions", "dependencies", "patternProperties",
@@ -136,7 +133,7 @@ def test_every_field_has_a_description(root):
 
 def test_generation_fails_listing_fields_without_a_description(tmp_path, capsys, monkeypatch):
     chart = tmp_path / "megdet"
-    shutil.copytree(CHART, chart)
+    shutil.copytree(RUN_CHART, chart)
     schema = json.loads((chart / "values.schema.json").read_text())
     del schema["properties"]["gpus"]["description"]
     del schema["properties"]["nccl"]["properties"]["ib"]["properties"]["hca"]["description"]
@@ -168,7 +165,7 @@ def test_schema_is_structural(root):
 def test_spec_drops_the_chart_naming_values(root):
     spec = root["properties"]["spec"]["properties"]
     assert not set(DROPPED_VALUES) & set(spec)
-    values = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    values = run_values_schema()
     assert set(spec) == set(values) - set(DROPPED_VALUES)
 
 
@@ -181,7 +178,7 @@ def test_null_type_lists_become_nullable(root):
 
 def test_enums_ranges_and_exclusive_bounds_are_kept(root):
     spec = root["properties"]["spec"]["properties"]
-    values = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    values = run_values_schema()
     assert spec["scaling"]["enum"] == values["scaling"]["enum"]
     assert (spec["gpus"]["minimum"], spec["gpus"]["maximum"]) == (
         values["gpus"]["minimum"],
@@ -201,7 +198,7 @@ def test_free_form_objects_preserve_unknown_fields(root):
 
 def test_crd_defaults_are_the_chart_defaults(root):
     """A CR with an empty spec, defaulted by the API server, carries values.yaml's values."""
-    chart_defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    chart_defaults = yaml.safe_load((RUN_CHART / "values.yaml").read_text())
 
     def without_nulls(value: Any) -> Any:
         if isinstance(value, dict):

@@ -13,9 +13,7 @@ Where a verdict may differ by design, the test asserts exactly that documented d
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from pathlib import Path
 from typing import Any
 
 import helm_python
@@ -34,11 +32,10 @@ from megdet.api.validation import (
 )
 from megdet.controller.render import RUN_SPEC_VALUES, render_run
 from megdet.plan import RunSpec
+from tests.repo_files import RUN_CHART, run_values_schema
 from tests.spec_strategies import GANG, KUEUE, NCCL, RUN_POLICY
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "megdet"
-VALUES_SCHEMA = json.loads((CHART / "values.schema.json").read_text())["properties"]
+VALUES_SCHEMA = run_values_schema()
 
 #: RunSpec fields a MegDetRun (and the chart) can set, by chart value name.
 RUN_FIELDS = [key for key in RUN_SPEC_VALUES if key in VALUES_SCHEMA]
@@ -182,7 +179,7 @@ def test_agreement_test_sees_both_verdicts_and_every_rule():
 
 @pytest.fixture(scope="module")
 def chart():
-    with helm_python.Chart.load(str(CHART)) as loaded:
+    with helm_python.Chart.load(str(RUN_CHART)) as loaded:
         yield loaded
 
 
