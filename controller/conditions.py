@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["condition_of", "had_job", "set_condition"]
+__all__ = ["condition_of", "conditions_in", "had_job", "set_condition"]
 
 
 def set_condition(
@@ -23,59 +23,38 @@ def set_condition(
 ) -> list[dict[str, Any]]:
     """Conditions with ``kind`` set; ``lastTransitionTime`` moves only when its status flips."""
     text = "True" if status else "False"
-    out: list[dict[str, Any]] = []
-    found = False
-    for cond in conditions:
-        if cond.get("type") != kind:
-            out.append(dict(cond))
-            continue
-        found = True
-        same = cond.get("status") == text
-        out.append(
-            _condition(
-                kind,
-                text,
-                reason,
-                message,
-                cond.get("lastTransitionTime") if same else now,
-                generation,
-            )
-        )
-    if not found:
-        out.append(_condition(kind, text, reason, message, now, generation))
+
+    def condition(when: Any) -> dict[str, Any]:
+        cond = {"type": kind, "status": text, "reason": reason, "message": message}
+        cond["lastTransitionTime"] = when
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        return cond
+
+    out = [
+        dict(c)
+        if c.get("type") != kind
+        else condition(c.get("lastTransitionTime") if c.get("status") == text else now)
+        for c in conditions
+    ]
+    if not any(c.get("type") == kind for c in conditions):
+        out.append(condition(now))
     return out
 
 
-def _condition(
-    kind: str, status: str, reason: str, message: str, when: Any, generation: int | None
-) -> dict[str, Any]:
-    cond = {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": when,
-    }
-    if generation is not None:
-        cond["observedGeneration"] = generation
-    return cond
+def conditions_in(status: Any) -> list[Mapping[str, Any]]:
+    """The conditions of a status (a run's or a job's) that are objects."""
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    return [c for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
 
 
 def condition_of(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     """The condition of type ``kind`` in a run's status, if any."""
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    for cond in conditions if isinstance(conditions, list) else []:
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return cond
-    return None
+    return next((c for c in conditions_in(status) if c.get("type") == kind), None)
 
 
 def had_job(status: Mapping[str, Any]) -> bool:
-    """Whether the controller created (or found) this run's job once: ``Created=True``.
-
-    Such a run never gets a second job: if the job is gone, it was deleted (the operator's
-    ``ttlSecondsAfterFinished`` or a ``kubectl delete``), see
-    :class:`megdet.controller.status.JobGone`.
-    """
+    """Whether the controller created (or found) this run's job once: ``Created=True``; such a
+    run never gets a second job (:class:`megdet.controller.status.JobGone`)."""
     created = condition_of(status, "Created")
     return created is not None and created.get("status") == "True"

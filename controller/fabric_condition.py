@@ -1,11 +1,6 @@
-"""The MegDetRun's ``FabricDegraded`` condition, from the fabric in the trainer's reports.
-
-What the condition says: docs/operations.md, "The fabric". Two writers, one per target, as for
-``status.progress``: for ``target: trainjob`` the job mirror reads the report from
-``TrainJob.status.trainerStatus.metrics`` (:func:`trainjob_fabric`) and sets it with the
-mirrored phase (:func:`with_fabric`); for ``target: pytorchjob`` the progress hub calls
-:func:`condition_writer` when a run's fabric changes, which patches over the version it read
-(a merge patch replaces ``conditions`` whole; 409: read again).
+"""The MegDetRun's ``FabricDegraded`` condition, from the fabric in the trainer's reports: set by
+the job mirror for ``target: trainjob`` (:func:`with_fabric`), by the progress hub for ``target:
+pytorchjob`` (:func:`condition_writer`). What it says: docs/operations.md, "The fabric".
 """
 
 from __future__ import annotations
@@ -14,7 +9,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from megdet.controller.conditions import set_condition
+from megdet.controller.conditions import conditions_in, set_condition
 from megdet.fabric_report import CONDITION, FabricReport, condition, from_metrics
 
 __all__ = ["condition_writer", "trainjob_fabric", "with_fabric"]
@@ -55,9 +50,9 @@ PatchStatus = Callable[[str, str, Mapping[str, Any], str | None], Any]
 def condition_writer(
     get_run: GetRun, patch_status: PatchStatus, now: Callable[[], str]
 ) -> Callable[[str, str, FabricReport], bool]:
-    """``write(namespace, name, report)``: set the run's condition; True when it holds it now
-    (written, or already so), False when the run is gone or kept changing. Raises what the
-    API server raises otherwise (the hub logs it and tries again later)."""
+    """``write(namespace, name, report)``: set the run's condition over the version read (409:
+    read again); True when it holds it now, False when the run is gone or kept changing. Raises
+    what the API server raises otherwise (the hub logs it and tries again later)."""
 
     def write(namespace: str, name: str, report: FabricReport) -> bool:
         for _attempt in range(ATTEMPTS):
@@ -65,8 +60,7 @@ def condition_writer(
             if run is None:
                 return False
             meta = run.get("metadata") or {}
-            status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
-            old = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+            old = conditions_in(run.get("status"))
             new = with_fabric(old, report, now(), meta.get("generation"))
             if new == [dict(c) for c in old]:
                 return True

@@ -1,11 +1,6 @@
-"""A job's status -> :class:`JobState`, in MegDetRun terms: pure functions, no I/O.
-
-The controller reads the job it owns (a Kubeflow ``PyTorchJob`` or a Trainer v2 ``TrainJob``)
-and turns its status into a :class:`JobState` here; :func:`megdet.controller.status.next_status`
-folds that into the run's status (a phase of :data:`PHASES`). The mapping and the upstream
-sources it follows (kubeflow/trainer ``release-1.9`` and ``v2.3.0``): docs/controller.md,
-"Status mapping". A TrainJob has no Running or Restarting condition and no start time, so those
-are read from ``jobsStatus`` (:func:`trainjob_state`).
+"""A job's status (a Kubeflow ``PyTorchJob`` or a Trainer v2 ``TrainJob``) -> :class:`JobState`,
+in MegDetRun terms. Pure. The mapping and its upstream sources: docs/controller.md, "Status
+mapping".
 """
 
 from __future__ import annotations
@@ -14,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from megdet.controller.conditions import conditions_in
 from megdet.progress import to_status as progress_from_trainer_status
 
 __all__ = [
@@ -54,12 +50,6 @@ def _true_condition(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mappi
     return None
 
 
-def _conditions(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    status = job.get("status")
-    conditions = status.get("conditions") if isinstance(status, Mapping) else None
-    return [c for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
-
-
 def _from_condition(phase: str, cond: Mapping[str, Any], **times: str | None) -> JobState:
     return JobState(
         phase=phase,
@@ -81,7 +71,7 @@ def pytorchjob_state(job: Mapping[str, Any]) -> JobState:
         "start_time": _str_or_none(status.get("startTime")),
         "completion_time": _str_or_none(status.get("completionTime")),
     }
-    conditions = _conditions(job)
+    conditions = conditions_in(job.get("status"))
     for kind in ("Failed", "Succeeded", "Suspended", "Restarting", "Running"):
         cond = _true_condition(conditions, kind)
         if cond is not None:
@@ -100,7 +90,7 @@ def trainjob_state(job: Mapping[str, Any]) -> JobState:
     a failed child Job while the TrainJob has not failed means JobSet is recreating its Jobs
     under its failure policy (Restarting); every child Job ready means Running; else Pending.
     """
-    conditions = _conditions(job)
+    conditions = conditions_in(job.get("status"))
     for kind, phase in (
         ("Failed", "Failed"),
         ("Complete", "Succeeded"),

@@ -1,9 +1,5 @@
-"""The controller's API layer: the calls it makes (:class:`Cluster`, the official ``kubernetes``
-client; with a :class:`~megdet.controller.job_cache.JobCache`, job reads from the controller's
-own watch), :func:`api_call` and how it sorts failures (:func:`retryable`, :class:`Backoff`,
-:func:`retry_later`), and a refused create's kind: :class:`KindNotServed`,
-:class:`RefusalHeals` (:func:`heal_reason`: a refusal no spec edit fixes) or
-:class:`JobRefused`, in the server's own words (:func:`refusal_message`). docs/architecture.md,
+"""The controller's API calls (:class:`Cluster`), how their failures are retried
+(:func:`api_call`) and what a refused create is (:func:`classify_refusal`). docs/architecture.md,
 "The controller" (I/O seam); the refusals: docs/controller.md, "The controller in detail".
 """
 
@@ -50,20 +46,11 @@ __all__ = [
 
 #: HTTP statuses of a refused create that are not the job's fault, so are retried (401: the
 #: controller's credentials; 404: the kind is not served; 408: a timeout; 409: the name is
-#: taken; 429: throttling). Any other 4xx is the server refusing this job: retried if it heals
-#: (:func:`heal_reason`: quota, an admission check's cache, RBAC), else final until the spec
-#: changes (schema, an admission webhook's verdict): see :class:`JobRefused`.
+#: taken; 429: throttling). Any other 4xx is the server refusing this job.
 NOT_REFUSALS = frozenset({401, 404, 408, 409, 429})
 
-#: A refusal that heals (HTTP 403 only: what admission and authorization answer), by what its
-#: Status message says -> the hint the run's condition gives. The quota admission plugin's
-#: "exceeded quota: <name>, requested: ..." and "status unknown for quota" (a quota whose usage
-#: the controller-manager has not computed yet; kubernetes plugin/pkg/admission/resourcequota);
-#: an admission webhook or plugin that looks up an object and does not find it, as Trainer's
-#: TrainJob webhook does for the TrainingRuntime the controller created a moment before
-#: (``TrainingRuntime "r" not found: specified trainingRuntime must be created before the
-#: TrainJob is created``: its informer cache has not seen it yet), or a namespace default an
-#: admin has not created yet; RBAC's "cannot create resource" (the operator's ClusterRole).
+#: A refusal that heals (HTTP 403 only), by what its Status message says -> the hint the run's
+#: condition gives. Whose messages these are: docs/controller.md, "The controller in detail".
 HEALING_REFUSALS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
         re.compile(r"exceeded quota|status unknown for quota", re.IGNORECASE),
@@ -117,7 +104,6 @@ class JobRefused(Exception):
     def __init__(
         self, obj: Mapping[str, Any], err: k8s.ApiException, generation: Any, verb: str = "create"
     ) -> None:
-        self.code = err.status
         self.message = refusal_message(obj, err, generation, verb)
         super().__init__(self.message)
 
@@ -129,7 +115,6 @@ class RefusalHeals(Exception):
     def __init__(
         self, obj: Mapping[str, Any], err: k8s.ApiException, hint: str, verb: str = "create"
     ) -> None:
-        self.code = err.status
         meta = obj.get("metadata") or {}
         reason, server = _server_words(err)
         self.message = (
@@ -212,11 +197,8 @@ class Cluster:
     """The API calls the controller makes, through the official ``kubernetes`` client.
 
     Every method raises ``kubernetes.client.ApiException`` or a urllib3 error on failure,
-    except that reads return ``None``/``[]`` for 404. :func:`retryable` sorts the errors.
-    ``cache``: the :class:`JobCache` job reads are answered from where it can (True: a fresh
-    one; False: none, every read asks the API server). It answers nothing until
-    :meth:`JobCache.register` has put its indices on the operator's registry
-    (:func:`megdet.controller.operator.build_registry` does, for the reconciler's cluster).
+    except that reads return None for 404. ``cache``: the :class:`JobCache` that answers job
+    reads once registered (True: a fresh one; False: none, every read asks the API server).
     """
 
     def __init__(
@@ -269,20 +251,6 @@ class Cluster:
             self.cache.created(created)
         return created
 
-    def replace(self, obj: Mapping[str, Any]) -> dict:
-        """PUT ``obj`` whole (with ``metadata.resourceVersion``: only over that version)."""
-        group, version, plural = self._ref(obj["apiVersion"], obj["kind"])
-        meta = obj["metadata"]
-        return self.api.replace_namespaced_custom_object(
-            group,
-            version,
-            meta["namespace"],
-            plural,
-            meta["name"],
-            dict(obj),
-            _request_timeout=self.timeout,
-        )
-
     def patch(self, api_version: str, kind: str, namespace: str, name: str, body: Mapping) -> dict:
         group, version, plural = self._ref(api_version, kind)
         patched = self.api.patch_namespaced_custom_object(
@@ -333,15 +301,8 @@ class Cluster:
         status: Mapping[str, Any],
         resource_version: str | None = None,
     ) -> dict:
-        """Merge-patch the run's status subresource.
-
-        With ``resource_version`` the patch is conditional: the API server applies it to the
-        stored object and refuses the result with 409 Conflict unless the stored object still
-        has that version (the patch's ``metadata.resourceVersion`` is a precondition, as with
-        controller-runtime's ``MergeFromWithOptimisticLock``). A merge patch replaces lists
-        whole, so an unconditional patch of ``conditions`` computed from a stale read would
-        drop what another writer set in between.
-        """
+        """Merge-patch the run's status subresource; with ``resource_version``, only over that
+        version (409 otherwise: docs/controller.md, "The controller in detail")."""
         body: dict[str, Any] = {"status": dict(status)}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}

@@ -1,15 +1,6 @@
-"""MegDetRun status: what a run's status should be. Pure.
-
-:func:`desired_status` is the one place a run's status is decided: from the run (its status
-as just read), its job (as just read) and what a handler decided (a :data:`Decision`: the spec
-is invalid or denied, the job was not created, was refused, exists, is mirrored, is gone, or
-an object under its name is not the run's). :func:`next_status` folds a job's
-:class:`~megdet.controller.job_state.JobState` into it (phase, conditions, restarts, start
-and completion times). The events a change posts are
-:func:`megdet.controller.status_events.events`. Everything here is deterministic given
-``now``, so it is tested without an API server. Conditions follow the Kubernetes
-conventions, as the Kubeflow operators set theirs (see :mod:`megdet.controller.job_state`
-for the upstream semantics read).
+"""MegDetRun status: what a run's status should be (:func:`desired_status`), from the run, its
+job and what a handler decided (a :data:`Decision`). Pure. The conditions and phases it sets:
+docs/controller.md, "Status mapping".
 """
 
 from __future__ import annotations
@@ -18,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from megdet.controller.conditions import condition_of, had_job, set_condition
+from megdet.controller.conditions import condition_of, conditions_in, had_job, set_condition
 from megdet.controller.fabric_condition import trainjob_fabric, with_fabric
 from megdet.controller.job_state import (
     ACTIVE_PHASES,
@@ -73,26 +64,22 @@ JOB_PRESENT = "JobPresent"
 JOB_DELETED = "JobDeleted"
 #: Reason of ``Created=False`` (and ``Failed=True``) when the API server refused the job (4xx).
 JOB_REFUSED = "JobRefused"
-#: Condition type of the run's other objects (the TrainingRuntime, the NetworkPolicy): added
-#: False when one of them could not be created or brought to the spec while the run's job
-#: exists (the job is not touched: ``Created`` stays True and the phase follows the job), True
-#: again once they match. Reasons: :data:`CHILD_REFUSED` (final until the spec changes),
-#: ``Retrying``, ``JobNameConflict``, ``JobKindNotInstalled``; ``ChildrenReady`` when True.
+#: Condition type of the run's other objects (the TrainingRuntime, the NetworkPolicy) once its
+#: job exists: False while one of them is not as the spec says (reason :data:`CHILD_REFUSED`:
+#: final until the spec changes), True again once they match.
 CHILDREN_READY = "ChildrenReady"
 CHILD_REFUSED = "ChildRefused"
 #: Reason of ``Created=False`` (or ``ChildrenReady=False``) while a create the API server
 #: refused for a reason that heals (quota, an admission check's cache, the controller's RBAC)
 #: is retried with backoff.
 RETRYING = "Retrying"
-#: Condition type set True (reason :data:`NOT_CREATED_BY_CONTROLLER`) while an object that is
-#: not the job this controller created (``status.jobUID``) holds the job's name and names the
-#: run as its controller: a namespace user's job, never adopted nor mirrored.
+#: Condition type set True (reason :data:`NOT_CREATED_BY_CONTROLLER`) while a job that is not
+#: the one this controller created (``status.jobUID``) holds the job's name and names the run.
 FOREIGN_JOB = "ForeignJob"
 NOT_CREATED_BY_CONTROLLER = "NotCreatedByController"
 #: The Valid condition's reason (and the event's) for a run outside the cluster's policy.
 POLICY_DENIED = "PolicyDenied"
-#: Reason of ``PodsStarted=True`` (:data:`PODS_STARTED`, added False with the kubelet's reason,
-#: e.g. ``ErrImageNeverPull``, when a pod of the run's job cannot start: see :class:`PodStart`).
+#: Reason of ``PodsStarted=True`` (:data:`PODS_STARTED`; False: the kubelet's reason).
 POD_STARTED = "Started"
 
 
@@ -111,7 +98,7 @@ def next_status(
     if state.phase == "Restarting":  # which restart, of which of the run's jobs
         why = f"restart {restarts} of attempt {count_of(old, 'attempt') or 1}: {state.message}"
         state = JobState(state.phase, state.reason, why, state.start_time, state.completion_time)
-    conditions = _phase_conditions(_conditions(old), state, state.phase, now, generation)
+    conditions = _phase_conditions(conditions_in(old), state, state.phase, now, generation)
     patch: dict[str, Any] = {"phase": state.phase, "conditions": conditions, "restarts": restarts}
     start = old.get("startTime") or state.start_time
     if start is None and state.phase not in ("Pending", "Suspended"):
@@ -158,9 +145,8 @@ def conflict_message(kind: str, name: str) -> str:
 @dataclass(frozen=True)
 class SpecInvalid:
     """The spec failed validation (``InvalidSpec``) or the cluster's policy
-    (:data:`POLICY_DENIED`): ``Valid=False``, phase Invalid, unless the run is finished (its
-    result stands) or ``keep_phase`` (a denied change of a run whose job exists: the job was
-    allowed when it was made, so the phase follows the job)."""
+    (:data:`POLICY_DENIED`): ``Valid=False``, phase Invalid unless finished or ``keep_phase``
+    (a denied change of a run whose job exists)."""
 
     problems: tuple[str, ...]
     reason: str = "InvalidSpec"
@@ -169,9 +155,8 @@ class SpecInvalid:
 
 @dataclass(frozen=True)
 class NotCreated:
-    """A valid run whose objects could not be created (yet): ``Created=False`` with ``reason``
-    (``Retrying``, ``OutputInUse``, ``JobNameConflict``, ``JobKindNotInstalled``); Pending. A
-    run that has its job keeps it recorded: ``ChildrenReady=False`` says the rest."""
+    """A valid run whose objects could not be created (yet): ``Created=False`` with ``reason``,
+    Pending (``ChildrenReady=False`` for a run that has its job)."""
 
     reason: str
     message: str
@@ -180,19 +165,17 @@ class NotCreated:
 @dataclass(frozen=True)
 class Refused:
     """The API server refused the run's job: phase Failed, ``Created=False`` and ``Failed=True``
-    (reason ``JobRefused``), no start or completion time since nothing ran. Not
-    :func:`finished`: a spec change retries. A run that has its job keeps it recorded: the
-    refusal was of another of its objects (``ChildrenReady=False``, ``ChildRefused``)."""
+    (reason ``JobRefused``), not :func:`finished` (``ChildrenReady=False`` for a run that has
+    its job)."""
 
     message: str
 
 
 @dataclass(frozen=True)
 class Created:
-    """The run's job exists (the job given to :func:`desired_status`; one without a status yet
-    is Pending): the plan's fields, ``Valid`` and ``Created`` True, the job's phase, and
-    ``ChildrenReady`` for ``children`` ((reason, message) of each other object of the run that
-    is not as the spec says). The first ``status.jobUID`` recorded stays."""
+    """The run's job exists: the plan's fields, ``Valid`` and ``Created`` True, the job's phase,
+    and ``ChildrenReady`` for ``children`` ((reason, message) of each other object not as the
+    spec says)."""
 
     planned: Planned
     children: tuple[tuple[str, str], ...] = ()
@@ -206,12 +189,9 @@ class Observed:
 
 @dataclass(frozen=True)
 class JobGone:
-    """The run's job ``kind``/``name`` is gone after it had been created (the operator's TTL, or
-    a delete by hand): ``JobPresent=False`` (reason ``JobDeleted``). A finished run keeps its
-    result; one that had not finished becomes Failed: the controller never re-creates a job
-    behind the user's back, since that would start training again. The job given (its last
-    state, from the DELETED event) counts first: a job that finished and was deleted at once
-    (TTL 0) is still Succeeded or Failed."""
+    """The run's job ``kind``/``name`` is gone after it had been created: ``JobPresent=False``
+    (reason ``JobDeleted``), and Failed unless it finished (the job given, its last state,
+    counts first)."""
 
     kind: str
     name: str
@@ -219,21 +199,17 @@ class JobGone:
 
 @dataclass(frozen=True)
 class Foreign:
-    """The job given is under the run's job name and names the run as its controller but is
-    not the job the controller created (``status.jobUID``): ``ForeignJob=True``; ``present=
-    False``: it is gone (``ForeignJob=False``, only if it was said to be there)."""
+    """The job given holds the run's job name and names the run as its controller but is not
+    the one the controller created: ``ForeignJob`` True, or False once gone (``present``)."""
 
     present: bool
 
 
 @dataclass(frozen=True)
 class PodStart:
-    """A pod of the run's job (``pod``, its name) as its watch delivers it: ``problem`` (the
-    kubelet's reason and message, :func:`~megdet.controller.pod_problems.pod_start_problem`)
-    sets ``PodsStarted=False``; None (the pod runs or has finished) sets it True again if
-    this pod is the one it names. Only a condition: the phase stays the job's, and a finished
-    run (or one without its job yet) is not touched. The job's mirror sets it True too, once
-    the job is Running or Succeeded."""
+    """A pod of the run's job (``pod``, its name): ``problem`` (the kubelet's reason and
+    message) sets ``PodsStarted=False``; None sets it True again if this pod is the one it
+    names."""
 
     problem: tuple[str, str] | None
     pod: str
@@ -249,11 +225,9 @@ def desired_status(
     now: str,
     generation: Any = None,
 ) -> dict[str, Any]:
-    """The status ``run`` (as just read: its status and metadata) should hold after
-    ``decision``, given its ``job`` as just read (None: none). Pure; the status itself when
-    nothing changes (a run being deleted keeps its status while the garbage collector deletes
-    what it owns).
-    ``generation``: the one the decision was made for (default: the run's)."""
+    """The status ``run`` (as just read) should hold after ``decision``, given its ``job`` as
+    just read (None: none); a run being deleted keeps its status. ``generation``: the one the
+    decision was made for (default: the run's)."""
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     old = run.get("status") if isinstance(run.get("status"), Mapping) else {}
     if generation is None:
@@ -261,11 +235,6 @@ def desired_status(
     if meta.get("deletionTimestamp"):
         return dict(old)
     return {**old, **_changes(old, meta.get("uid"), job, decision, now, generation)}
-
-
-def _conditions(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    conditions = status.get("conditions")
-    return [c for c in conditions if isinstance(c, Mapping)] if isinstance(conditions, list) else []
 
 
 def _changes(
@@ -276,7 +245,7 @@ def _changes(
     now: str,
     gen: Any,
 ) -> dict[str, Any]:
-    conditions = _conditions(old)
+    conditions = conditions_in(old)
     match decision:
         case SpecInvalid(problems, reason, keep_phase):
             message = "; ".join(problems)
@@ -320,11 +289,8 @@ def _changes(
             what = f"{planned.job['kind']} {status['jobName']}"
             conditions = set_condition(conditions, "Created", True, "JobCreated", what, now, gen)
             conditions = _children(conditions, children, now, gen)
-            state = (
-                job_state(job)
-                if job.get("status")
-                else JobState("Pending", "JobCreated", "job created")
-            )
+            pending = JobState("Pending", "JobCreated", "job created")
+            state = job_state(job) if job.get("status") else pending
             status.update(next_status({**old, "conditions": conditions}, state, now, gen))
             status["conditions"] = _started_by_job(status["conditions"], state.phase, now, gen)
             return with_segments(old, status, job, planned, now, gen)
@@ -335,9 +301,7 @@ def _changes(
                 return {}  # gone (its DELETED event records that), or not the run's
             out = next_status(old, job_state(job), now, gen)
             out["conditions"] = _started_by_job(out["conditions"], out["phase"], now, gen)
-            progress, _problems = (
-                trainjob_progress(job) if job.get("kind") == "TrainJob" else (None, [])
-            )
+            progress = trainjob_progress(job)[0] if job.get("kind") == "TrainJob" else None
             if progress is not None:  # what the trainer reported to Trainer's status server
                 out["progress"] = progress
                 out["conditions"] = with_fabric(out["conditions"], trainjob_fabric(job), now, gen)
@@ -383,15 +347,8 @@ def _children(
         return set_condition(conditions, CHILDREN_READY, False, reason, message, now, gen)
     if condition_of({"conditions": conditions}, CHILDREN_READY) is None:
         return [dict(c) for c in conditions]
-    return set_condition(
-        conditions,
-        CHILDREN_READY,
-        True,
-        "ChildrenReady",
-        "every object of the run matches its spec",
-        now,
-        gen,
-    )
+    message = "every object of the run matches its spec"
+    return set_condition(conditions, CHILDREN_READY, True, CHILDREN_READY, message, now, gen)
 
 
 def _pod_start(
@@ -400,22 +357,18 @@ def _pod_start(
     if finished(old) or old.get("phase") in (None, "Invalid") or not old.get("jobUID"):
         return {}  # done for good, or its reconcile has not recorded its job yet
     current = condition_of(old, PODS_STARTED) or {}
+    status, message = current.get("status"), current.get("message")
     if problem is not None:
-        reason, message = problem
-        if (current.get("status"), current.get("reason"), current.get("message")) == (
-            "False",
-            reason,
-            message,
-        ):
+        if (status, current.get("reason"), message) == ("False", *problem):
             return {}
-        conditions = set_condition(_conditions(old), PODS_STARTED, False, reason, message, now, gen)
+        conditions = set_condition(conditions_in(old), PODS_STARTED, False, *problem, now, gen)
         return {"conditions": conditions}
-    if current.get("status") != "False" or not str(current.get("message") or "").startswith(
-        f"pod {pod}, "
-    ):
+    if status != "False" or not str(message or "").startswith(f"pod {pod}, "):
         return {}  # not said to be stuck, or another pod is
     message = f"pod {pod} started"
-    conditions = set_condition(_conditions(old), PODS_STARTED, True, POD_STARTED, message, now, gen)
+    conditions = set_condition(
+        conditions_in(old), PODS_STARTED, True, POD_STARTED, message, now, gen
+    )
     return {"conditions": conditions}
 
 
@@ -459,14 +412,13 @@ def _job_gone(
             "does not re-create it (that would take the GPUs again): delete and re-create the "
             "MegDetRun to run again (it resumes from the last checkpoint in its output folder)"
         )
-    conditions = _conditions(merged)
+    conditions = conditions_in(merged)
     out["conditions"] = set_condition(
         conditions, JOB_PRESENT, False, JOB_DELETED, message, now, gen
     )
     if phase not in TERMINAL_PHASES:
-        out.update(
-            next_status({**merged, **out}, JobState("Failed", JOB_DELETED, message), now, gen)
-        )
+        failed = JobState("Failed", JOB_DELETED, message)
+        out.update(next_status({**merged, **out}, failed, now, gen))
         if merged.get("startTime") is None:
             out.pop("startTime", None)  # it never ran as far as the controller saw
     return out
@@ -477,7 +429,7 @@ def _foreign(
 ) -> dict[str, Any]:
     meta = job.get("metadata") or {}
     kind, name, uid = job.get("kind"), meta.get("name"), meta.get("uid")
-    current = condition_of(old, FOREIGN_JOB)
+    current = condition_of(old, FOREIGN_JOB) or {}
     if present:
         message = (
             f"{kind} {name} (uid {uid}) names this MegDetRun as its controller but is not the "
@@ -486,15 +438,12 @@ def _foreign(
             "status, and never creates a second job for the run; delete that object"
         )
         reason = NOT_CREATED_BY_CONTROLLER
-    elif current is None or current.get("status") != "True":
+    elif current.get("status") != "True":
         return {}  # never said to be there
     else:
         message = f"{kind} {name} (uid {uid}), not created by the controller, was deleted"
         reason = "ForeignJobDeleted"
-    if current is not None and (current.get("status"), current.get("message")) == (
-        "True" if present else "False",
-        message,
-    ):
+    if (current.get("status"), current.get("message")) == (str(present), message):
         return {}  # said already
-    conditions = set_condition(_conditions(old), FOREIGN_JOB, present, reason, message, now, gen)
+    conditions = set_condition(conditions_in(old), FOREIGN_JOB, present, reason, message, now, gen)
     return {"conditions": conditions}

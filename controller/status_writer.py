@@ -1,13 +1,6 @@
-"""Writing a MegDetRun's status from the handlers: one writer per run, events, counters.
-
-:meth:`StatusWriter.write` is the one place a handler writes a run's status: under a lock per
-run, computed from the run as :class:`RunViews` has it (its watch, or this process's last write,
-whichever is newer; the write carries that version as a precondition, so a stale view costs a
-409 and a second try, never a lost update), written only where it differs; the events and
-counters follow from the old and new status (:func:`~megdet.controller.status_events.events`),
-and every status it writes carries ``status.stage`` and, once the run finished,
-``status.summary``. Why: docs/controller.md, "The controller in detail" (one writer per run's
-status).
+"""Writing a MegDetRun's status from the handlers (:class:`StatusWriter`): one writer per run,
+events, counters. How and why: docs/controller.md, "The controller in detail" (one writer per
+run's status; the run read from its watch).
 """
 
 from __future__ import annotations
@@ -207,21 +200,25 @@ class RunViews:
 
         kopf.index(GROUP, VERSION, PLURAL, registry=registry, id=RUNS_INDEX)(index_run)
 
+    def _seen(self, key: tuple[str, str]) -> list[dict[str, Any]] | None:
+        """The run's views in the watch's index; None before the index is seen."""
+        with self._lock:
+            index = self._index
+        if index is None:
+            return None
+        try:
+            store = index.get(key)
+        except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
+            return None
+        return list(store) if store else []
+
     def lookup(self, namespace: str, name: str, uid: str | None) -> dict[str, Any] | None:
         """The newest view of the run (of the incarnation ``uid``, if given), or None: ask the
         API server (no watch yet, a run the watch has not delivered, a version that is not a
         number)."""
         key = (namespace, name)
-        with self._lock:
-            index = self._index
         written = self.records.get(key, "written_view")
-        seen: list[dict[str, Any]] = []
-        if index is not None:
-            try:
-                store = index.get(key)
-                seen = list(store) if store else []
-            except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
-                seen = []
+        seen = self._seen(key) or []
         found = [v for v in [*seen, written] if v is not None and uid in (None, _uid(v))]
         if not found or any(version_of(v) is None for v in found):
             return None
@@ -234,17 +231,11 @@ class RunViews:
         such run. A write for a run this process's watch never delivered can only be for one
         that is deleted: the job mirror's, for a job the garbage collector deletes after its
         run (a read of the run from the API server would answer 404)."""
-        with self._lock:
-            index = self._index
         written = self.records.get((namespace, name), "written_view")
-        if index is None or (written is not None and uid in (None, _uid(written))):
+        if written is not None and uid in (None, _uid(written)):
             return False
-        try:
-            store = index.get((namespace, name))
-            seen = list(store) if store else []
-        except RuntimeError:  # changed while read (kopf's loop writes it): ask the server
-            return False
-        return not any(uid in (None, _uid(v)) for v in seen)
+        seen = self._seen((namespace, name))
+        return seen is not None and not any(uid in (None, _uid(v)) for v in seen)
 
     def note_written(self, answer: Mapping[str, Any]) -> None:
         """The API server's answer to this process's status write of a run."""
@@ -296,23 +287,12 @@ class StatusWriter:
         kind: str = "",
         handled: str | None = None,
     ) -> tuple[Mapping[str, Any], dict[str, Any]] | None:
-        """Bring the run's status to what ``compute`` says; returns (the status it replaced,
-        the new one), or None when the run is gone (or is another incarnation: a new uid; a run
-        given without a uid, as a pod's labels name it, is taken as it is found).
-
-        Under the run's lock: take the run's view (:class:`RunViews`; the API server's
-        answer when there is none), ``compute(run)`` the status it should hold, write the
-        fields that differ (no request at all when none do), then post the events the change
-        derives (:func:`~megdet.controller.status_events.events`) and count it: a job's
-        transition, a deleted job (``kind``: the job's, for the target label of a run whose
-        status has none yet). A write over a view is conditional on the view's version: on 409
-        the run is read and the write computed again from it (a run that is gone, 404, is
-        gone).
-
-        ``handled``: the write ends a reconcile of the run as it was given to it, and carries
-        kopf's diff base for it (:meth:`StatusDiffBase.encoded`), so that kopf need not patch
-        the run for it once the handler returns (not on a run being deleted, whose status
-        stays as it is).
+        """Bring the run's status to what ``compute(run)`` says, under the run's lock, then post
+        its events and count it; returns (the status it replaced, the new one), or None when the
+        run is gone or is another incarnation (a run given without a uid is taken as found).
+        ``kind``: the job's, for the target label of a run whose status has none yet.
+        ``handled``: the write ends a reconcile and carries kopf's diff base for it. How:
+        docs/controller.md, "The controller in detail" (one writer per run's status).
         """
         namespace, name, uid, _gen = run_meta(run)
         with self.locks.hold((namespace, name)):
@@ -330,14 +310,12 @@ class StatusWriter:
                         self.backoff,
                         retry,
                     )
-                    if current is None or (
-                        uid is not None and (current.get("metadata") or {}).get("uid") != uid
-                    ):
+                    if current is None or (uid is not None and _uid(current) != uid):
                         return None  # deleted (or deleted and re-created) meanwhile
+                meta = current.get("metadata") or {}
                 old = current.get("status") or {}
                 new = with_summary(compute(current))  # a finished run's summary
-                deleting = (current.get("metadata") or {}).get("deletionTimestamp")
-                if handled is not None and not deleting:
+                if handled is not None and not meta.get("deletionTimestamp"):
                     new[HANDLED_FIELD] = handled
                 patch = changed_fields(old, new)
                 if patch and new.get("phase") is not None:  # the Stage column follows
@@ -349,22 +327,18 @@ class StatusWriter:
                         # kopf has nothing to write either.
                         self.diffbase.note_written(namespace, name, handled)
                     break
-                version = (current.get("metadata") or {}).get("resourceVersion")
+                version = meta.get("resourceVersion") if view is not None else None
                 try:
-                    answer = self.cluster.patch_run_status(
-                        namespace, name, patch, version if view is not None else None
-                    )
-                except k8s.ApiException as err:
-                    if view is not None and err.status == 409:
+                    answer = self.cluster.patch_run_status(namespace, name, patch, version)
+                except Exception as err:
+                    code = err.status if isinstance(err, k8s.ApiException) else None
+                    if view is not None and code == 409:
                         # Changed since the view: read it, and write once more.
                         metrics.RUN_READS.labels("stale").inc()
                         view = None
                         continue
-                    if view is not None and err.status == 404:
+                    if view is not None and code == 404:
                         return None  # deleted meanwhile
-                    retry_later("write status", err, self.backoff, retry)
-                    raise
-                except Exception as err:
                     retry_later("write status", err, self.backoff, retry)
                     raise
                 if isinstance(answer, Mapping):
