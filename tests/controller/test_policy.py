@@ -44,9 +44,7 @@ from megdet.controller import policy as policy_module
 from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.daemon import load_policy
 from megdet.controller.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check
-
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "megdet-operator"
+from tests.repo_files import OPERATOR_CHART as CHART
 
 
 def problems(spec: dict[str, Any], policy: Policy | None = None) -> dict[str, str]:
