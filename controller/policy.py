@@ -1,11 +1,9 @@
 """The cluster's MegDet policy: what creating a MegDetRun lets its author put into pods.
 
-This module holds the policy's values (:class:`Policy`), the controller's :func:`check` (before
-it creates a run's job: ``Valid=False``, reason ``PolicyDenied``, a Warning event) and the
-generated ValidatingAdmissionPolicy's parts (:data:`RULES`, :func:`match_conditions`: a run's
-creation and every spec change but ``runPolicy.suspend`` alone). Each rule is written once, in
-CEL (policy_rules.py, policy_knobs.py), and both engines evaluate that text (policy_cel.py).
-How the two engines share it and why the privileged grant exists only at admission:
+The policy's values (:class:`Policy`) and the controller's :func:`check` (before it creates a
+run's job: ``Valid=False``, reason ``PolicyDenied``, a Warning event). Each rule is written once,
+in CEL (policy_rules.py, policy_knobs.py), which the controller evaluates (policy_cel.py) and
+``make policy`` writes into the admission policy (megdet/api/admission.py). Why:
 docs/architecture.md, "The controller's validation layers"; the values: docs/operations.md,
 "Who may do what: the cluster's MegDet policy".
 """
@@ -19,7 +17,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from megdet.controller.policy_cel import Rule, context, evaluate, read_fields
-from megdet.controller.policy_cel import cel_quote as _q
 from megdet.controller.policy_knobs import (
     KNOB_USES,
     PRIVILEGED_KNOBS,
@@ -38,7 +35,6 @@ __all__ = [
     "Rule",
     "check",
     "grant_message",
-    "validations",
 ]
 
 #: An entry of policy.reservedNodeLabels: a label key, or key=value (a value holds no "=").
@@ -261,84 +257,5 @@ def check(spec: Any, policy: Policy) -> list[tuple[str, str]]:
     return problems
 
 
-_SPEC = re.compile(r"\bs\.")
-
-
-def _cel(expression: str) -> str:
-    """A rule's CEL with ``s`` (the spec, in the rules) spelled ``object.spec``."""
-    return _SPEC.sub("object.spec.", expression)
-
-
-def validations() -> list[dict[str, Any]]:
-    """The admission policy's validations: every rule, then the grant for each knob.
-
-    The policy values are the admission policy's ``variables`` (rendered by the chart from its
-    values), and ``variables.granted`` is the authorizer's answer for the requesting user.
-    """
-    out = []
-    for rule in RULES:
-        out.append(
-            {
-                "expression": _cel(rule.expression),
-                "messageExpression": _cel(f"'{rule.path}: ' + {rule.message}"),
-                "reason": "Forbidden",
-            }
-        )
-    for use in KNOB_USES:
-        out.append(
-            {
-                "expression": _cel(f"!({use.cel}) || variables.granted"),
-                "messageExpression": _q(f"{use.path}: {grant_message(use.knob, use.what)}"),
-                "reason": "Forbidden",
-            }
-        )
-    return out
-
-
 #: The spec field a run's owner may always change, whatever the policy says now.
 SUSPEND_FIELD = ("runPolicy", "suspend")
-
-
-def _same(field: str) -> str:
-    """CEL: the spec field ``field`` (a dotted path under spec) is unchanged by the update."""
-    new, old = f"object.spec.{field}", f"oldObject.spec.{field}"
-    return f"(has({new}) ? has({old}) && {new} == {old} : !has({old}))"
-
-
-def spec_changed(spec_schema: Mapping[str, Any]) -> str:
-    """CEL, true when a request writes a run's spec, beyond ``runPolicy.suspend``.
-
-    ``spec_schema``: the MegDetRun CRD's spec schema (its fields are compared one by one, CEL
-    having no way to drop a key from an object). A run the policy no longer allows can still be
-    suspended and resumed by its owner; any other spec change is checked against the policy
-    as it is now.
-    """
-    parent, leaf = SUSPEND_FIELD
-    properties = spec_schema.get("properties") or {}
-    others = [_same(f) for f in properties if f != parent]
-    inner = (properties.get(parent) or {}).get("properties") or {}
-    parent_same = " && ".join(_same(f"{parent}.{f}") for f in inner if f != leaf) or "true"
-    new, old = f"object.spec.{parent}", f"oldObject.spec.{parent}"
-    others.append(
-        f"(has({new}) && has({old}) ? ({parent_same}) : {_same(parent)})"
-        if parent in properties
-        else "true"
-    )
-    return "object.spec != oldObject.spec && !(" + " && ".join(others) + ")"
-
-
-def match_conditions(spec_schema: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The admission policy's matchConditions: a run's creation, and every update that writes
-    its spec (beyond suspend). Metadata and status writes (kopf's annotations, an earlier
-    controller's finalizer removed, labels) and deletion are never checked."""
-    return [
-        {
-            "name": "spec-written",
-            "expression": f"request.operation == 'CREATE' || ({spec_changed(spec_schema)})",
-        }
-    ]
-
-
-def generated(spec_schema: Mapping[str, Any]) -> dict[str, Any]:
-    """What ``make policy`` writes into the operator chart (files/policy-validations.yaml)."""
-    return {"matchConditions": match_conditions(spec_schema), "validations": validations()}
