@@ -1,20 +1,18 @@
-"""The controller's Prometheus metrics (``megdet_controller_*``), in one module-level registry.
-
-The names are a contract with the dashboards and alerts in charts/megdet-operator: change them
-only together. :data:`REGISTRY` (a private registry: only these series, no cross-talk in tests)
-is served on the ``metrics`` port by :func:`serve`, over HTTPS to callers the API server vouches
-for (tokenauth.py) unless ``--no-metrics-secure``, with a mounted or self-signed certificate
-(:func:`server_ssl_context`). The job counters are the Kubeflow training operator's
-``training_operator_jobs_*_total`` with a ``target`` label. Each series: docs/monitoring.md,
-"What is exported".
+"""The controller's Prometheus metrics (``megdet_controller_*``) in :data:`REGISTRY`, and the
+/metrics server (:func:`serve`). The names are a contract with the dashboards and alerts in
+charts/megdet-operator: change them only together. Each series: docs/monitoring.md, "What is
+exported".
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import ssl
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from http import HTTPStatus
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -22,9 +20,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-# Values of the ``phase`` label of RUNS: the MegDetRun status phases, owned by status.py.
 from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixin, Limits
-from megdet.controller.job_state import PHASES
+from megdet.controller.job_state import PHASES  # the ``phase`` label's values of RUNS
 
 _log = logging.getLogger(__name__)
 
@@ -35,17 +32,14 @@ __all__ = [
     "JOBS_FAILED",
     "JOBS_RESTARTED",
     "JOBS_SUCCESSFUL",
-    "PHASES",
     "PROGRESS_REPORTS",
     "PROGRESS_WRITES",
     "RECONCILES",
     "RECONCILE_DURATION",
     "REGISTRY",
-    "RESULTS",
     "RUNS",
     "RUN_INFO",
     "STARTUP",
-    "STARTUP_BUCKETS",
     "MetricsServer",
     "forget_run",
     "record_run_info",
@@ -55,12 +49,8 @@ __all__ = [
     "set_run_phases",
 ]
 
-#: Every registered collector lives here; `serve` exposes exactly this registry.
+#: Every collector (a private registry: no cross-talk in tests); `serve` exposes exactly this.
 REGISTRY = CollectorRegistry()
-
-#: Values of the ``result`` label of :data:`RECONCILES`.
-RESULTS = ("success", "invalid", "denied", "error", "conflict", "refused")
-
 RECONCILES = Counter(
     "megdet_controller_reconciles",
     "MegDetRun reconciles by result: success, invalid (spec refused), denied (outside the "
@@ -154,17 +144,14 @@ HTTP_REFUSED = Counter(
     registry=REGISTRY,
 )
 
-#: Seconds to tens of minutes: an image pull or a Kueue queue can take that long.
-STARTUP_BUCKETS = (
-    1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0, 1800.0, 3600.0,
-)  # fmt: skip
 STARTUP = Histogram(
     "megdet_controller_startup_seconds",
     "Time of each part of a MegDetRun attempt's start, as status.startup measures it, observed "
     "once per attempt and part: admission_wait, scheduling, container_start, rendezvous, "
     "data_model, first_iteration, total (created to the first iteration done).",
     ["namespace", "target", "part"],
-    buckets=STARTUP_BUCKETS,
+    # Seconds to tens of minutes: an image pull or a Kueue queue can take that long.
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600),
     registry=REGISTRY,
 )
 
@@ -179,7 +166,8 @@ def record_run_info(
     namespace: str, run: str, target: str, world_size: int, global_batch: int, lr: float
 ) -> None:
     """Set the run's ``megdet_controller_run_info`` series (replacing an older plan's)."""
-    labels = (namespace, run, target, str(world_size), str(global_batch), _format_lr(lr))
+    # repr: the shortest text that reads back, 0.02 and not 0.020000000000000004.
+    labels = (namespace, run, target, str(world_size), str(global_batch), repr(float(lr)))
     old = _run_info_labels.get((namespace, run))
     if old is not None and old != labels:
         RUN_INFO.remove(*old)
@@ -236,29 +224,19 @@ class _Server(BoundedServerMixin, ThreadingMixIn, WSGIServer):
     allow_reuse_address = True
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that speaks plain HTTP to the HTTPS port, or hangs up mid-handshake: one
-        # debug line, not a traceback on stderr per probe.
-        import sys
-
+        # Plain HTTP to the HTTPS port, a hang-up mid-handshake: a debug line, no traceback.
         _log.debug("metrics: connection from %s failed: %s", client_address, sys.exc_info()[1])
 
 
 class _QuietHandler(BoundedHandlerMixin, WSGIRequestHandler):
-    # The TLS handshake and the whole request within the server's request deadline, in the
-    # request's own thread, not in the accept loop (http_limits.py).
+    """The handshake and the request within the deadline, in its own thread (http_limits.py)."""
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 def _guarded(app: Callable[..., Any], authorizer: Any) -> Callable[..., Any]:
-    """``app`` behind ``authorizer`` (a TokenAuthorizer): 401/403/500 as plain text."""
-    reasons = {
-        401: "401 Unauthorized",
-        403: "403 Forbidden",
-        429: "429 Too Many Requests",
-        500: "500 Internal Server Error",
-    }
+    """``app`` behind ``authorizer`` (a TokenAuthorizer): 401/403/429/500 as plain text."""
 
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterator[bytes]:
         method = environ.get("REQUEST_METHOD", "GET")
@@ -275,7 +253,7 @@ def _guarded(app: Callable[..., Any], authorizer: Any) -> Callable[..., Any]:
             headers = [("Content-Type", "text/plain; charset=utf-8")]
             if verdict.status == 401:
                 headers.append(("WWW-Authenticate", 'Bearer realm="megdet-controller"'))
-            start_response(reasons[verdict.status], headers)
+            start_response(f"{verdict.status} {HTTPStatus(verdict.status).phrase}", headers)
             return iter([f"{verdict.reason}\n".encode()])
         return app(environ, start_response)
 
@@ -303,8 +281,6 @@ def serve(
         app = _guarded(app, authorizer)
     server_class = type("_MetricsServer", (_Server,), {})
     if ":" in addr:
-        import socket
-
         server_class.address_family = socket.AF_INET6
     httpd = make_server(addr, port, app, server_class=server_class, handler_class=_QuietHandler)
     httpd.init_limits(limits, lambda why: HTTP_REFUSED.labels("metrics", why).inc())
@@ -317,18 +293,11 @@ def serve(
     return MetricsServer(httpd, thread)
 
 
-def _format_lr(lr: float) -> str:
-    # repr-style shortest round-trip text: 0.02 stays "0.02", not "0.020000000000000004".
-    return repr(float(lr))
-
-
 def server_ssl_context(cert_dir: str | Path | None = None) -> ssl.SSLContext:
     """A TLS 1.2+ server context: ``cert_dir``'s ``tls.crt``/``tls.key``, or a self-signed pair.
 
     Raises ValueError naming the missing or unreadable file when ``cert_dir`` is given.
     """
-    import socket
-
     from megdet.controller.tls import context_from_dir, context_from_pem, self_signed
 
     if cert_dir is not None:
