@@ -1,12 +1,6 @@
-"""Which pod's token may report a run's progress: a live pod of the job this controller created.
-
-:class:`PodDirectory` (the runs' pods, from their watch) checks that the pod a verified token
-is bound to is named as the training operator names the job's pods, within its replica counts,
-live with that uid and controlled by the run's job (``status.jobName``, ``status.jobUID``);
-:class:`RunDirectory` is what the runs' watch says of each run, so that a report costs no read
-of the run. Every replica keeps both from its own watches (progress_watch.py). Why and what a
-pod creator can still do: docs/controller.md, "Progress reporting in detail", and
-docs/operations.md, "Progress reporting".
+"""What a report is checked against: the runs' and their pods' watches (:class:`Directory`), and
+whether a token's pod is a live pod of the run's job (:class:`PodBinding`): docs/controller.md,
+"Progress reporting in detail".
 """
 
 from __future__ import annotations
@@ -14,30 +8,28 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from megdet.controller.planning import controlled_by
+from megdet.controller.tokenauth import BoundedLRU
 
 __all__ = [
     "JOB_API_VERSION",
+    "Directory",
     "PodBinding",
-    "PodDirectory",
     "PodRef",
-    "RunDirectory",
     "RunRef",
-    "kubernetes_job_reader",
+    "pod_ref",
     "run_ref",
 ]
 
 #: The job kind whose pods report to this endpoint (target pytorchjob).
 JOB_API_VERSION, JOB_KIND = "kubeflow.org/v1", "PyTorchJob"
 
-#: What follows ``<job>-`` in the name of a job's pod: ``<replica type, lowercase>-<index>``, the
-#: index in decimal without leading zeros (Go's strconv.Itoa; kubeflow/training-operator,
-#: pkg/core/utils.go ``GenGeneralName``), so one spelling per pod; the master's index is 0.
+#: What follows ``<job>-`` in a job's pod name (kubeflow/training-operator, pkg/core/utils.go
+#: ``GenGeneralName``: the index as strconv.Itoa writes it).
 _REPLICA = "(master-0|worker-(?:0|[1-9][0-9]*))"
 
 #: (namespace, name) -> the object, None when it does not exist; raises on API errors.
@@ -46,8 +38,7 @@ ReadFn = Callable[[str, str], Mapping[str, Any] | None]
 
 @dataclass(frozen=True)
 class RunRef:
-    """A ``target: pytorchjob`` run as the controller last saw it: what a report is checked
-    against, and the view its ``status.progress`` write starts from."""
+    """A ``target: pytorchjob`` run as the controller last saw it."""
 
     name: str
     uid: str
@@ -65,8 +56,7 @@ class RunRef:
 
 
 def run_ref(body: Mapping[str, Any] | None) -> RunRef | None:
-    """The :class:`RunRef` of a run object; None for no object, or a ``target: trainjob`` run
-    (its pods report to Kubeflow Trainer's status server)."""
+    """The :class:`RunRef` of a run object; None for no object or a ``target: trainjob`` run."""
     if not isinstance(body, Mapping) or (identity := _identity(body)) is None:
         return None
     spec = body.get("spec") if isinstance(body.get("spec"), Mapping) else {}
@@ -86,17 +76,14 @@ def run_ref(body: Mapping[str, Any] | None) -> RunRef | None:
     )
 
 
-class _Directory:
-    """(namespace, name) -> what :meth:`entry` keeps of each watched object, from the watch's
-    lists (:meth:`relist`) and events (:meth:`note`). Thread-safe."""
+class Directory:
+    """(namespace, name) -> ``entry(body)`` (a :class:`RunRef` or :class:`PodRef`, None for
+    nothing) of each watched object, from the watch's lists and events. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, entry: Callable[[Mapping[str, Any]], Any]) -> None:
+        self.entry = entry
         self._items: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
-
-    def entry(self, body: Mapping[str, Any]) -> Any:
-        """What is kept of ``body`` (with a ``uid``), None for nothing."""
-        raise NotImplementedError
 
     def note(self, body: Mapping[str, Any], deleted: bool = False) -> None:
         if (identity := _identity(body)) is None:
@@ -121,19 +108,14 @@ class _Directory:
         with self._lock:
             return self._items.get((namespace, name))
 
+    def owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
+        """The controller owner of the live pod ``namespace/name`` whose uid is ``uid``."""
+        found = self.get(namespace, name)
+        return found.owner if found is not None and found.uid == uid else None
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
-
-
-class RunDirectory(_Directory):
-    """(namespace, name) -> :class:`RunRef` of every served ``target: pytorchjob`` run."""
-
-    def entry(self, body: Mapping[str, Any]) -> RunRef | None:
-        return run_ref(body)
-
-    def get(self, namespace: str, name: str) -> RunRef | None:
-        return super().get(namespace, name)
 
 
 def _identity(body: Mapping[str, Any]) -> tuple[str, str, str] | None:
@@ -154,40 +136,33 @@ class PodRef:
     owner: tuple[str, ...]
 
 
-class PodDirectory(_Directory):
-    """(namespace, pod name) -> :class:`PodRef` of every pod of the runs (the run chart's
-    label)."""
-
-    def entry(self, body: Mapping[str, Any]) -> PodRef:
-        meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
-        refs = meta.get("ownerReferences")
-        ref = next((r for r in (refs if isinstance(refs, list) else [])
-                    if isinstance(r, Mapping) and r.get("controller") is True), {})  # fmt: skip
-        owner = tuple(str(ref.get(k) or "") for k in ("kind", "apiVersion", "name", "uid"))
-        return PodRef(str(meta.get("uid")), owner)
-
-    def owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
-        """The controller owner of the live pod ``namespace/name`` whose uid is ``uid``."""
-        found = self.get(namespace, name)
-        return found.owner if found is not None and found.uid == uid else None
+def pod_ref(body: Mapping[str, Any]) -> PodRef:
+    """The :class:`PodRef` of a pod object."""
+    meta = body.get("metadata") if isinstance(body.get("metadata"), Mapping) else {}
+    refs = meta.get("ownerReferences")
+    ref = next((r for r in (refs if isinstance(refs, list) else [])
+                if isinstance(r, Mapping) and r.get("controller") is True), {})  # fmt: skip
+    owner = tuple(str(ref.get(k) or "") for k in ("kind", "apiVersion", "name", "uid"))
+    return PodRef(str(meta.get("uid")), owner)
 
 
 @dataclass
 class PodBinding:
-    """Whether a token's pod is a pod of the run's job (see the module docstring): ``pods``
-    from the watch; ``read_job`` for the job's replica counts, kept ``ttl`` seconds per run
-    (at most ``max_entries`` runs)."""
+    """Whether a token's pod is a live pod of the run's job: ``pods`` from the watch,
+    ``read_job`` for the job's replica counts, kept ``ttl`` seconds per run (at most
+    ``max_entries`` runs)."""
 
     read_job: ReadFn
-    pods: PodDirectory = field(default_factory=PodDirectory)
+    pods: Directory
     ttl: float = 300.0
     max_entries: int = 4096
     clock: Callable[[], float] = time.monotonic
     reads: int = 0
-    _jobs: OrderedDict[tuple[str, ...], tuple[float, Any]] = field(
-        init=False, repr=False, default_factory=OrderedDict
-    )
+    _jobs: BoundedLRU = field(init=False, repr=False)
     _lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._jobs = BoundedLRU(self.max_entries)
 
     def refusal(self, namespace: str, run: RunRef, pod_name: str, pod_uid: str) -> str | None:
         """None when the pod ``namespace/pod_name`` with ``pod_uid`` is a pod of ``run``'s job,
@@ -219,15 +194,14 @@ class PodBinding:
         return None
 
     def _job(self, namespace: str, name: str, run: RunRef) -> tuple[str, dict[str, int]] | None:
-        """(uid, replicas by role) of the run's job ``name``: the one whose uid is the run's
-        ``status.jobUID``, or for a run with none the one the run controls; read once a while
-        per run (the replica counts bound the pod names a report may come from)."""
+        """(uid, replicas by role) of the run's job ``name`` (uid ``status.jobUID``, or for a
+        run with none the one the run controls), read once a ``ttl`` per run."""
         key = (namespace, name, run.uid, run.job_uid)
         now = self.clock()
         with self._lock:
-            hit = self._jobs.get(key)
-            if hit is not None and hit[0] > now:
-                return hit[1]
+            hit = self._jobs.fresh(key, now)
+        if hit is not None:
+            return hit
         self.reads += 1
         job = self.read_job(namespace, name)
         if job is None:
@@ -242,10 +216,7 @@ class PodBinding:
             if isinstance(role, str) and isinstance(spec, Mapping)
         }
         with self._lock:
-            self._jobs[key] = (now + self.ttl, (uid, replicas))
-            self._jobs.move_to_end(key)
-            while len(self._jobs) > self.max_entries:
-                self._jobs.popitem(last=False)
+            self._jobs.put(key, (now + self.ttl, (uid, replicas)))
         return uid, replicas
 
 
@@ -254,15 +225,3 @@ def _count(value: Any) -> int:
     if value is None:
         return 1
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
-
-
-def kubernetes_job_reader(api_client: Any, timeout: float) -> ReadFn:
-    """Read a PyTorchJob through the official client; None for 404."""
-    from megdet.controller.kubeapi import Cluster
-
-    cluster = Cluster(api_client, timeout=timeout)
-
-    def read_job(namespace: str, name: str) -> Mapping[str, Any] | None:
-        return cluster.get(JOB_API_VERSION, JOB_KIND, namespace, name)
-
-    return read_job

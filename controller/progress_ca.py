@@ -1,12 +1,5 @@
-"""The progress endpoint's certificate, and its CA published where the run's pods read it.
-
-:class:`ServingCert` comes from ``--progress-cert-dir``, or from the Secret
-``--progress-ca-secret`` the replicas share (:meth:`ServingCert.shared`: the first replica that
-finds none creates it), or is made at start for this process only. :class:`CAKeeper` keeps the
-CA in each ``target: pytorchjob`` run's namespace as ConfigMap ``megdet-progress-ca`` (key
-``ca.crt``, mounted by the run chart), from a watch of those ConfigMaps: one missing or changed
-is written at once, nothing while they are right; every replica keeps them, with the same CA.
-docs/operations.md, "Progress reporting".
+"""The progress endpoint's certificate, and its CA kept in each pytorchjob run's namespace as
+ConfigMap ``megdet-progress-ca``: docs/controller.md, "Progress reporting in detail" (TLS).
 """
 
 from __future__ import annotations
@@ -34,10 +27,11 @@ __all__ = [
 
 #: Key of the CA in the ConfigMap (Trainer's own ConfigMap uses the same).
 CA_KEY = "ca.crt"
-#: The ConfigMap holding the endpoint's CA, one per namespace with runs, shared by its runs
-#: (public data). One fixed name, so the controller's RBAC names it: it may read and update
-#: only this ConfigMap of a namespace, not any other (EKS's aws-auth is a ConfigMap).
+#: The ConfigMap of the endpoint's CA in each namespace with runs; one fixed name, so the
+#: controller's RBAC can name it and no other ConfigMap.
 CA_CONFIG_MAP = "megdet-progress-ca"
+#: The Secret's keys, in the order of ``ca_and_serving_cert``'s PEMs.
+_SECRET_KEYS = (CA_KEY, "tls.crt", "tls.key")
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +60,10 @@ class ServingCert:
     @classmethod
     def generate(cls, hosts: list[str]) -> ServingCert:
         """A fresh CA and a serving certificate for ``hosts`` (and localhost, 127.0.0.1)."""
-        ca_pem, cert_pem, key_pem = ca_and_serving_cert(
-            hosts, ca_name="megdet-progress-ca", leaf_name="megdet-progress"
-        )
+        return cls.from_pem(*_fresh(hosts))
+
+    @classmethod
+    def from_pem(cls, ca_pem: bytes, cert_pem: bytes, key_pem: bytes) -> ServingCert:
         return cls(context_from_pem(cert_pem + ca_pem, key_pem), ca_pem.decode())
 
     @classmethod
@@ -87,10 +82,8 @@ class ServingCert:
     def shared(
         cls, api_client: Any, timeout: float, namespace: str, name: str, hosts: list[str]
     ) -> ServingCert:
-        """The certificate in the Secret ``namespace/name`` (``ca.crt``, ``tls.crt``,
-        ``tls.key``), created with a fresh CA and certificate for ``hosts`` if there is none.
-        Two replicas starting together both try to create it; the API server keeps one (409
-        for the other, which then reads it), so both serve the same certificate."""
+        """The certificate in the Secret ``namespace/name``, which the first replica to find
+        none creates for ``hosts`` (a create that answers 409 reads the winner's)."""
         from kubernetes import client as k8s
 
         core = k8s.CoreV1Api(api_client)
@@ -101,9 +94,7 @@ class ServingCert:
                 raise
             found = None
         if found is None:
-            ca_pem, cert_pem, key_pem = ca_and_serving_cert(
-                hosts, ca_name="megdet-progress-ca", leaf_name="megdet-progress"
-            )
+            pems = _fresh(hosts)
             body = {
                 "apiVersion": "v1",
                 "kind": "Secret",
@@ -115,29 +106,29 @@ class ServingCert:
                 "type": "kubernetes.io/tls",
                 "data": {
                     key: base64.b64encode(pem).decode()
-                    for key, pem in ((CA_KEY, ca_pem), ("tls.crt", cert_pem), ("tls.key", key_pem))
+                    for key, pem in zip(_SECRET_KEYS, pems, strict=True)
                 },
             }
             try:
                 core.create_namespaced_secret(namespace, body, _request_timeout=timeout)
                 logger.info("progress: created the CA Secret %s/%s", namespace, name)
-                return cls(context_from_pem(cert_pem + ca_pem, key_pem), ca_pem.decode())
+                return cls.from_pem(*pems)
             except k8s.ApiException as err:
                 if err.status != 409:
                     raise
             found = core.read_namespaced_secret(name, namespace, _request_timeout=timeout)
         data = found.data or {}
         try:
-            ca_pem, cert_pem, key_pem = (
-                base64.b64decode(data[k]) for k in (CA_KEY, "tls.crt", "tls.key")
-            )
-            context = context_from_pem(cert_pem + ca_pem, key_pem)
+            return cls.from_pem(*(base64.b64decode(data[k]) for k in _SECRET_KEYS))
         except (KeyError, ValueError, ssl.SSLError) as err:
             raise ValueError(
                 f"--progress-ca-secret {namespace}/{name}: needs {CA_KEY}, tls.crt and tls.key "
                 f"that load ({type(err).__name__}: {err}); delete it to have a new one made"
             ) from None
-        return cls(context, ca_pem.decode())
+
+
+def _fresh(hosts: list[str]) -> tuple[bytes, ...]:
+    return ca_and_serving_cert(hosts, ca_name="megdet-progress-ca", leaf_name="megdet-progress")
 
 
 def service_hosts(url: str) -> list[str]:
@@ -157,15 +148,9 @@ def service_hosts(url: str) -> list[str]:
 
 
 class CAKeeper:
-    """Keeps ``megdet-progress-ca`` right in every namespace the CA was published to.
-
-    A namespace editor may change or delete that ConfigMap (``edit`` covers ConfigMaps); the
-    pods would then trust another CA, or none. A watch of the ConfigMaps of that one name
-    (:meth:`watch`; RBAC lets the controller list and watch no other) hears of it, and the CA
-    is written back at once: level-triggered (every list and every event is compared with the
-    CA), no request while they are right. ``write(namespace, found)`` creates (``found`` None)
-    or patches the ConfigMap.
-    """
+    """Keeps ``megdet-progress-ca`` right in every namespace the CA was published to, from a
+    watch of those ConfigMaps (level-triggered: no request while they are right).
+    ``write(namespace, found)`` creates (``found`` None) or patches the ConfigMap."""
 
     def __init__(self, ca_pem: str, write: Callable[[str, Mapping[str, Any] | None], Any]) -> None:
         self.ca_pem = ca_pem
@@ -182,11 +167,10 @@ class CAKeeper:
         self.events = 0
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self.watches: list[Any] = []
 
     def publish(self, namespace: str) -> None:
-        """``namespace`` has a ``target: pytorchjob`` run: its ConfigMap is made at the next
-        :meth:`resync` and kept from then on."""
+        """``namespace`` has a ``target: pytorchjob`` run: keep its ConfigMap from the next
+        :meth:`resync` on."""
         with self._lock:
             self.published.add(namespace)
 
@@ -217,9 +201,7 @@ class CAKeeper:
             self._keep(ns)
 
     def resync(self) -> None:
-        """Compare every kept namespace with what the watch last saw, and write what is missing
-        or wrong (the service's thread calls it twice a second: no request while all is
-        right). Namespaces whose watch has not listed yet wait for it."""
+        """Write what the watch last saw missing or wrong in the listed namespaces kept."""
         with self._lock:
             namespaces = [
                 ns for ns in sorted(self.published) if None in self.listed or ns in self.listed
@@ -228,9 +210,8 @@ class CAKeeper:
             self._keep(ns)
 
     def _keep(self, namespace: str) -> None:
-        """Write the namespace's ConfigMap if what the watch last saw of it is missing or
-        wrong. One at a time (the watch thread and the service's thread both call it), each
-        deciding on the latest view, so one change costs one write."""
+        """Write the namespace's ConfigMap if what the watch last saw is missing or wrong; one
+        at a time, each on the latest view, so one change costs one write."""
         with self._write_lock:
             self._keep_locked(namespace)
 
@@ -264,40 +245,26 @@ class CAKeeper:
             "was deleted" if found is None else "did not hold the endpoint's CA",
         )
 
-    def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> CAKeeper:
-        """Start a watch of the ConfigMaps named ``megdet-progress-ca``: in all namespaces, or
-        in each of ``namespaces`` (a controller serving only those)."""
+    def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> list[Any]:
+        """Start the watches of the ConfigMaps named ``megdet-progress-ca`` in ``namespaces``
+        (none: all)."""
         from kubernetes import client as k8s
 
-        from megdet.controller.progress_watch import ListWatch, lister, named
+        from megdet.controller.progress_watch import named, watch_each
 
         core = k8s.CoreV1Api(api_client)
-        for namespace in namespaces or [None]:
-            list_fn = lister(core.list_config_map_for_all_namespaces,
-                             core.list_namespaced_config_map, namespace)  # fmt: skip
-
-            def on_list(items: list[dict[str, Any]], ns: str | None = namespace) -> None:
-                self.on_list(items, ns)
-
-            self.watches.append(
-                ListWatch(
-                    list_fn, on_list, self.on_event, keep=named(CA_CONFIG_MAP),
-                    selectors={"field_selector": f"metadata.name={CA_CONFIG_MAP}"},
-                    timeout=timeout, what=f"ConfigMaps {CA_CONFIG_MAP}",
-                ).start()
-            )  # fmt: skip
-        return self
-
-    def stop(self) -> None:
-        for w in self.watches:
-            w.stop()
+        return watch_each(
+            namespaces, core.list_config_map_for_all_namespaces, core.list_namespaced_config_map,
+            self.on_list, self.on_event, keep=named(CA_CONFIG_MAP),
+            selectors={"field_selector": f"metadata.name={CA_CONFIG_MAP}"},
+            timeout=timeout, what=f"ConfigMaps {CA_CONFIG_MAP}",
+        )  # fmt: skip
 
 
 def kubernetes_ca_writer(
     api_client: Any, timeout: float, ca_pem: str
 ) -> Callable[[str, Mapping[str, Any] | None], Any]:
-    """``write(namespace, found)`` for :class:`CAKeeper`: create the ConfigMap when it is gone,
-    else merge-patch its ``ca.crt`` back."""
+    """``write(namespace, found)`` for :class:`CAKeeper`: create the ConfigMap, or patch it."""
     from kubernetes import client as k8s
 
     core = k8s.CoreV1Api(api_client)

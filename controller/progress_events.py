@@ -1,11 +1,5 @@
-"""Milestone events from the run's watch: the old and the new ``status.progress``, both targets.
-
-A Normal ``Evaluated`` event for each new evaluation and a Normal ``Checkpointed`` event every
-K-th new checkpoint (:class:`Milestones`), through a per-run token bucket; posted by a kopf
-event handler (:func:`register`), so on the replica kopf lets act. What the watch saw last is
-the run's :class:`Milestones` in its record (controller/run_record.py). Why there and not where
-reports arrive, and what a restart or failover announces: docs/controller.md, "Progress
-reporting in detail".
+"""Milestone events (``Evaluated``, ``Checkpointed``) from the run's watch, both targets:
+docs/controller.md, "Progress reporting in detail".
 """
 
 from __future__ import annotations
@@ -17,12 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from megdet.controller.api import GROUP, PLURAL, VERSION
+from megdet.controller.tokenauth import TokenBucket
 
 __all__ = [
     "EVENTS_PER_HOUR",
     "EVENT_BURST",
     "Milestones",
-    "TokenBucket",
     "milestones_of",
     "register",
 ]
@@ -33,29 +27,10 @@ EVENTS_PER_HOUR = 6
 
 
 @dataclass
-class TokenBucket:
-    """``capacity`` tokens, refilled at ``per_hour`` an hour; :meth:`take` spends one."""
-
-    capacity: float = EVENT_BURST
-    per_hour: float = EVENTS_PER_HOUR
-    tokens: float = EVENT_BURST
-    at: float | None = None
-
-    def take(self, now: float) -> bool:
-        if self.at is not None:
-            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_hour / 3600)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
-
-
-@dataclass
 class Milestones:
-    """Which progress deserves an event: each new evaluation (``Evaluated``, with AP and AP50)
-    and every ``checkpoint_every``-th new checkpoint (``Checkpointed``), through a per-run
-    :class:`TokenBucket`. One per run, for both targets; thread-safe."""
+    """What a run's watch saw of its progress, and which new progress deserves an event: each
+    new evaluation and every ``checkpoint_every``-th new checkpoint, within a per-run
+    :class:`TokenBucket`. Thread-safe."""
 
     checkpoint_every: int = 5
     #: The run's uid ("": not known): a run created again under the name starts anew.
@@ -63,7 +38,9 @@ class Milestones:
     eval_iteration: int | None = None
     checkpoint_iteration: int | None = None
     checkpoints: int = 0
-    bucket: TokenBucket = field(default_factory=TokenBucket)
+    bucket: TokenBucket = field(
+        default_factory=lambda: TokenBucket(EVENT_BURST, EVENTS_PER_HOUR, EVENT_BURST)
+    )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @classmethod
@@ -110,9 +87,8 @@ def _num(value: Any) -> str:
 def milestones_of(
     records: Any, body: Mapping[str, Any], checkpoint_every: int, now: float
 ) -> list[tuple[str, str]]:
-    """The events a run's watch event calls for: its ``status.progress`` compared with what
-    its :class:`Milestones` in ``records`` (the operator's
-    :class:`~megdet.controller.run_record.RunRecords`) saw before."""
+    """The events a run's watch event calls for, from its :class:`Milestones` in ``records``
+    (:class:`~megdet.controller.run_record.RunRecords`)."""
     meta, status = body.get("metadata") or {}, body.get("status") or {}
     progress = status.get("progress") if isinstance(status.get("progress"), Mapping) else {}
     uid = str(meta.get("uid") or "")
@@ -127,8 +103,7 @@ def milestones_of(
 
 
 def register(registry: Any, records: Any, checkpoint_every: int) -> None:
-    """A kopf event handler on ``registry`` that posts each run's milestone events from its
-    watch (:func:`milestones_of`). Async and API-free but for the events: kopf posts them."""
+    """A kopf event handler on ``registry`` that posts each run's milestone events."""
     import kopf
 
     async def milestones(event: Any, body: Any, **_: Any) -> None:

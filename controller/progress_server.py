@@ -1,12 +1,5 @@
-"""The progress endpoint's HTTPS server: authenticate, hand the report to the hub, answer.
-
-``POST /apis/megdet.io/v1alpha1/namespaces/<ns>/megdetruns/<name>/status`` with Kubeflow
-Trainer's runtime-status body, answered as Trainer v2.3.0's status server answers
-(``pkg/statusserver/``): the body back on 200, a ``metav1.Status`` on a failure; every report
-counted by :data:`RESULTS`. :func:`start` serves it with its neighbours (progress_auth.py,
-progress_binding.py, progress_watch.py, progress_hub.py, progress_ca.py) on every replica.
-How they fit: docs/architecture.md, "Progress reporting"; its bounds and answers:
-docs/operations.md, "Progress reporting".
+"""The progress endpoint's HTTPS server and its start: authenticate, hand the report to the hub,
+answer as Kubeflow Trainer's status server does. docs/architecture.md, "Progress reporting".
 """
 
 from __future__ import annotations
@@ -19,7 +12,6 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +24,11 @@ from megdet.controller.http_limits import BoundedHandlerMixin, BoundedServerMixi
 from megdet.controller.kubeapi import Cluster
 from megdet.controller.progress_auth import IssuerKeys, RunAuthenticator, kubernetes_fetch
 from megdet.controller.progress_binding import (
+    JOB_API_VERSION,
+    JOB_KIND,
+    Directory,
     PodBinding,
-    PodDirectory,
-    RunDirectory,
-    kubernetes_job_reader,
+    pod_ref,
     run_ref,
 )
 from megdet.controller.progress_ca import (
@@ -44,10 +37,9 @@ from megdet.controller.progress_ca import (
     kubernetes_ca_writer,
     service_hosts,
 )
-from megdet.controller.progress_events import TokenBucket
-from megdet.controller.progress_hub import HubFull, ProgressHub, UnknownRun, out_of_range
-from megdet.controller.progress_watch import ListWatch, labelled, lister
-from megdet.controller.tokenauth import Verdict
+from megdet.controller.progress_hub import HubFull, InvalidProgress, ProgressHub, UnknownRun
+from megdet.controller.progress_watch import ListWatch, labelled, watch_each
+from megdet.controller.tokenauth import BoundedLRU, TokenBucket, Verdict
 from megdet.fabric_report import from_metrics
 
 __all__ = [
@@ -90,9 +82,8 @@ MAX_PATH = len(_PREFIX) + 63 + len(f"/{PLURAL}/") + 253 + len("/status")
 
 
 def run_of_path(path: str) -> tuple[str, str] | None:
-    """(namespace, name) of a run's status path, or None when the path cannot name one: a
-    namespace that is not a DNS-1123 label of at most 63 characters, a name that is not a
-    DNS-1123 subdomain of at most 253. The length is checked before any pattern is tried."""
+    """(namespace, name) of a run's status path (a DNS-1123 label, a DNS-1123 subdomain of at
+    most 253), or None; the length is checked before the pattern."""
     if len(path) > MAX_PATH:
         return None
     found = _PATH.match(path)
@@ -156,9 +147,14 @@ def _status_body(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
+def _failed(result: str, code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:
+    """A failure answer, counted as ``result`` (:data:`RESULTS`)."""
+    metrics.PROGRESS_REPORTS.labels(result).inc()
+    return code, _status_body(code, reason, message)
+
+
 class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
-    """The endpoint: authenticates, hands the progress to the hub, answers. ``limits``: its
-    connection cap and request deadline (:class:`~megdet.controller.http_limits.Limits`)."""
+    """The endpoint; ``limits``: its bounds (:class:`~megdet.controller.http_limits.Limits`)."""
 
     daemon_threads = True
 
@@ -180,8 +176,8 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
         self.hub = hub
         self.auth = auth
         self.clock = clock
-        #: (namespace, run) -> when its last refusal was logged; at most MAX_LOGGED runs.
-        self.logged: OrderedDict[tuple[str, str], float] = OrderedDict()
+        #: (namespace, run) -> when its last refusal was logged.
+        self.logged = BoundedLRU(MAX_LOGGED)
         self._log_lock = threading.Lock()
         self._log_budget = TokenBucket(LOG_BURST, LOGS_PER_MINUTE * 60, LOG_BURST)
         self._unlogged = 0
@@ -196,82 +192,60 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
     ) -> tuple[int, dict[str, Any]]:
         run = run_of_path(path)
         if run is None:
-            metrics.PROGRESS_REPORTS.labels("not_found").inc()
-            return 404, _status_body(404, "NotFound", f"no endpoint {path[:200]}")
+            return _failed("not_found", 404, "NotFound", f"no endpoint {path[:200]}")
         namespace, name = run
         verdict = self.auth.check(authorization, namespace, name, source)
+        if verdict.status == 500:
+            return _failed("error", 500, "InternalError", verdict.reason)
+        if verdict.status == 401:  # no well-formed token: nothing is remembered of it
+            return _failed("unauthenticated", 401, "Unauthorized", "Unauthorized")
         if verdict.status != 200:
-            return self._refused(namespace, name, verdict)
+            self._log_refusal(namespace, name, verdict)
+            return _failed("forbidden", 403, "Forbidden", "Forbidden")
         try:
             size = int(length or "")
         except ValueError:
-            metrics.PROGRESS_REPORTS.labels("invalid").inc()
-            return 411, _status_body(411, "LengthRequired", "Content-Length required")
+            return _failed("invalid", 411, "LengthRequired", "Content-Length required")
         if size < 0 or size > MAX_BODY:
-            metrics.PROGRESS_REPORTS.labels("invalid").inc()
             if 0 < size <= 2 * MAX_BODY:
                 rfile.read(size)  # drained, so that the client reads the answer, not a reset
-            return 413, _status_body(413, "RequestEntityTooLarge", f"body over {MAX_BODY} bytes")
-        raw = rfile.read(size)
+            return _failed("invalid", 413, "RequestEntityTooLarge", f"body over {MAX_BODY} bytes")
         try:
-            body = json.loads(raw)
+            body = json.loads(rfile.read(size))
         except (ValueError, UnicodeDecodeError, RecursionError):
             body = None
         if not isinstance(body, dict) or not isinstance(body.get("trainerStatus"), Mapping):
-            metrics.PROGRESS_REPORTS.labels("invalid").inc()
-            return 422, _status_body(
-                422, "Invalid", 'Invalid payload: expected {"trainerStatus": {...}}'
-            )
+            message = 'Invalid payload: expected {"trainerStatus": {...}}'
+            return _failed("invalid", 422, "Invalid", message)
         progress, problems = protocol.to_status(body["trainerStatus"])
         if not progress:
-            metrics.PROGRESS_REPORTS.labels("invalid").inc()
-            return 422, _status_body(422, "Invalid", "Invalid payload: " + "; ".join(problems))
-        outside = out_of_range(progress)
-        if outside:
-            metrics.PROGRESS_REPORTS.labels("invalid").inc()
-            return 422, _status_body(422, "Invalid", "Invalid payload: " + "; ".join(outside))
-        if problems:
-            logger.info("progress: %s/%s: parts left out: %s", namespace, name, problems[:5])
+            return _failed("invalid", 422, "Invalid", "Invalid payload: " + "; ".join(problems))
         fabric = from_metrics(body["trainerStatus"].get("metrics"))
         try:
             self.hub.report(namespace, name, progress, fabric)
+        except InvalidProgress as err:
+            return _failed("invalid", 422, "Invalid", f"Invalid payload: {err}")
         except UnknownRun as err:
-            metrics.PROGRESS_REPORTS.labels("not_found").inc()
-            return 404, _status_body(404, "NotFound", str(err))
+            return _failed("not_found", 404, "NotFound", str(err))
         except HubFull as err:
-            metrics.PROGRESS_REPORTS.labels("busy").inc()
-            return 503, _status_body(503, "ServiceUnavailable", str(err))
+            return _failed("busy", 503, "ServiceUnavailable", str(err))
         except Exception as err:
-            metrics.PROGRESS_REPORTS.labels("error").inc()
             logger.error("progress: %s/%s: %s: %s", namespace, name, type(err).__name__, err)
-            return 500, _status_body(500, "InternalError", "the report could not be kept")
+            return _failed("error", 500, "InternalError", "the report could not be kept")
+        if problems:
+            logger.info("progress: %s/%s: parts left out: %s", namespace, name, problems[:5])
         metrics.PROGRESS_REPORTS.labels("accepted").inc()
         return 200, body
 
-    def _refused(self, namespace: str, name: str, verdict: Verdict) -> tuple[int, dict[str, Any]]:
-        if verdict.status == 500:
-            metrics.PROGRESS_REPORTS.labels("error").inc()
-            return 500, _status_body(500, "InternalError", verdict.reason)
-        if verdict.status == 401:
-            # No well-formed token: nothing is remembered of it (not even to log it).
-            metrics.PROGRESS_REPORTS.labels("unauthenticated").inc()
-            return 401, _status_body(401, "Unauthorized", "Unauthorized")
-        metrics.PROGRESS_REPORTS.labels("forbidden").inc()
-        self._log_refusal(namespace, name, verdict)
-        return 403, _status_body(403, "Forbidden", "Forbidden")
-
     def _log_refusal(self, namespace: str, name: str, verdict: Verdict) -> None:
-        """Log a refusal once per run a minute, and at most :data:`LOG_BURST` lines at once
-        (:data:`LOGS_PER_MINUTE` a minute) in all: a flood of names does not flood the log."""
+        """Log a refusal once per run a minute, within :data:`LOG_BURST` and
+        :data:`LOGS_PER_MINUTE` in all."""
         now = self.clock()
         key = (namespace, name)
         with self._log_lock:
             if now - self.logged.get(key, -1e18) < 60:
                 return
-            self.logged[key] = now
-            self.logged.move_to_end(key)
-            while len(self.logged) > MAX_LOGGED:
-                self.logged.popitem(last=False)
+            self.logged.put(key, now)
             if not self._log_budget.take(now):
                 self._unlogged += 1
                 return
@@ -288,15 +262,14 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
 
 @dataclass
 class ProgressService:
-    """The running endpoint: server thread, flusher thread, the CA keeper's resync thread, and
-    the watches of the served runs and their pods (what a report is checked against)."""
+    """The running endpoint: its server, flusher and CA threads, and its watches."""
 
     server: ProgressServer
     hub: ProgressHub
     cert: ServingCert
     keeper: CAKeeper | None = None
-    runs: RunDirectory = field(default_factory=RunDirectory)
-    pods: PodDirectory = field(default_factory=PodDirectory)
+    runs: Directory = field(default_factory=lambda: Directory(run_ref))
+    pods: Directory = field(default_factory=lambda: Directory(pod_ref))
     stop_event: threading.Event = field(default_factory=threading.Event)
     watches: list[ListWatch] = field(default_factory=list)
 
@@ -322,8 +295,8 @@ class ProgressService:
                              name="megdet-progress-ca", daemon=True).start()  # fmt: skip
 
     def note_run(self, kind: str, body: dict[str, Any]) -> None:
-        """A run's watch event: the directory follows it, a deleted run's progress goes, and
-        a pytorchjob run's namespace gets the CA."""
+        """A run's watch event: the directory follows it, the hub forgets a deleted run, and a
+        pytorchjob run's namespace gets the CA."""
         deleted = kind == "DELETED"
         self.runs.note(body, deleted=deleted)
         meta = body.get("metadata") or {}
@@ -338,39 +311,32 @@ class ProgressService:
             self.note_run("ADDED", body)
 
     def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> None:
-        """Start the watches of the runs and of their pods (the run chart's label), in every
-        served namespace (all without ``namespaces``)."""
+        """Start the watches of the runs, their pods (the run chart's label) and the CA
+        ConfigMaps, in each served namespace (all without ``namespaces``)."""
         from kubernetes import client as k8s
 
         from megdet.controller.pod_problems import PART_OF
 
         custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
-        for ns in namespaces or [None]:
-            runs = lister(
-                lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw),
-                lambda n, **kw: custom.list_namespaced_custom_object(
-                    GROUP, VERSION, n, PLURAL, **kw
-                ),
-                ns,
-            )
-            pods = lister(core.list_pod_for_all_namespaces, core.list_namespaced_pod, ns)
-            self.watches += [
-                ListWatch(runs, lambda items, ns=ns: self.note_runs(items, ns), self.note_run,
-                          timeout=timeout, what="MegDetRuns").start(),
-                ListWatch(pods, lambda items, ns=ns: self.pods.relist(items, ns),
-                          lambda kind, body: self.pods.note(body, deleted=kind == "DELETED"),
-                          keep=labelled(*PART_OF), selectors={"label_selector": "=".join(PART_OF)},
-                          timeout=timeout, what="pods").start(),
-            ]  # fmt: skip
+        self.watches += watch_each(
+            namespaces,
+            lambda **kw: custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, **kw),
+            lambda ns, **kw: custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, **kw),
+            self.note_runs, self.note_run, timeout=timeout, what="MegDetRuns",
+        )  # fmt: skip
+        self.watches += watch_each(
+            namespaces, core.list_pod_for_all_namespaces, core.list_namespaced_pod,
+            self.pods.relist, lambda kind, body: self.pods.note(body, deleted=kind == "DELETED"),
+            keep=labelled(*PART_OF), selectors={"label_selector": "=".join(PART_OF)},
+            timeout=timeout, what="pods",
+        )  # fmt: skip
         if self.keeper is not None:
-            self.keeper.watch(api_client, timeout, namespaces)
+            self.watches += self.keeper.watch(api_client, timeout, namespaces)
 
     def stop(self) -> None:
         self.stop_event.set()
         for w in self.watches:
             w.stop()
-        if self.keeper is not None:
-            self.keeper.stop()
         self.server.shutdown()
         self.server.server_close()
 
@@ -400,14 +366,12 @@ def start(
     namespaces: list[str] | None = None,
     limits: Limits | None = None,
 ) -> ProgressService:
-    """Serve the endpoint on ``addr:port``, with its watches of the served runs, their pods
-    and the CA ConfigMaps in ``namespaces`` (default: all); ``limits``: the server's connection
-    cap and request deadline (http_limits.py)."""
+    """Serve the endpoint on ``addr:port``, watching ``namespaces`` (default: all)."""
     cert = _certificate(api_client, timeout, url, cert_dir, ca_secret)
     cluster = Cluster(api_client, timeout=timeout)
     from megdet.controller.status_writer import now_text
 
-    runs, pods = RunDirectory(), PodDirectory()
+    runs, pods = Directory(run_ref), Directory(pod_ref)
     hub = ProgressHub(
         runs.get,
         lambda ns, name: run_ref(cluster.get_run(ns, name)),
@@ -418,7 +382,7 @@ def start(
     auth = RunAuthenticator(
         IssuerKeys(kubernetes_fetch(api_client, timeout)),
         runs.get,
-        PodBinding(kubernetes_job_reader(api_client, timeout), pods),
+        PodBinding(lambda ns, name: cluster.get(JOB_API_VERSION, JOB_KIND, ns, name), pods),
     )
     server = ProgressServer((addr, port), hub, auth, cert.context, limits=limits)
     keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem))

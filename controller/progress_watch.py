@@ -1,14 +1,11 @@
-"""The progress endpoint's own watches, kept by every controller replica (kopf pauses the
-watches of a replica its peering does not let act: docs/architecture.md, "Progress reporting").
-
-:class:`ListWatch` is one such watch: a list, then a watch from its resourceVersion, again after
-any error, each object passed through ``keep`` first (the API server's selectors are asked for
-too, but a client-side check costs nothing and holds without them).
+"""The progress endpoint's own watches, which every replica keeps (kopf pauses a replica's):
+docs/controller.md, "Progress reporting in detail".
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -16,18 +13,17 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["ListWatch", "labelled", "lister", "named"]
+__all__ = ["ListWatch", "labelled", "named", "watch_each"]
 
 logger = logging.getLogger(__name__)
 
 
 class ListWatch:
-    """List and watch one resource in a daemon thread.
+    """A list, then a watch from its resourceVersion, again after any error, in a daemon thread.
 
-    ``list_fn(**kwargs)`` is a ``kubernetes`` client list method (namespace and resource bound
-    already); ``on_list(objects)`` gets every (re)list, ``on_event(type, object)`` every watch
-    event, both as plain dicts and only the objects ``keep`` accepts. ``selectors``: the
-    ``field_selector`` / ``label_selector`` asked of the API server.
+    ``list_fn(**kwargs)``: a ``kubernetes`` client list method; ``on_list(objects)`` gets every
+    (re)list, ``on_event(type, object)`` every event, as plain dicts, only what ``keep`` accepts
+    (checked here too: ``selectors`` are the API server's ``field_selector``/``label_selector``).
     """
 
     def __init__(
@@ -136,9 +132,21 @@ def labelled(key: str, value: str) -> Callable[[Any], bool]:
     return keep
 
 
-def lister(all_namespaces: Callable[..., Any], namespaced: Callable[..., Any],
-           namespace: str | None) -> Callable[..., Any]:  # fmt: skip
-    """A list method for ``namespace`` (None: all namespaces) of a ``kubernetes`` client."""
-    if namespace is None:
-        return all_namespaces
-    return lambda **kw: namespaced(namespace, **kw)
+def watch_each(
+    namespaces: list[str],
+    all_namespaces: Callable[..., Any],
+    namespaced: Callable[..., Any],
+    on_list: Callable[[list[dict[str, Any]], str | None], None],
+    on_event: Callable[[str, dict[str, Any]], None],
+    **options: Any,
+) -> list[ListWatch]:
+    """A started :class:`ListWatch` in each of ``namespaces`` (none: one of all namespaces),
+    listing with ``namespaced(namespace, **kw)`` or ``all_namespaces(**kw)``; ``on_list`` gets
+    each list and its namespace (None: all)."""
+    watches = []
+    for ns in namespaces or [None]:
+        list_fn = all_namespaces if ns is None else functools.partial(namespaced, ns)
+        watches.append(
+            ListWatch(list_fn, functools.partial(on_list, namespace=ns), on_event, **options)
+        )
+    return [w.start() for w in watches]

@@ -1,11 +1,5 @@
-"""Bearer tokens on the controller's ``/metrics``: a cached check, a ``TokenReview`` behind it.
-
-:class:`TokenAuthorizer` does in process what controller-runtime's
-``filters.WithAuthenticationAndAuthorization`` does: a ``TokenReview`` of the request's token,
-then a ``SubjectAccessReview`` for ``get /metrics``; verdicts (:class:`Verdict`: 200, 401, 403,
-429, 500) kept by the token's SHA-256 in two bounded pools (:class:`VerdictCache`), reviews per
-source address bounded (:class:`SourceLimiter`). The progress endpoint shares
-:func:`bearer_token` and :class:`Verdict`. In detail: docs/monitoring.md, "Metrics
+"""Bearer tokens on ``/metrics`` (a cached TokenReview and SubjectAccessReview), and the bounded
+caches and rate limits the controller's HTTPS servers share: docs/monitoring.md, "Metrics
 authentication".
 """
 
@@ -23,10 +17,12 @@ from typing import Any, Protocol
 __all__ = [
     "MAX_TOKEN_LENGTH",
     "AuthError",
+    "BoundedLRU",
     "KubernetesReviewer",
     "Reviewer",
     "SourceLimiter",
     "TokenAuthorizer",
+    "TokenBucket",
     "User",
     "Verdict",
     "VerdictCache",
@@ -35,8 +31,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Longest bearer token looked at: a ServiceAccount JWT is 1-2 KB; a longer one is refused
-#: as malformed without asking the API server.
+#: Longest bearer token looked at (a ServiceAccount JWT is 1-2 KB); longer is malformed.
 MAX_TOKEN_LENGTH = 16 * 1024
 
 
@@ -55,9 +50,7 @@ def bearer_token(authorization: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class Verdict:
-    """The answer to one request: an HTTP status (200, 401, 403, 429 or 500), why, and whom
-    the token speaks for (``/metrics``: its user; the progress endpoint: the pod it is bound
-    to)."""
+    """An HTTP status (200, 401, 403, 429 or 500), why, and whom the token speaks for."""
 
     status: int
     reason: str
@@ -68,35 +61,53 @@ class Verdict:
         return self.status == 200
 
 
-class _Pool:
-    """One LRU pool of verdicts, each until its own expiry."""
+class BoundedLRU(OrderedDict):
+    """An OrderedDict of at most ``most`` keys: :meth:`put` drops the least recently used."""
 
-    def __init__(self, max_entries: int) -> None:
-        self.max_entries = max_entries
-        self.entries: OrderedDict[tuple[Hashable, ...], tuple[float, Any]] = OrderedDict()
+    def __init__(self, most: int) -> None:
+        super().__init__()
+        self.most = most
 
-    def get(self, key: tuple[Hashable, ...], now: float) -> Any | None:
-        hit = self.entries.get(key)
-        if hit is None:
-            return None
-        if hit[0] > now:
-            self.entries.move_to_end(key)
+    def put(self, key: Hashable, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.most:
+            self.popitem(last=False)
+
+    def fresh(self, key: Hashable, now: float) -> Any | None:
+        """The value put as ``(expires, value)`` for ``key`` while ``expires`` is after
+        ``now`` (it becomes the most recently used); an expired entry is dropped."""
+        hit = self.get(key)
+        if hit is not None and hit[0] > now:
+            self.move_to_end(key)
             return hit[1]
-        del self.entries[key]
+        self.pop(key, None)
         return None
 
-    def put(self, key: tuple[Hashable, ...], verdict: Any, expires: float) -> None:
-        self.entries[key] = (expires, verdict)
-        self.entries.move_to_end(key)
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
+
+@dataclass
+class TokenBucket:
+    """``capacity`` tokens, refilled at ``per_hour`` an hour; :meth:`take` spends one."""
+
+    capacity: float
+    per_hour: float
+    tokens: float
+    at: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.at is not None:
+            self.tokens = min(self.capacity, self.tokens + (now - self.at) * self.per_hour / 3600)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
 
 
 class VerdictCache:
-    """Verdicts by (SHA-256 of the token, *scope*), each until its own expiry, in two pools:
-    grants (``max_entries``) and refusals (``max_denied``, default the same). The least
-    recently used of a pool goes first once it is full, so a flood of bad tokens evicts only
-    other refusals, never a grant. Thread-safe."""
+    """Verdicts by (SHA-256 of the token, *scope*), each until its own expiry, in two LRU
+    pools: grants (``max_entries``) and refusals (``max_denied``, default the same), so that a
+    flood of bad tokens evicts only other refusals. Thread-safe."""
 
     def __init__(
         self,
@@ -108,11 +119,8 @@ class VerdictCache:
         for label, value in (("max_entries", max_entries), ("max_denied", max_denied)):
             if value < 1:
                 raise ValueError(f"{label} must be >= 1, got {value}")
-        self.max_entries = max_entries
-        self.max_denied = max_denied
         self.clock = clock
-        self._allowed = _Pool(max_entries)
-        self._denied = _Pool(max_denied)
+        self._pools = {True: BoundedLRU(max_entries), False: BoundedLRU(max_denied)}
         self._lock = threading.Lock()
 
     @staticmethod
@@ -123,38 +131,35 @@ class VerdictCache:
     def get(self, key: tuple[Hashable, ...], now: float) -> Any | None:
         """The verdict kept for ``key`` if it has not expired at ``now``, else None."""
         with self._lock:
-            hit = self._allowed.get(key, now)
-            return hit if hit is not None else self._denied.get(key, now)
+            hit = self._pools[True].fresh(key, now)
+            return hit if hit is not None else self._pools[False].fresh(key, now)
 
     def put(
         self, key: tuple[Hashable, ...], verdict: Any, expires: float, *, allowed: bool
     ) -> None:
-        """Keep ``verdict`` for ``key`` until ``expires`` (on the cache's clock), in the grants'
-        pool when ``allowed``, else in the refusals'."""
+        """Keep ``verdict`` for ``key`` until ``expires``, in the pool of ``allowed``."""
         with self._lock:
-            (self._denied if allowed else self._allowed).entries.pop(key, None)
-            (self._allowed if allowed else self._denied).put(key, verdict, expires)
+            self._pools[not allowed].pop(key, None)
+            self._pools[allowed].put(key, (expires, verdict))
 
     def sizes(self) -> tuple[int, int]:
         """(grants, refusals) held now, expired ones included until looked up or evicted."""
         with self._lock:
-            return len(self._allowed.entries), len(self._denied.entries)
+            return len(self._pools[True]), len(self._pools[False])
 
     def __iter__(self) -> Iterator[tuple[Hashable, ...]]:
         """The keys held now (a copy: safe while others write)."""
         with self._lock:
-            return iter([*self._allowed.entries, *self._denied.entries])
+            return iter([*self._pools[True], *self._pools[False]])
 
     def __len__(self) -> int:
-        """Tokens held now (expired ones included until looked up or evicted)."""
         return sum(self.sizes())
 
 
 class SourceLimiter:
-    """A token bucket per source address: at most ``burst`` at once, refilled at ``rate`` a
-    second; what a cache miss costs (a TokenReview) is taken from the bucket of the address
-    that asked. At most ``max_sources`` buckets are kept (the least recently used goes first:
-    a forgotten source starts again with a full bucket). Thread-safe."""
+    """A :class:`TokenBucket` per source address (``burst`` at once, refilled at ``rate`` a
+    second), for what a cache miss costs; at most ``max_sources`` kept (LRU: a forgotten
+    source starts again with a full bucket). Thread-safe."""
 
     def __init__(
         self,
@@ -169,23 +174,18 @@ class SourceLimiter:
             )
         self.rate = rate
         self.burst = burst
-        self.max_sources = max_sources
         self.clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+        self._buckets = BoundedLRU(max_sources)
         self._lock = threading.Lock()
 
     def take(self, source: str) -> bool:
         """Spend one token of ``source``'s bucket; False (and nothing spent) when empty."""
-        now = self.clock()
         with self._lock:
-            tokens, at = self._buckets.get(source, (float(self.burst), now))
-            tokens = min(float(self.burst), tokens + (now - at) * self.rate)
-            allowed = tokens >= 1
-            self._buckets[source] = (tokens - 1 if allowed else tokens, now)
-            self._buckets.move_to_end(source)
-            while len(self._buckets) > self.max_sources:
-                self._buckets.popitem(last=False)
-            return allowed
+            bucket = self._buckets.get(source) or TokenBucket(
+                self.burst, self.rate * 3600, self.burst
+            )
+            self._buckets.put(source, bucket)
+            return bucket.take(self.clock())
 
     def __len__(self) -> int:
         with self._lock:
@@ -234,11 +234,9 @@ class Reviewer(Protocol):
 
 @dataclass
 class TokenAuthorizer:
-    """Token -> verdict for ``verb path`` on ``/metrics``: ``reviewer`` is asked only for a
-    token whose verdict is not kept, and only while the asking address has reviews left; the
-    grants are kept ``allow_ttl`` seconds and the refusals ``deny_ttl``, in pools of
-    ``max_entries`` each (Prometheus scraping every 15 s costs two API calls a minute, not two
-    a scrape)."""
+    """Token -> cached :class:`Verdict` for ``verb path`` on ``/metrics``, ``reviewer`` asked
+    on a miss while the source has reviews left (grants kept ``allow_ttl`` s, refusals
+    ``deny_ttl`` s, ``max_entries`` each)."""
 
     reviewer: Reviewer
     _: KW_ONLY
@@ -265,8 +263,7 @@ class TokenAuthorizer:
         path: str = "/metrics",
         source: str = "",
     ) -> Verdict:
-        """The verdict for a request with this ``Authorization`` header value, from the
-        address ``source`` (429 when it caused too many reviews lately)."""
+        """The verdict for this ``Authorization`` header value from the address ``source``."""
         token = bearer_token(authorization)
         if token is None:
             return Verdict(401, "no bearer token")
@@ -307,10 +304,8 @@ class TokenAuthorizer:
 
 
 class KubernetesReviewer:
-    """TokenReview and SubjectAccessReview through the Kubernetes Python client: needs
-    ``create`` on ``authentication.k8s.io/tokenreviews`` and
-    ``authorization.k8s.io/subjectaccessreviews`` (the operator chart's ``-metrics-auth``
-    ClusterRole)."""
+    """TokenReview and SubjectAccessReview through the Kubernetes client (the chart's
+    ``-metrics-auth`` ClusterRole grants them)."""
 
     def __init__(self, api_client: Any, timeout: float = 10.0) -> None:
         from kubernetes import client as k8s

@@ -23,9 +23,10 @@ from megdet.controller.progress_auth import (
 from megdet.controller.progress_binding import (
     JOB_API_VERSION,
     JOB_KIND,
+    Directory,
     PodBinding,
-    PodDirectory,
     RunRef,
+    pod_ref,
 )
 
 NS = "vision"
@@ -213,7 +214,7 @@ class FakeNamespace:
         return None
 
     def owner(self, namespace: str, name: str, uid: str) -> tuple[str, ...] | None:
-        """:meth:`PodDirectory.owner` over the pods there are."""
+        """:meth:`Directory.owner` over the pods there are."""
         self.reads.append(("pod", namespace, name))
         found = self.pods.get((namespace, name))
         if found is None and self.every_run:
@@ -223,7 +224,7 @@ class FakeNamespace:
                 found = pod(name, run, namespace)
         if found is None:
             return None
-        directory = PodDirectory()
+        directory = Directory(pod_ref)
         directory.note(found)
         return directory.owner(namespace, name, uid)
 

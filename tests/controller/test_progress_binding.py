@@ -21,7 +21,7 @@ from progress_fakes import (
 
 from megdet import progress as protocol
 from megdet.controller.progress_auth import RunAuthenticator
-from megdet.controller.progress_binding import PodDirectory, RunDirectory, RunRef
+from megdet.controller.progress_binding import Directory, RunRef, pod_ref, run_ref
 
 
 @pytest.fixture()
@@ -199,7 +199,7 @@ def test_a_read_that_fails_is_500_and_not_cached(world) -> None:
 
 
 def test_run_directory_follows_the_watch() -> None:
-    runs = RunDirectory()
+    runs = Directory(run_ref)
     body = {
         "metadata": {"namespace": NS, "name": "r", "uid": "u1"},
         "spec": {"gpus": 8},
@@ -236,7 +236,7 @@ def test_run_directory_follows_the_watch() -> None:
 def test_pod_directory_follows_the_watch() -> None:
     """A pod's token binds while the pod is live with the token's uid: a deleted pod's token
     stops working when the watch says so; a late DELETED of a replaced pod changes nothing."""
-    pods = PodDirectory()
+    pods = Directory(pod_ref)
     first = pod("victim-worker-0", "victim", uid="p1")
     pods.note(first)
     owner = ("PyTorchJob", "kubeflow.org/v1", "victim", job_uid("victim"))

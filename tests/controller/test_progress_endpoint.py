@@ -20,10 +20,11 @@ from megdet.controller import metrics
 from megdet.controller.planning import plan_children
 from megdet.controller.progress_binding import run_ref
 from megdet.controller.progress_ca import ServingCert, service_hosts
-from megdet.controller.progress_events import Milestones, TokenBucket, milestones_of
+from megdet.controller.progress_events import Milestones, milestones_of
 from megdet.controller.progress_hub import ProgressHub, UnknownRun
 from megdet.controller.progress_server import MAX_BODY, ProgressServer
 from megdet.controller.run_record import RunRecords
+from megdet.controller.tokenauth import TokenBucket
 
 NS = "vision"
 
