@@ -1,9 +1,6 @@
-"""Resizing a live elastic run (``spec.gpus`` changed within ``spec.elastic``'s bounds): record
-the resize in the status, delete the job (:func:`start`; a PyTorchJob in the foreground, a
-TrainJob in the background: :data:`PROPAGATION`), create it again at the new size once it is
-gone and no old pod is left (:func:`finish`), and record the new attempt
-(:func:`with_segments`). Why and how, from the upstream sources: docs/elastic.md, "How the
-controller resizes a run".
+"""Resizing a live elastic run: record the resize and delete the job (:func:`start`), create it
+again at the new size once it and its pods are gone (:func:`finish`), record the new attempt
+(:func:`with_segments`). Why and how: docs/elastic.md, "How the controller resizes a run".
 """
 
 from __future__ import annotations
@@ -15,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import kopf
 
-from megdet.controller.conditions import set_condition
+from megdet.controller.conditions import condition_of, set_condition
 from megdet.controller.job_state import TERMINAL_PHASES, count_of
 from megdet.controller.kubeapi import Backoff, api_call
 from megdet.plan import plan_continuation
@@ -46,15 +43,11 @@ RESIZING = "Resizing"
 RESIZED = "Resized"
 #: Segments kept in the status (the first and the newest; ``attempt`` keeps counting).
 MAX_SEGMENTS = 32
-#: How long the job mirror keeps trying to finish a resize whose create fails for a reason
-#: that heals (5xx, a quota); after that the next reconcile finishes it.
+#: How long the job mirror keeps trying to finish a resize (then the next reconcile does).
 FINISH_SECONDS = 600.0
 #: How often the job mirror looks again whether the stopped job's pods are gone.
 POLL_SECONDS = 1.0
-#: How a resize deletes the job. A TrainJob goes in the background: Trainer v2.3.0 applies the
-#: JobSet of every unfinished TrainJob, one being deleted too, so in a foreground deletion the
-#: garbage collector deletes JobSets that Trainer makes again (docs/elastic.md); :func:`finish`
-#: waits for the pods instead.
+#: How a resize deletes the job (a TrainJob in the background: docs/elastic.md).
 PROPAGATION = {"PyTorchJob": "Foreground", "TrainJob": "Background"}
 
 
@@ -120,10 +113,9 @@ def _set_condition(status: Mapping[str, Any], *args: Any, now: str, gen: Any) ->
 def start(
     writer: Any, run: Mapping[str, Any], job: Mapping[str, Any], gpus: int, retry: int
 ) -> None:
-    """Record the resize of ``run`` to ``gpus`` (the status first), then delete its ``job``,
-    only that incarnation, in the foreground. ``writer``: the
-    :class:`~megdet.controller.status_writer.StatusWriter`. The write carries no diff base
-    for kopf: a failed delete is retried by kopf, which a base written would stop."""
+    """Record the resize of ``run`` to ``gpus`` (the status first), then delete its ``job``
+    (:func:`restop`). ``writer``: the :class:`~megdet.controller.status_writer.StatusWriter`;
+    its write carries no diff base for kopf, so kopf retries a failed delete."""
     kind, name, uid = job["kind"], job["metadata"]["name"], job["metadata"].get("uid")
     generation = (run.get("metadata") or {}).get("generation")
 
@@ -180,14 +172,9 @@ def finish(
     pods_left: Callable[[], bool] = lambda: False,
 ) -> None:
     """Finish the resize of a run whose stopped job is gone (its DELETED event): once no pod of
-    the run is left (``pods_left``: a TrainJob's pods outlive it, :data:`PROPAGATION`), read
-    the run (its spec), and reconcile it, which creates the job at the size its spec asks for
-    now.
-
-    kopf never retries an event handler (kopf 1.45 ``_core/reactor/processing.py``,
-    ``process_watching_cause``), so a try that fails for a reason that heals is tried again
-    here, after the delay the reconcile asked for, for up to :data:`FINISH_SECONDS`; past
-    that, the run's next reconcile (any spec change, a controller restart) finishes it."""
+    the run is left (``pods_left``), read the run and reconcile it, which creates the job at
+    the size its spec asks for now; a try that fails for a reason that heals is tried again
+    here for up to :data:`FINISH_SECONDS` (docs/elastic.md: kopf retries no event handler)."""
     deadline = clock() + FINISH_SECONDS
     retry = 0
     while True:
@@ -296,7 +283,7 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, st
     out: list[tuple[str, str]] = []
     started, done = pending(new), count_of(new, "attempt") > count_of(old, "attempt") > 0
     if started is not None and pending(old) is None:
-        out.append((RESIZING, _condition_message(new, RESIZING)))
+        out.append((RESIZING, str((condition_of(new, RESIZING) or {}).get("message") or "")))
     if done:
         segment = (new.get("segments") or [{}])[-1]
         was = (old.get("resize") or {}).get("fromGpus") or current_gpus(old)
@@ -308,10 +295,3 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, st
             )
         )
     return out
-
-
-def _condition_message(status: Mapping[str, Any], kind: str) -> str:
-    for cond in status.get("conditions") or []:
-        if isinstance(cond, Mapping) and cond.get("type") == kind:
-            return str(cond.get("message") or "")
-    return ""
