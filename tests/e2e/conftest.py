@@ -10,32 +10,43 @@ memory and the disk that the control plane and the real node held.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import try_locally
+import yaml
 from e2e_helpers import (
     E2E_ROOT,
+    EXAMPLE,
     LOGS,
     OPERATOR_NAMESPACE,
     OPERATOR_RELEASE,
     ControllerProcess,
+    eventually,
     helm,
+    pods_of,
 )
 
 from cluster import node as real_node_module
 from cluster.control_plane import Cluster
+from cluster.local_images import link_clients, load_images
+from cluster.node import NODE_NAME
 
-#: How to end what the session fixtures below started, in the order they started it.
-_ENDS: list[Callable[[], None]] = []
+#: How to end what the session fixtures below started, in the order they started it: each
+#: with the fixture whose last test it waits for (None: the session's last e2e test).
+_ENDS: list[tuple[str | None, Callable[[], None]]] = []
 
 
-def _ending(end: Callable[[], None]) -> Callable[[], None]:
-    """``end``, registered to run when the last e2e test is done, and run at most once (the
-    fixture's own teardown calls it again at the session's end)."""
+def _ending(end: Callable[[], None], after: str | None = None) -> Callable[[], None]:
+    """``end``, registered to run when the last e2e test is done (or, with ``after``, the last
+    test that uses that fixture), and run at most once (the fixture's own teardown calls it
+    again at the session's end)."""
     done = []
 
     def once() -> None:
@@ -43,13 +54,18 @@ def _ending(end: Callable[[], None]) -> Callable[[], None]:
             done.append(True)
             end()
 
-    _ENDS.append(once)
+    _ENDS.append((after, once))
     return once
 
 
-def _last_e2e_item(session: pytest.Session) -> pytest.Item | None:
+def _last_e2e_item(session: pytest.Session, fixture: str | None = None) -> pytest.Item | None:
+    """The session's last e2e test (with ``fixture``: the last one that uses it)."""
     here = Path(__file__).parent
-    e2e = [item for item in session.items if here in item.path.parents]
+    e2e = [
+        item
+        for item in session.items
+        if here in item.path.parents and (fixture is None or fixture in item.fixturenames)
+    ]
     return e2e[-1] if e2e else None
 
 
@@ -73,10 +89,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of the item's module fixtures
 def pytest_runtest_teardown(item, nextitem):
-    if item is not _last_e2e_item(item.session):
-        return
-    while _ENDS:
-        _ENDS.pop()()
+    last = item is _last_e2e_item(item.session)
+    for after, end in reversed(list(_ENDS)):
+        if last or (after is not None and item is _last_e2e_item(item.session, after)):
+            _ENDS.remove((after, end))
+            end()
 
 
 @pytest.fixture(scope="session")
@@ -139,6 +156,104 @@ def controller(kube, operator_chart, tmp_path_factory):
     proc.start()
     end = _ending(proc.stop)
     yield proc
+    end()
+
+
+@pytest.fixture(scope="session")
+def train_image(kube, real_node) -> str:
+    """The e2e variant of the training image and the controller image (`make suite-images`),
+    built (or found, by their inputs' digest) and put into the real node's containerd by what
+    `make cluster` runs; the README's values name the training image."""
+    from imagebuild.build import build
+
+    variants = ("train-ci", "controller")
+    for variant in variants:
+        build(variant)
+    said: list[str] = []
+    names = load_images(kube, variants, echo=said.append, timeout=1800)
+    print("\n".join(said))
+    image = next(n for n in names if n.startswith("ghcr.io/megdet/megdet:"))
+    assert any(line.startswith(("loaded ", "ghcr.io")) and image in line for line in said), said
+    # `make cluster` again (or `make cluster-images`) leaves an image the node holds as it is.
+    again: list[str] = []
+    load_images(kube, ["controller"], echo=again.append)
+    assert f"already on {NODE_NAME}" in again[0], again
+    link_clients(kube)
+    readme = yaml.safe_load((EXAMPLE / "values.yaml").read_text())["image"]
+    assert f"{readme['repository']}:{readme['tag']}" == image, "README's values name another image"
+    return image
+
+
+#: The operator chart's controller pods.
+OPERATOR_PODS = "app.kubernetes.io/name=megdet-operator"
+
+
+def operator_pods(kube) -> list[dict[str, Any]]:
+    """The operator chart's controller pods that are not done (a pod being deleted counts)."""
+    return [
+        p
+        for p in pods_of(kube, OPERATOR_NAMESPACE, OPERATOR_PODS)
+        if p["status"].get("phase") not in ("Succeeded", "Failed")
+    ]
+
+
+@pytest.fixture(scope="session")
+def controller_pod(kube, real_node, controller, operator_chart, train_image):
+    """The operator chart's controller as a real pod on the real node (not the host process the
+    other e2e tests use, which is stopped meanwhile): README's `helm upgrade --install` with
+    examples/local/operator-values.yaml (what the platform team changes to run the operator on
+    the real node: the controller image built here, loaded by `train_image` as `make cluster`
+    loads it, placement on the node, the node's taint among the keys runs may tolerate); rolled
+    back after the last test that uses it (one install for the real-training module and the
+    shared run, which run one after the other). Kueue starts first: the controller watches
+    Kueue's Workloads only where Kueue runs when it starts, and the shared run is queued."""
+    install = try_locally.paragraphs()["operator"][0]
+    assert install.startswith(f"helm upgrade --install {operator_chart} charts/megdet-operator ")
+    history = json.loads(
+        helm(kube, "history", operator_chart, "-n", OPERATOR_NAMESPACE, "-o", "json").stdout
+    )
+    revision = history[-1]["revision"]
+    kube.start_kueue()
+    controller.stop()
+
+    def roll_back() -> None:
+        # The controller's pod goes first, and is waited for: `helm rollback --wait` returns
+        # once the old revision's pods are ready, while this one may still be terminating (its
+        # 30 s grace period), writing run status beside the host controller started next.
+        try:
+            kube.kubectl(
+                "scale", "deployment", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS,
+                "--replicas=0",
+            )  # fmt: skip
+            eventually(
+                lambda: not operator_pods(kube), timeout=300, message="the controller's pods gone"
+            )
+            helm(
+                kube, "rollback", operator_chart, str(revision), "-n", OPERATOR_NAMESPACE,
+                "--wait", "--timeout=300s", timeout=360, check=False,
+            )  # fmt: skip
+            kube.kubectl(
+                "label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce-",
+                check=False,
+            )  # fmt: skip
+        finally:
+            controller.start()
+        on_the_node = [p["metadata"]["name"] for p in operator_pods(kube)
+                       if p["spec"].get("nodeName") == NODE_NAME]  # fmt: skip
+        assert not on_the_node, f"a controller pod still runs on the real node: {on_the_node}"
+
+    # The controller's pod is admitted under `restricted` too (the label applies to new pods).
+    kube.kubectl(
+        "label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    try:
+        try_locally.run(install, kube.root, timeout=420)
+        pod = next(p for p in operator_pods(kube) if p["spec"].get("nodeName") == NODE_NAME)
+    except BaseException:
+        roll_back()
+        raise
+    end = _ending(roll_back, after="controller_pod")
+    yield pod
     end()
 
 

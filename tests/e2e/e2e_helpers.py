@@ -20,6 +20,8 @@ from cluster.control_plane import Cluster, ClusterError, free_port
 from cluster.pki import kubeconfig
 
 ROOT = Path(__file__).resolve().parents[2]
+#: README.md's local example: its storage (namespace, claims), run values and MegDetRun.
+EXAMPLE = ROOT / "examples" / "local"
 #: One control plane per folder (MEGDET_E2E_ROOT: several sessions side by side on one machine).
 E2E_ROOT = Path(os.environ.get("MEGDET_E2E_ROOT") or ROOT / "output" / "e2e").resolve()
 #: Where the component logs stay after the suite (printed with every failure).

@@ -31,8 +31,7 @@ import try_locally
 import yaml
 from e2e_helpers import (
     E2E_ROOT,
-    OPERATOR_NAMESPACE,
-    ROOT,
+    EXAMPLE,
     apply_objects,
     eventually,
     get_json,
@@ -42,13 +41,10 @@ from e2e_helpers import (
     pods_of,
 )
 
-from cluster.local_images import link_clients, load_images
 from cluster.node import NODE_NAME, ctr, pod_placement
 from megdet.trainer.evaluation import METRICS_FILE
 from megdet.trainer.ownership import STAMP_FILE
 
-#: README.md's local example: its storage (namespace, claims), run values and MegDetRun.
-EXAMPLE = ROOT / "examples" / "local"
 NS = next(yaml.safe_load_all((EXAMPLE / "volumes.yaml").read_text()))["metadata"]["name"]
 RELEASE = "tiny"
 #: The image's user (Dockerfile: USER 10001); a hostPath volume gets no fsGroup, so the output
@@ -56,35 +52,9 @@ RELEASE = "tiny"
 IMAGE_UID = 10001
 #: The tiny run: 2 pods x 1 process, 2 images per process (global batch 4).
 MAX_ITER = 30
-#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image. The
-#: tests marked real_pods stay out of `make test` (its time); `make test-real-pods` runs this
-#: module and the shared run whole (docs/cluster.md).
-pytestmark = [pytest.mark.timeout(2400)]
-
-
-@pytest.fixture(scope="module")
-def train_image(kube, real_node) -> str:
-    """The e2e variant of the training image and the controller image (`make suite-images`),
-    built (or found, by their inputs' digest) and put into the real node's containerd by what
-    `make cluster` runs; the README's values name the training image."""
-    from imagebuild.build import build
-
-    variants = ("train-ci", "controller")
-    for variant in variants:
-        build(variant)
-    said: list[str] = []
-    names = load_images(kube, variants, echo=said.append, timeout=1800)
-    print("\n".join(said))
-    image = next(n for n in names if n.startswith("ghcr.io/megdet/megdet:"))
-    assert any(line.startswith(("loaded ", "ghcr.io")) and image in line for line in said), said
-    # `make cluster` again (or `make cluster-images`) leaves an image the node holds as it is.
-    again: list[str] = []
-    load_images(kube, ["controller"], echo=again.append)
-    assert f"already on {NODE_NAME}" in again[0], again
-    link_clients(kube)
-    readme = yaml.safe_load((EXAMPLE / "values.yaml").read_text())["image"]
-    assert f"{readme['repository']}:{readme['tag']}" == image, "README's values name another image"
-    return image
+#: Real pods on 2 shared cores, and the first test also imports the 3 GB training image.
+#: `make test` runs them; `make test-real-pods` runs this module and the shared run alone.
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.real_pods]
 
 
 def host_volume(name: str, ns: str, path: Path) -> list[dict[str, Any]]:
@@ -298,65 +268,6 @@ def test_helm_install_trains_on_the_real_node_to_succeeded(kube, train_image, vo
 RUN = yaml.safe_load((EXAMPLE / "megdetrun.yaml").read_text())["metadata"]["name"]
 
 
-@pytest.fixture(scope="module")
-def controller_pod(kube, real_node, controller, operator_chart, train_image):
-    """The operator chart's controller as a real pod on the real node (not the host process the
-    other e2e tests use, which is stopped meanwhile): README's `helm upgrade --install` with
-    examples/local/operator-values.yaml (what the platform team changes to run the operator on
-    the real node: the controller image built here, loaded by `train_image` as `make cluster`
-    loads it, placement on the node, the node's taint among the keys runs may tolerate); rolled
-    back afterwards."""
-    install = try_locally.paragraphs()["operator"][0]
-    assert install.startswith(f"helm upgrade --install {operator_chart} charts/megdet-operator ")
-    history = json.loads(
-        helm(kube, "history", operator_chart, "-n", OPERATOR_NAMESPACE, "-o", "json").stdout
-    )
-    revision = history[-1]["revision"]
-    controller.stop()
-    # The controller's pod is admitted under `restricted` too (the label applies to new pods).
-    kube.kubectl(
-        "label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted"
-    )
-    try:
-        try_locally.run(install, kube.root, timeout=420)
-        yield next(p for p in operator_pods(kube) if p["spec"].get("nodeName") == NODE_NAME)
-    finally:
-        # The controller's pod goes first, and is waited for: `helm rollback --wait` returns
-        # once the old revision's pods are ready, while this one may still be terminating (its
-        # 30 s grace period), writing run status beside the host controller started next.
-        kube.kubectl(
-            "scale", "deployment", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS, "--replicas=0"
-        )
-        eventually(
-            lambda: not operator_pods(kube), timeout=300, message="the controller's pods gone"
-        )
-        helm(
-            kube, "rollback", operator_chart, str(revision), "-n", OPERATOR_NAMESPACE, "--wait",
-            "--timeout=300s", timeout=360, check=False,
-        )  # fmt: skip
-        kube.kubectl(
-            "label", "namespace", OPERATOR_NAMESPACE, "pod-security.kubernetes.io/enforce-",
-            check=False,
-        )  # fmt: skip
-        controller.start()
-    on_the_node = [p["metadata"]["name"] for p in operator_pods(kube)
-                   if p["spec"].get("nodeName") == NODE_NAME]  # fmt: skip
-    assert not on_the_node, f"a controller pod still runs on the real node: {on_the_node}"
-
-
-#: The operator chart's controller pods.
-OPERATOR_PODS = "app.kubernetes.io/name=megdet-operator"
-
-
-def operator_pods(kube) -> list[dict[str, Any]]:
-    """The operator chart's controller pods that are not done (a pod being deleted counts)."""
-    return [
-        p
-        for p in pods_of(kube, OPERATOR_NAMESPACE, OPERATOR_PODS)
-        if p["status"].get("phase") not in ("Succeeded", "Failed")
-    ]
-
-
 def test_a_megdetrun_trains_through_the_controller_pod(
     kube, train_image, volumes, controller_pod
 ) -> None:
@@ -503,6 +414,10 @@ def test_a_run_whose_image_cannot_be_had_says_the_kubelets_reason(
     kube.kubectl("delete", "mdr", run, "-n", NS, "--wait=false", check=False)
 
 
+#: The TrainJob's iterations (one checkpoint period of README's values).
+TRAINJOB_ITER = 10
+
+
 def trainjob_condition(kube, ns: str, name: str) -> str | None:
     job = get_json(kube, "trainjob", name, "-n", ns)
     for cond in (job.get("status") or {}).get("conditions") or []:
@@ -511,7 +426,6 @@ def trainjob_condition(kube, ns: str, name: str) -> str | None:
     return None
 
 
-@pytest.mark.real_pods
 def test_the_charts_trainjob_trains_on_the_real_node_through_jobset(
     kube, train_image, volumes, tmp_path
 ) -> None:
@@ -521,9 +435,14 @@ def test_the_charts_trainjob_trains_on_the_real_node_through_jobset(
     kube.start_trainer_v2()
     release = "tiny-tj"
     values = tmp_path / "values.yaml"
+    # 10 iterations, not README's 30: what this shows is the path through Trainer and JobSet
+    # to Complete, which the schedule's length does not change.
     values.write_text(
-        yaml.safe_dump({**run_values(train_image), "target": "trainjob", "runName": release})
-    )
+        yaml.safe_dump(
+            {**run_values(train_image), "target": "trainjob", "runName": release,
+             "maxIter": TRAINJOB_ITER, "steps": [TRAINJOB_ITER - 2]}
+        )
+    )  # fmt: skip
     helm(kube, "install", release, "charts/megdet", "-n", NS, "-f", str(values))
     (job,) = [
         j["metadata"]["name"]
@@ -565,9 +484,9 @@ def checkpoints(folder: Path) -> list[int]:
     return sorted(found)
 
 
-#: The fault run: 40 iterations, a checkpoint every 10; the SIGKILL comes after the first
-#: checkpoint, the delete after the first one the resumed round writes (20 iterations left).
-LONG_ITER, PERIOD = 40, 10
+#: The fault run: 20 iterations, a checkpoint every 5; the SIGKILL comes after the first
+#: checkpoint, the delete after the first one the resumed round writes (10 iterations left).
+LONG_ITER, PERIOD = 20, 5
 
 
 def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> tuple[str, Path]:
@@ -580,7 +499,7 @@ def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> t
                 **run_values(image),
                 "runName": release,
                 "maxIter": LONG_ITER,
-                "steps": [35],
+                "steps": [LONG_ITER - PERIOD],
                 "extraOverrides": {"SOLVER.CHECKPOINT_PERIOD": PERIOD, "SEED": 7},
             }
         )
@@ -665,7 +584,6 @@ def resumed_from(master_log: str) -> list[int]:
     ]
 
 
-@pytest.mark.real_pods
 def test_a_worker_killed_with_sigkill_restarts_and_resumes(faulted_run: FaultedRun) -> None:
     """SIGKILL of the Worker's container (the runtime's own kill, as the OOM killer or a node
     agent does it): no checkpoint is written, the kubelet starts the container again (the
@@ -682,7 +600,6 @@ def test_a_worker_killed_with_sigkill_restarts_and_resumes(faulted_run: FaultedR
     assert (run.run_dir / "model_final.pth").stat().st_size > 0
 
 
-@pytest.mark.real_pods
 def test_a_deleted_worker_pod_checkpoints_and_the_run_resumes(faulted_run: FaultedRun) -> None:
     """`kubectl delete pod` of the Worker mid-run: the kubelet sends SIGTERM, the trainer's ranks
     agree on a last step and rank 0 writes a checkpoint within the grace period; the training

@@ -3,10 +3,11 @@ Kueue preemption to Succeeded; each test asserts one thing on what the module re
 
 The run: 2 pods (gpus 2, gpusPerNode 1, ``elastic`` 1..2 keep-batch, ``kueue.queueName``)
 train the tiny detector on the shapes dataset with the ``train-ci`` image, the operator chart's
-controller running as a pod on the node (the real-training module's ``controller_pod``: the
-pods report their progress to it), Kueue v0.19.0 started before it (so it watches the
-Workloads). A ``kubectl get --watch`` of the run, started before the run exists, records every
-version the API server sends, with the time it arrived. The story, one step after another:
+controller running as a pod on the node (``controller_pod``, tests/e2e/conftest.py: one install
+for the real-training module and this one; the pods report their progress to it), Kueue v0.19.0
+started before it (so it watches the Workloads). A ``kubectl get --watch`` of the run, started
+before the run exists, records every version the API server sends, with the time it arrived.
+The story, one step after another:
 
 1. Kueue admits the run (a ClusterQueue of 2 GPUs that preempts lower priorities within
    itself) and the job trains to its first checkpoint.
@@ -54,17 +55,16 @@ from e2e_helpers import (
     pods_of,
     preemptor,
 )
-from test_e2e_real_training import controller_pod, run_values, shapes_volumes, train_image
+from test_e2e_real_training import run_values, shapes_volumes
 
 from megdet.progress import parse_time
 
-__all__ = ["controller_pod", "train_image"]  # the fixtures, shared with the real-training module
-
 NS = "real-shared"
 RUN = "story"
-#: 40 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 10:
-#: one checkpoint before each of the three stops, the preemption 10 iterations from the end.
-MAX_ITER = 40
+#: 25 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 5:
+#: one checkpoint before each of the three stops, the preemption about 10 iterations from the
+#: end (each iteration is seconds of the machine's CPU: a stretch is as long as its claim needs).
+MAX_ITER, PERIOD = 25, 5
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "real-node", "real-node-gpus", "training"
 PREEMPTOR = "urgent"
 JOB_PODS = f"training.kubeflow.org/job-name={RUN}"
@@ -75,7 +75,7 @@ INITIALIZING = {"WaitingForKubelet": 0, "PodInitializing": 1, "ContainerCreating
                 "Rendezvous": 2, "LoadingDataAndModel": 3}  # fmt: skip
 #: The stages before an attempt trains.
 BEFORE_TRAINING = {"Pending", "Queued", "Scheduling", "Initializing"}
-pytestmark = pytest.mark.timeout(2400)
+pytestmark = [pytest.mark.timeout(2400), pytest.mark.real_pods]
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +86,9 @@ def volumes(kube, real_node) -> Iterator[dict[str, Path]]:
 
 @pytest.fixture(scope="module")
 def queue(kube, volumes) -> Iterator[str]:
-    """Kueue, a ClusterQueue of 2 GPUs (the run's) that preempts lower priorities within
-    itself, and a LocalQueue in the run's namespace."""
+    """Kueue (started by ``controller_pod`` before the controller, or here), a ClusterQueue of
+    2 GPUs (the run's) that preempts lower priorities within itself, and a LocalQueue in the
+    run's namespace."""
     kube.start_kueue()
     quotas = {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "2"}
     resources = [{"name": k, "nominalQuota": v} for k, v in quotas.items()]
@@ -319,12 +320,12 @@ def training(watch: RunWatch, attempt: int) -> None:
 
 @pytest.fixture(scope="module")
 def story(kube, train_image, volumes, queue, controller_pod) -> Iterator[Story]:
-    """The run, from before its creation to Succeeded (Kueue starts before the controller pod,
-    by the order of these arguments)."""
+    """The run, from before its creation to Succeeded."""
     spec = {k: v for k, v in run_values(train_image).items() if k != "runName"}
     spec.update(
         maxIter=MAX_ITER,
-        steps=[30],
+        steps=[MAX_ITER - PERIOD],
+        extraOverrides={**spec["extraOverrides"], "SOLVER.CHECKPOINT_PERIOD": PERIOD},
         elastic={"minGpus": 1, "maxGpus": 2, "resize": "keep-batch"},
         kueue={"queueName": queue},
     )
