@@ -98,27 +98,32 @@ _SELECTS_RESERVED = (
     "e.operator != 'In' || (has(e.values) && r.split('=')[1] in e.values))))"
 )
 
+_NO_GANG = "!has(s.gang) || !has(s.gang.enabled) || s.gang.enabled != true"
+
+
+def _one_of(key: str, path: str, what: str, exempt: str, match: str = "") -> Rule:
+    """The rule that the string at ``path`` is an entry ``x`` of ``policy.<key>`` ("*": any),
+    or matches it by ``match`` (CEL), unless ``exempt`` (CEL) holds."""
+    value, entries = "s." + path.removeprefix("spec."), f"variables.{key}"
+    return Rule(
+        key,
+        path,
+        f"{exempt} || {entries}.exists(x, x == '*' || {match or 'x == ' + value})",
+        f"'{what} \"' + {value} + '\" is not allowed by the cluster\\'s MegDet policy "
+        f"(policy.{key}: ' + {_cel_join(entries)} + ')'",
+    )
+
+
 RULES: tuple[Rule, ...] = (
-    Rule(
+    _one_of(
         "imageRepositories",
         "spec.image.repository",
-        "!has(s.image) || !has(s.image.repository) || variables.imageRepositories.exists(r, "
-        "r == '*' || s.image.repository == r"
-        " || (r.endsWith('/') && s.image.repository.startsWith(r)))",
-        "'image repository \"' + s.image.repository + '\" is not allowed by the cluster\\'s "
-        "MegDet policy (policy.imageRepositories: ' + "
-        + _cel_join("variables.imageRepositories")
-        + " + ')'",
+        "image repository",
+        "!has(s.image) || !has(s.image.repository)",
+        "x == s.image.repository || (x.endsWith('/') && s.image.repository.startsWith(x))",
     ),
-    Rule(
-        "serviceAccounts",
-        "spec.serviceAccountName",
-        "!has(s.serviceAccountName) || variables.serviceAccounts.exists(a, a == '*' || "
-        "a == s.serviceAccountName)",
-        "'ServiceAccount \"' + s.serviceAccountName + '\" is not allowed by the cluster\\'s "
-        "MegDet policy (policy.serviceAccounts: ' + "
-        + _cel_join("variables.serviceAccounts")
-        + " + ')'",
+    _one_of(
+        "serviceAccounts", "spec.serviceAccountName", "ServiceAccount", "!has(s.serviceAccountName)"
     ),
     Rule(
         "volumeTypes",
@@ -147,15 +152,11 @@ RULES: tuple[Rule, ...] = (
         + " + ' read Secrets, which the cluster\\'s MegDet policy does not allow "
         "(policy.secretRefs: false)'",
     ),
-    Rule(
+    _one_of(
         "priorityClasses",
         "spec.priorityClassName",
-        "!has(s.priorityClassName) || s.priorityClassName == '' || "
-        "variables.priorityClasses.exists(p, p == '*' || p == s.priorityClassName)",
-        "'PriorityClass \"' + s.priorityClassName + '\" is not allowed by the cluster\\'s "
-        "MegDet policy (policy.priorityClasses: ' + "
-        + _cel_join("variables.priorityClasses")
-        + " + ')'",
+        "PriorityClass",
+        "!has(s.priorityClassName) || s.priorityClassName == ''",
     ),
     Rule(
         "requireQueue",
@@ -164,32 +165,20 @@ RULES: tuple[Rule, ...] = (
         "s.kueue.queueName != '')",
         _q("the cluster's MegDet policy requires a Kueue LocalQueue (policy.requireQueue)"),
     ),
-    Rule(
+    _one_of(
         "queues",
         "spec.kueue.queueName",
+        "LocalQueue",
         "!has(s.kueue) || !has(s.kueue.queueName) || s.kueue.queueName == '' || "
-        "variables.queues.size() == 0 || variables.queues.exists(q, q == '*' || "
-        "q == s.kueue.queueName)",
-        "'LocalQueue \"' + s.kueue.queueName + '\" is not allowed by the cluster\\'s MegDet "
-        "policy (policy.queues: ' + " + _cel_join("variables.queues") + " + ')'",
+        "variables.queues.size() == 0",
     ),
-    Rule(
+    _one_of(
         "schedulers",
         "spec.gang.schedulerName",
-        "!has(s.gang) || !has(s.gang.enabled) || s.gang.enabled != true || "
-        "!has(s.gang.schedulerName) || variables.schedulers.exists(x, x == '*' || "
-        "x == s.gang.schedulerName)",
-        "'scheduler \"' + s.gang.schedulerName + '\" is not allowed by the cluster\\'s MegDet "
-        "policy (policy.schedulers: ' + " + _cel_join("variables.schedulers") + " + ')'",
+        "scheduler",
+        f"{_NO_GANG} || !has(s.gang.schedulerName)",
     ),
-    Rule(
-        "gangQueues",
-        "spec.gang.queue",
-        "!has(s.gang) || !has(s.gang.enabled) || s.gang.enabled != true || !has(s.gang.queue)"
-        " || variables.gangQueues.exists(q, q == '*' || q == s.gang.queue)",
-        "'Volcano queue \"' + s.gang.queue + '\" is not allowed by the cluster\\'s MegDet "
-        "policy (policy.gangQueues: ' + " + _cel_join("variables.gangQueues") + " + ')'",
-    ),
+    _one_of("gangQueues", "spec.gang.queue", "Volcano queue", f"{_NO_GANG} || !has(s.gang.queue)"),
     Rule(
         "tolerationKeys",
         "spec.tolerations",
@@ -272,24 +261,13 @@ RULES: tuple[Rule, ...] = (
             "(policy.outputMounts: false)"
         ),
     ),
-    Rule(
-        "gpuResources",
-        "spec.gpuResource",
-        "!has(s.gpuResource) || variables.gpuResources.exists(r, r == '*' || r == s.gpuResource)",
-        "'GPU resource \"' + s.gpuResource + '\" is not allowed by the cluster\\'s MegDet "
-        "policy (policy.gpuResources: ' + " + _cel_join("variables.gpuResources") + " + ')'",
-    ),
-    Rule(
+    _one_of("gpuResources", "spec.gpuResource", "GPU resource", "!has(s.gpuResource)"),
+    _one_of(
         "rdmaResources",
         "spec.nccl.ib.rdmaResourceName",
-        "!has(s.nccl) || !has(s.nccl.ib) || !has(s.nccl.ib.enabled) || "
-        "s.nccl.ib.enabled != true || !has(s.nccl.ib.rdmaResourceName) || "
-        "s.nccl.ib.rdmaResourceName == '' || variables.rdmaResources.exists(r, r == '*' || "
-        "r == s.nccl.ib.rdmaResourceName)",
-        "'RDMA resource \"' + s.nccl.ib.rdmaResourceName + '\" is not allowed by the "
-        "cluster\\'s MegDet policy (policy.rdmaResources: ' + "
-        + _cel_join("variables.rdmaResources")
-        + " + ')'",
+        "RDMA resource",
+        "!has(s.nccl) || !has(s.nccl.ib) || !has(s.nccl.ib.enabled) || s.nccl.ib.enabled != true"
+        " || !has(s.nccl.ib.rdmaResourceName) || s.nccl.ib.rdmaResourceName == ''",
     ),
     Rule(
         "reservedNodeLabels",
