@@ -86,7 +86,8 @@ def _name(cn: str, orgs: Sequence[str] = ()) -> x509.Name:
 
 def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, ca: bool):
     """What every certificate here starts with: its names and public key, a random serial,
-    VALIDITY from five minutes ago, and its basic constraints (CA or not)."""
+    VALIDITY from five minutes ago, its basic constraints (CA or not) and its key usages: signing
+    and key encipherment, and for a CA signing certificates and CRLs."""
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -97,6 +98,20 @@ def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, ca: 
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_encipherment=True,
+                key_cert_sign=ca,
+                crl_sign=ca,
+                content_commitment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
     )
 
 
@@ -108,20 +123,6 @@ def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str
         .add_extension(
             x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
             critical=False,
-        )
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
         )
         .sign(key, hashes.SHA256())
     )
@@ -182,23 +183,8 @@ class CertificateAuthority:
             usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
         if client:
             usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = (
-            _builder(_name(cn, orgs), self.cert.subject, key, ca=False)
-            .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    key_encipherment=True,
-                    key_cert_sign=False,
-                    crl_sign=False,
-                    content_commitment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
+        builder = _builder(_name(cn, orgs), self.cert.subject, key, ca=False).add_extension(
+            x509.ExtendedKeyUsage(usages), critical=False
         )
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
