@@ -1,23 +1,9 @@
 """The run chart's values schema, checked in process only where that check is Helm's own.
 
 :class:`ValuesSchema` compiles ``values.schema.json`` once (draft 7), and the renderer skips
-Helm's check (a new compiler per render) for values it passes. When that is safe (draft 7, a
-valid schema, every keyword in :data:`ENFORCED` or :data:`ANNOTATIONS`, every ``pattern`` read
-alike by RE2 and ``re`` after :func:`go_pattern`), from the upstream sources:
-docs/architecture.md, "The controller".
-
-Otherwise :meth:`ValuesSchema.passes` answers "no" to everything, and every value goes to
-Helm's check. Left out on purpose, each for a reason:
-
-- ``format``: Helm's compiler asserts it for drafts before 2019-09 (santhosh-tekuri/jsonschema
-  ``objcompiler.go``, ``assertFormat``); ``Draft7Validator`` without a format checker does not,
-  so a value Helm refuses would pass.
-- ``not``, ``oneOf``, ``if``/``then``/``else``: wherever the in-process check answers "no"
-  and Helm's "yes" (the safe side: Helm then decides), these would turn the "no" into a "yes".
-- ``multipleOf``: floating point in Python, exact rationals in Go.
-- everything else (``$id``, ``dependencies``, ``uniqueItems``, ``contains``, ...): not compared
-  with Helm's check; add a keyword here with a test in tests/controller/test_render_schema.py
-  that holds the two checks side by side on it.
+Helm's check for values it passes; otherwise it answers "no" and Helm's check decides. When
+that is safe, and why each keyword outside :data:`ENFORCED` and :data:`ANNOTATIONS` is left
+out: docs/architecture.md, "The controller".
 """
 
 from __future__ import annotations
@@ -230,14 +216,8 @@ def _bracket(pattern: str, i: int) -> tuple[str, int]:
 
 def go_pattern(pattern: str) -> str:
     """A JSON Schema ``pattern`` (Go's RE2, as Helm matches it) rewritten for Python's ``re`` to
-    match what RE2 matches: ``$`` outside a bracket expression becomes ``\\Z`` (RE2's ``$`` is
-    the end of the text; Python's also matches before a final newline), ``\\s`` becomes RE2's
-    ``[\\t\\n\\f\\r ]`` (Python's also takes ``\\v``), and ``(?a)`` makes ``\\d``, ``\\w``
-    and ``\\b`` ASCII, as RE2's are. Raises :class:`NotRE2` for what is not in the syntax both
-    read alike: flags and lookarounds (``(?`` other than ``(?:``), backreferences and escapes
-    other than ``\\d \\w \\s \\b \\A \\n \\t \\r \\f \\v`` (and their capitals) or
-    punctuation, ``[`` inside a bracket expression, a ``{`` that is no repetition of at most
-    1000 (RE2 reads ``a{,3}`` literally), and a repetition of a repetition (possessive)."""
+    match what RE2 matches; :class:`NotRE2` for what the two do not read alike (the rewrites
+    and the refusals: docs/architecture.md, "The controller")."""
     out, i, repeatable = ["(?a)"], 0, False
     while i < len(pattern):
         c = pattern[i]
@@ -300,12 +280,9 @@ def _go_patterns(node: Any) -> Any:
 
 
 class ValuesSchema:
-    """A chart's ``values.schema.json`` compiled once (draft 7, its patterns as RE2 reads them):
-    :meth:`passes` answers in about 0.5 ms what Helm's check answers in about 5 ms (it compiles
-    the schema per call). Only a pass is acted on, so where the two could differ the answer
-    must err towards "no": a value this passes, Helm's check passes too (tests check both on
-    the chart's valid and invalid values). For a schema :func:`unlike_helm` finds fault with,
-    the answer is always "no"."""
+    """A chart's ``values.schema.json`` compiled once (draft 7, its patterns as RE2 reads them).
+    :meth:`passes` errs towards "no": a value it passes, Helm's check passes too; for a schema
+    :func:`unlike_helm` finds fault with, it is always "no"."""
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
         #: Why this schema is not checked in process (None: it is).
