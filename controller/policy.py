@@ -93,80 +93,61 @@ class Privileged:
 
 @dataclass(frozen=True)
 class Policy:
-    """The operator chart's ``policy`` values. The defaults here are the chart's defaults
-    (a test holds ``charts/megdet-operator/values.yaml`` equal to them): secure by default.
+    """The operator chart's ``policy`` values; what each lets a run set: docs/operations.md,
+    "Who may do what". The defaults are the chart's (a test holds
+    ``charts/megdet-operator/values.yaml`` equal to them): secure by default. Lists of names
+    accept ``"*"`` for "any"."""
 
-    Lists of names accept ``"*"`` for "any".
-    """
-
-    #: Image repositories a run may use: an entry ending in "/" allows everything under it.
+    #: Image repositories; an entry ending in "/" allows everything under it.
     imageRepositories: tuple[str, ...] = ("ghcr.io/megdet/",)
-    #: ServiceAccounts (of the run's namespace) its pods may run as; "" is the namespace default.
+    #: ServiceAccounts of the run's namespace; "" is the namespace default.
     serviceAccounts: tuple[str, ...] = ("",)
-    #: Volume types of spec.extraVolumes (hostPath is a privileged knob, never listed here).
+    #: Volume types of spec.extraVolumes (hostPath is a privileged knob).
     volumeTypes: tuple[str, ...] = ("configMap", "emptyDir", "persistentVolumeClaim")
-    #: Whether spec.extraEnv may read Secrets (valueFrom.secretKeyRef).
+    #: Whether spec.extraEnv may read Secrets.
     secretRefs: bool = False
     #: PriorityClasses a run may name besides none ("").
     priorityClasses: tuple[str, ...] = ()
-    #: Kueue LocalQueues a run may name ([]: any LocalQueue of its namespace).
+    #: Kueue LocalQueues a run may name ([]: any of its namespace).
     queues: tuple[str, ...] = ()
-    #: Whether every run must name a Kueue LocalQueue (spec.kueue.queueName).
+    #: Whether every run must name a Kueue LocalQueue.
     requireQueue: bool = False
-    #: Gang schedulers a run may ask for (spec.gang.schedulerName, with gang.enabled).
+    #: Gang schedulers (spec.gang.schedulerName).
     schedulers: tuple[str, ...] = ("volcano",)
     #: Volcano queues (cluster-wide) a gang-scheduled run may name; "" is the default queue.
     gangQueues: tuple[str, ...] = ("",)
-    #: Taint keys a run may tolerate; a toleration without a key (tolerate all) needs "*".
+    #: Taint keys a run may tolerate; a toleration without a key needs "*".
     tolerationKeys: tuple[str, ...] = ("nvidia.com/gpu",)
-    #: Namespaces whose NetworkAttachmentDefinitions spec.network.multusNetworks may name: ""
-    #: is the run's own (a network named without a namespace); "*" any, and Multus' JSON form,
-    #: which can name any namespace. A secondary network is outside every NetworkPolicy.
+    #: Namespaces of the networks spec.network.multusNetworks names ("": the run's own).
     multusNamespaces: tuple[str, ...] = ("",)
-    #: Whether spec.podAnnotations may set Multus' v1.multus-cni.io/default-network, which
-    #: replaces the pods' cluster network (and so every NetworkPolicy on it).
+    #: Whether spec.podAnnotations may set Multus' default network.
     multusDefaultNetwork: bool = False
-    #: Whether spec.extraEnv may set the variables that make the dynamic loader, Python, NCCL,
-    #: CUDA or OpenSSL load code from a path (:data:`LOADER_ENV`: LD_PRELOAD, PYTHONPATH, ...),
-    #: e.g. from a mounted ConfigMap: any code in an allowed image.
+    #: Whether spec.extraEnv may set the loader's variables (policy_reserved.LOADER_ENV).
     loaderEnv: bool = False
-    #: Whether spec.extraVolumeMounts may mount the run's output volume again, and
-    #: spec.extraVolumes the output PVC again: both reach other runs' folders past the
-    #: controller's output-folder check.
+    #: Whether extra volumes and mounts may reach the run's output volume again.
     outputMounts: bool = False
-    #: Where spec.extraVolumeMounts may mount without the anyMountPath knob: strictly under one
-    #: of these folders (each absolute, normalized, ending in "/"), and never at, above, under or
-    #: beside a path the image or the run chart uses (policy_reserved.RESERVED_MOUNTS).
+    #: Folders spec.extraVolumeMounts may mount strictly under (absolute, ending in "/").
     mountPrefixes: tuple[str, ...] = ("/mnt/",)
-    #: RE2 patterns a spec.extraEnv name must match (one of them; anchor them with ^ and $).
-    #: Reserved names (policy_reserved: PATH, HOME, FVCORE_CACHE, TORCH*, NCCL_*, ...) stay
-    #: refused whatever they allow; the loader's (LOADER_ENV) are policy.loaderEnv's.
+    #: RE2 patterns a spec.extraEnv name must match (reserved names stay refused).
     envNames: tuple[str, ...] = (r"^[A-Z][A-Z0-9_]*$",)
-    #: Key prefixes spec.podLabels may use ("*": any key): a label can match another team's
-    #: NetworkPolicy or Service selector, so by default only keys under user.megdet.io/.
+    #: Key prefixes spec.podLabels may use.
     labelPrefixes: tuple[str, ...] = ("user.megdet.io/",)
-    #: Key prefixes spec.podAnnotations may use ("*": any key): mesh, CNI and runtime
-    #: annotations change how the pods run. The AppArmor/seccomp profile annotations
-    #: (privileged.podSecurity) and Multus' default network (multusDefaultNetwork) have their
-    #: own values.
+    #: Key prefixes spec.podAnnotations may use.
     annotationPrefixes: tuple[str, ...] = ("user.megdet.io/",)
-    #: Extended resources spec.gpuResource may name (a device plugin's resource).
+    #: Extended resources spec.gpuResource may name.
     gpuResources: tuple[str, ...] = ("nvidia.com/gpu",)
-    #: Extended resources spec.nccl.ib.rdmaResourceName may name (with nccl.ib.enabled).
+    #: Extended resources spec.nccl.ib.rdmaResourceName may name.
     rdmaResources: tuple[str, ...] = (
         "nvidia.com/hostdev",
         "rdma/hca_shared_devices_a",
         "rdma/rdma_shared_device_a",
     )
-    #: Node labels ("key", any value, or "key=value") that spec.nodeSelector and the node
-    #: affinity of spec.affinity may not select: nodes reserved for other uses. Not a list of
-    #: allowed names: "*" has no meaning here.
+    #: Node labels ("key" or "key=value") a run may not select: a deny list, "*" means nothing.
     reservedNodeLabels: tuple[str, ...] = (
         "node-role.kubernetes.io/control-plane",
         "node-role.kubernetes.io/master",
     )
-    #: Whether the trainer may load MODEL.WEIGHTS from a URL or a pickle (.pkl), which can run
-    #: code: the run chart's allowUnsafeWeights for every run (not a MegDetRun field).
+    #: The run chart's allowUnsafeWeights for every run (not a MegDetRun field).
     unsafeWeights: bool = False
     privileged: Privileged = field(default_factory=Privileged)
 

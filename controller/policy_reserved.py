@@ -1,11 +1,9 @@
 """What a run's author may never set, whatever the policy lets through: the names and paths the
 image, the run chart, Python, torch, iopath/fvcore and the launcher read or use.
 
-Each list is written once here; the policy's CEL (:mod:`megdet.controller.policy_rules`,
-:mod:`megdet.controller.policy_knobs`) is generated from it, and docs/operations.md ("Who may do
-what") describes it. A list of known names, not a proof: the allow-lists (``policy.envNames``,
-``policy.mountPrefixes``, ``policy.labelPrefixes``, ``policy.annotationPrefixes``) are the
-boundary, these keep the allowed space off what the pods already depend on.
+Each list is written once here and generated into the policy's CEL; why each name is on it:
+docs/operations.md, "Who may do what" (the ``envNames``, ``loaderEnv`` and ``mountPrefixes``
+rows). A list of known names, not a proof: the allow-lists are the boundary.
 """
 
 from __future__ import annotations
@@ -23,12 +21,8 @@ __all__ = [
     "reserved_mount_re",
 ]
 
-#: Environment variables that make a process load code from a path (besides every LD_* of the
-#: dynamic loader: LD_PRELOAD, LD_LIBRARY_PATH, LD_AUDIT, ...): Python's import path, startup
-#: and user site (HOME holds ~/.local/lib/pythonX.Y/site-packages, whose .pth files run code),
-#: the shells' startup files, glibc's iconv modules, CUDA's injection library, NCCL's plugins
-#: and config file, OpenSSL's config and engines, and other interpreters' equivalents. They are
-#: reserved like the rest, but behind their own policy value (``policy.loaderEnv``).
+#: Variables that make a process load code from a path: every LD_* of the dynamic loader and
+#: these names. Reserved like the rest, but behind their own value (``policy.loaderEnv``).
 LOADER_ENV_PREFIXES = ("LD_",)
 LOADER_ENV: tuple[str, ...] = (
     "BASH_ENV",
@@ -62,12 +56,8 @@ LOADER_ENV: tuple[str, ...] = (
     "RUBYOPT",
 )
 
-#: Prefixes of the variables the pods' software reads: Python (PYTHON*), torch and its elastic
-#: launcher (TORCH*, PYTORCH_*, PET_*: torchrun's flags), iopath/fvcore (IOPATH_*) and
-#: detectron2 (DETECTRON2_*: DETECTRON2_ENV_MODULE imports a module), the run chart and the
-#: launcher (MEGDET_*, KUBEFLOW_*: the progress reports), NCCL (NCCL_*: set through spec.nccl),
-#: CUDA and the NVIDIA container runtime (CUDA_*, NVIDIA_*: which GPUs a pod sees), glibc's
-#: tunables (GLIBC_*) and Kubernetes' own service variables (KUBERNETES_*).
+#: Prefixes of the variables the pods' software reads (Python, torch and torchrun, iopath,
+#: detectron2, the chart and launcher, NCCL, CUDA, glibc, Kubernetes).
 RESERVED_ENV_PREFIXES: tuple[str, ...] = (
     "CUDA_",
     "DETECTRON2_",
@@ -83,10 +73,7 @@ RESERVED_ENV_PREFIXES: tuple[str, ...] = (
     "PYTORCH_",
     "TORCH",
 )
-#: Single names: where tini finds ``megdet`` (PATH) and the user's files (HOME, USER), the
-#: trusted-weights cache (FVCORE_CACHE), the caches and temporary files (XDG_CACHE_HOME,
-#: TMPDIR), the variables torchrun sets for each worker, OpenMP's thread count, the trainer's
-#: metrics folder, and the TLS trust and proxies the weights are downloaded through.
+#: Single names the image, torchrun, OpenMP, the trainer and the weights' download read.
 RESERVED_ENV: tuple[str, ...] = (
     *LOADER_ENV,
     "ALL_PROXY",
@@ -118,12 +105,9 @@ RESERVED_ENV: tuple[str, ...] = (
     "XDG_CACHE_HOME",
 )
 
-#: Paths the run chart mounts (charts/megdet/templates/_pod.tpl: the dataset, the output volume,
-#: shared memory, the progress token; a test holds this list to what the chart renders) and the
-#: image uses (Dockerfile: the venv and its site-packages, tini and Python under /usr, HOME with
-#: the iopath/fvcore and torch caches, /tmp with the metrics folder, the system folders). An
-#: extra mount may not be at, above, under or beside (in the same folder as) any of them; a
-#: top-level path has / as its folder, which stays free.
+#: Paths the run chart mounts (charts/megdet/templates/_pod.tpl; a test holds this list to
+#: what the chart renders) and the image uses. An extra mount may not be at, above, under or
+#: beside (in the same folder as) any of them; / as a top-level path's folder stays free.
 RESERVED_MOUNTS: tuple[str, ...] = (
     "/data",
     "/output",
@@ -146,10 +130,8 @@ RESERVED_MOUNTS: tuple[str, ...] = (
     "/var",
 )
 
-#: Pod label and annotation key prefixes the platform writes (the controller's megdet.io/ keys,
-#: e.g. the progress endpoint's label), never a run's, whatever policy.labelPrefixes and
-#: policy.annotationPrefixes allow. The keys the run chart and the job operators set
-#: (app.kubernetes.io/, kubeflow.org/, ...) the MegDetRun CRD's own rules refuse.
+#: Pod label and annotation key prefixes the platform writes, never a run's, whatever
+#: policy.labelPrefixes and policy.annotationPrefixes allow.
 PLATFORM_KEY_PREFIXES: tuple[str, ...] = ("megdet.io/",)
 
 
