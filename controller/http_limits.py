@@ -1,12 +1,6 @@
-"""Bounded HTTP serving for the controller's two servers (``/metrics`` and the progress endpoint).
-
-:class:`BoundedServerMixin` (for a ``socketserver.ThreadingMixIn`` server) and
-:class:`BoundedHandlerMixin` (for its ``StreamRequestHandler``) give them what :class:`Limits`
-says: a cap on connections in all and per source address (at the cap a newcomer takes the
-place of the oldest whose request has not arrived), one deadline for a whole request (TLS
-handshake, headers and body: not a per-read timeout), a byte budget per request and a deadline
-for the answer. What each limit is and why: docs/operations.md, "Limits: nothing a pod can send
-takes the controller down".
+"""Bounded HTTP serving for the controller's two servers (``/metrics`` and the progress endpoint):
+what each limit is and why, docs/operations.md, "Limits: nothing a pod can send takes the
+controller down".
 """
 
 from __future__ import annotations
@@ -16,6 +10,7 @@ import io
 import logging
 import socket
 import ssl
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -32,8 +27,7 @@ __all__ = [
 ]
 
 #: Why a connection was cut (the ``reason`` label of ``megdet_controller_http_refused_total``):
-#: refused over the connection cap (all places answering, or its source's cap), closed to make
-#: room for a newcomer (the oldest whose request had not arrived), or past its deadline.
+#: over a connection cap, evicted for a newcomer, or past its deadline.
 REFUSALS = ("busy", "evicted", "deadline")
 
 _log = logging.getLogger(__name__)
@@ -69,24 +63,16 @@ class Limits:
                 raise ValueError(f"{name} must be a number of seconds > 0, got {value}")
 
 
+@dataclass(slots=True)
 class _Place:
-    __slots__ = ("settled", "sock", "source")
-
-    def __init__(self, source: str, sock: Any) -> None:
-        self.source = source
-        self.sock = sock
-        self.settled = False  # its request is in: no longer evicted for a newcomer
+    source: str
+    sock: Any
+    settled: bool = False  # its request is in: no longer evicted for a newcomer
 
 
 class ConnectionGate:
-    """The connections being served, in all and by source, oldest first; thread-safe. A
-    source is held only while it has a connection, so the maps never outgrow the cap.
-
-    At the cap, a newcomer takes the place of the oldest connection whose request has not
-    arrived in full yet (:meth:`settle` marks one that has): a real client's request arrives in
-    milliseconds, so the oldest unfinished one is almost always a client that holds its
-    connection open on purpose. Only when every place holds a request being answered is the
-    newcomer refused."""
+    """The connections being served, in all and by source, oldest first; at the cap a newcomer
+    takes the place of the oldest whose request has not arrived (:meth:`settle`). Thread-safe."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
@@ -147,12 +133,19 @@ class ConnectionGate:
             return len(self._by_source)
 
 
-class _Deadline:
-    """The deadline and byte budget of the request being read; :meth:`reset` per request."""
+class _DeadlineSocket(io.RawIOBase):
+    """A connection whose reads get what is left of the request's deadline and byte budget
+    (then end of file), and whose writes ``sendall`` within ``write_timeout`` for the whole
+    answer (CPython's sendall timeout is a deadline for the call); :meth:`reset` per request."""
 
     def __init__(
-        self, limits: Limits, clock: Callable[[], float], on_expired: Callable[[], None]
+        self,
+        sock: socket.socket,
+        limits: Limits,
+        clock: Callable[[], float],
+        on_expired: Callable[[], None],
     ) -> None:
+        self._sock = sock
         self.limits = limits
         self.clock = clock
         self.on_expired = on_expired
@@ -172,17 +165,14 @@ class _Deadline:
             raise TimeoutError("request deadline passed")
         return left
 
-
-class _DeadlineSocket(io.RawIOBase):
-    """The connection's reads, each given only what is left of the request's deadline, and
-    at most the request's byte budget in all (then end of file); its writes ``sendall`` with
-    ``write_timeout`` for the whole answer (CPython's sendall timeout is a deadline for the
-    call, not per chunk)."""
-
-    def __init__(self, sock: socket.socket, deadline: _Deadline, write_timeout: float) -> None:
-        self._sock = sock
-        self._deadline = deadline
-        self._write_timeout = write_timeout
+    def timed(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)`` on the socket within what is left of the deadline."""
+        self._sock.settimeout(self.remaining())
+        try:
+            return call(*args)
+        except TimeoutError:
+            self.remaining()  # counts it once the deadline has passed
+            raise
 
     def readable(self) -> bool:
         return True
@@ -191,20 +181,15 @@ class _DeadlineSocket(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        want = min(len(buffer), self._deadline.budget)
+        want = min(len(buffer), self.budget)
         if want <= 0:
             return 0
-        self._sock.settimeout(self._deadline.remaining())
-        try:
-            got = self._sock.recv_into(memoryview(buffer)[:want])
-        except TimeoutError:
-            self._deadline.remaining()  # counts it once the deadline has passed
-            raise
-        self._deadline.budget -= got
+        got = self.timed(self._sock.recv_into, memoryview(buffer)[:want])
+        self.budget -= got
         return got
 
     def write(self, data: Any) -> int:
-        self._sock.settimeout(self._write_timeout)
+        self._sock.settimeout(self.limits.write_timeout)
         self._sock.sendall(data)
         with memoryview(data) as view:
             return view.nbytes
@@ -233,10 +218,7 @@ class BoundedServerMixin:
         self.deadline_clock = clock
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        # A client that hangs up mid-handshake, speaks plain HTTP to the HTTPS port or is cut
-        # at its deadline: one debug line, not a traceback on stderr per connection.
-        import sys
-
+        # A client that hangs up mid-handshake, speaks plain HTTP to HTTPS or is cut: no traceback.
         _log.debug("connection from %s failed: %s", client_address, sys.exc_info()[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -283,10 +265,8 @@ def _refuse(request: Any) -> None:
 
 
 class BoundedHandlerMixin:
-    """Put before the ``StreamRequestHandler`` subclass in a handler's bases. Its ``setup``
-    does the TLS handshake (when the socket is TLS) within the request deadline and reads and
-    writes through the deadline; :meth:`next_request` restarts the deadline for the next
-    request of a kept-alive connection."""
+    """Put before the ``StreamRequestHandler`` subclass in a handler's bases: the TLS handshake,
+    reads and writes within the request's deadline; :meth:`next_request` starts the next's."""
 
     server: Any
     request: Any
@@ -295,22 +275,15 @@ class BoundedHandlerMixin:
 
     def setup(self) -> None:
         self.connection = self.request
-        limits: Limits = self.server.limits
-        self.deadline = _Deadline(
-            limits, self.server.deadline_clock, lambda: self.server.on_refused("deadline")
+        self.deadline = _DeadlineSocket(
+            self.connection,
+            self.server.limits,
+            self.server.deadline_clock,
+            lambda: self.server.on_refused("deadline"),
         )
-        try:
-            if isinstance(self.connection, ssl.SSLSocket):
-                self.connection.settimeout(self.deadline.remaining())
-                try:
-                    self.connection.do_handshake()  # here, so a slow client blocks no other
-                except TimeoutError:
-                    self.deadline.remaining()
-                    raise
-        except (OSError, ssl.SSLError):
-            self.close_connection = True
-            raise
-        self.wfile = _DeadlineSocket(self.connection, self.deadline, limits.write_timeout)
+        if isinstance(self.connection, ssl.SSLSocket):  # here, so a slow client blocks no other
+            self.deadline.timed(self.connection.do_handshake)
+        self.wfile = self.deadline
         self.rfile = io.BufferedReader(self.wfile, self.rbufsize)
 
     def parse_request(self) -> bool:

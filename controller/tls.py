@@ -1,10 +1,6 @@
-"""The controller's TLS serving certificates: self-signed ones made at start, or mounted ones.
-
-Both of its HTTPS servers use this: ``/metrics`` (:mod:`megdet.controller.metrics_auth`, a
-self-signed certificate as controller-runtime's secure metrics serving makes) and the progress
-endpoint (:mod:`megdet.controller.progress_ca`, a CA of its own that the run's pods verify).
-A mounted folder holds a kubernetes.io/tls Secret's keys (``tls.crt``, ``tls.key``; cert-manager
-adds ``ca.crt``). Keys are EC P-256.
+"""The controller's TLS serving certificates (EC P-256): self-signed ones made at start, or the
+``tls.crt``/``tls.key`` of a mounted kubernetes.io/tls Secret. docs/monitoring.md, "Metrics
+authentication", and docs/controller.md, "Progress reporting in detail" (TLS).
 """
 
 from __future__ import annotations
@@ -18,6 +14,11 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 __all__ = [
     "CERT_NAME",
@@ -57,11 +58,8 @@ def context_from_dir(cert_dir: str | Path) -> ssl.SSLContext:
 
 
 def context_from_pem(chain_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for a certificate chain and key held in memory.
-
-    ssl loads key pairs from files only: they are written where the pod may write (/tmp, the
-    key readable by the owner only), loaded, and removed at once.
-    """
+    """A TLS 1.2+ server context for a certificate chain and key held in memory (ssl loads
+    them from files only: written to a private temporary folder, loaded, removed)."""
     context = _server_context()
     with tempfile.TemporaryDirectory(prefix="megdet-tls-") as tmp:
         cert_file, key_file = os.path.join(tmp, CERT_NAME), os.path.join(tmp, KEY_NAME)
@@ -72,9 +70,11 @@ def context_from_pem(chain_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     return context
 
 
-def _key_usage(*, cert_sign: bool) -> Any:
-    from cryptography import x509
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
+
+def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
     return x509.KeyUsage(
         digital_signature=True, key_encipherment=False, content_commitment=False,
         data_encipherment=False, key_agreement=False, key_cert_sign=cert_sign,
@@ -82,10 +82,8 @@ def _key_usage(*, cert_sign: bool) -> Any:
     )  # fmt: skip
 
 
-def _subject_names(hosts: Iterable[str]) -> list[Any]:
+def _subject_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
     """DNS and IP subject alternative names for ``hosts``, in order, without repeats."""
-    from cryptography import x509
-
     names: list[x509.GeneralName] = []
     for host in hosts:
         if not host:
@@ -99,9 +97,42 @@ def _subject_names(hosts: Iterable[str]) -> list[Any]:
     return names
 
 
-def _key_pem(key: Any) -> bytes:
-    from cryptography.hazmat.primitives import serialization
+def _serving(hosts: list[str]) -> list[tuple[Any, bool]]:
+    """The (extension, critical) pairs of a serving certificate for ``hosts``, ``localhost``
+    and 127.0.0.1."""
+    return [
+        (x509.SubjectAlternativeName(_subject_names([*hosts, "localhost", "127.0.0.1"])), False),
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+    ]
 
+
+def _sign(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: Any,
+    signer: Any,
+    days: int,
+    extensions: list[tuple[Any, bool]],
+) -> bytes:
+    """The PEM certificate of ``key`` for ``subject``, signed by ``signer`` as ``issuer``,
+    valid from five minutes ago (clocks differ) for ``days`` days, with a random serial."""
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+    )
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: Any) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -109,84 +140,30 @@ def _key_pem(key: Any) -> bytes:
     )
 
 
-def _certificate(subject: Any, issuer: Any, public_key: Any, days: int) -> Any:
-    """A certificate builder for ``subject`` signed by ``issuer``, valid from five minutes ago
-    (clocks differ) for ``days`` days, with a random serial."""
-    from cryptography import x509
-
-    now = datetime.datetime.now(datetime.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(public_key)
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
-    )
-
-
-def _serving(builder: Any, hosts: list[str]) -> Any:
-    """``builder`` as a serving (not CA) certificate for ``hosts``, ``localhost`` and
-    127.0.0.1."""
-    from cryptography import x509
-    from cryptography.x509.oid import ExtendedKeyUsageOID
-
-    return (
-        builder.add_extension(
-            x509.SubjectAlternativeName(_subject_names([*hosts, "localhost", "127.0.0.1"])),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-    )
-
-
 def self_signed(hostname: str) -> tuple[bytes, bytes]:
     """A fresh EC P-256 key and a one-year self-signed certificate for ``hostname``,
     ``localhost`` and 127.0.0.1 (PEM: certificate, key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{hostname}@{int(time.time())}")])
+    name = _name(f"{hostname}@{int(time.time())}")
     hosts = [hostname] if hostname and hostname != "localhost" else []
-    cert = (
-        _serving(_certificate(name, name, key.public_key(), 365), hosts)
-        .add_extension(_key_usage(cert_sign=False), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
+    extensions = [*_serving(hosts), (_key_usage(cert_sign=False), True)]
+    return _sign(name, name, key, key, 365, extensions), _key_pem(key)
 
 
 def ca_and_serving_cert(hosts: list[str], ca_name: str, leaf_name: str) -> tuple[bytes, ...]:
     """A fresh ten-year CA (common name ``ca_name@<time>``) and a serving certificate
     (``leaf_name``) it signs for ``hosts``, ``localhost`` and 127.0.0.1 (PEM: CA certificate,
     serving certificate, serving key)."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    issuer = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{ca_name}@{int(time.time())}")])
-    ca = (
-        _certificate(issuer, issuer, ca_key.public_key(), 3650)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_key_usage(cert_sign=True), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
-        .sign(ca_key, hashes.SHA256())
-    )
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, leaf_name)])
-    leaf = (
-        _serving(_certificate(subject, issuer, key.public_key(), 3650), hosts)
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    return ca.public_bytes(pem), leaf.public_bytes(pem), _key_pem(key)
+    issuer = _name(f"{ca_name}@{int(time.time())}")
+    ca = _sign(issuer, issuer, ca_key, ca_key, 3650, [
+        (x509.BasicConstraints(ca=True, path_length=0), True),
+        (_key_usage(cert_sign=True), True),
+        (x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False),
+    ])  # fmt: skip
+    leaf = _sign(_name(leaf_name), issuer, key, ca_key, 3650, [
+        *_serving(hosts),
+        (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+    ])  # fmt: skip
+    return ca, leaf, _key_pem(key)
