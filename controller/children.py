@@ -1,11 +1,7 @@
-"""What a reconcile does to the run's objects on the API server: create the job and the
-objects it needs, bring those that follow the spec to it, delete those it no longer renders,
-patch the job's suspend.
-
-:class:`Children` makes the calls and answers what stands in the way as a :class:`Trouble`
-(a refusal, a name taken, a kind not installed); it writes no status. What a trouble means
-for the run (its condition, its event, whether kopf retries) the reconciler decides
-(:mod:`megdet.controller.reconciler`).
+"""What a reconcile does to the run's objects on the API server (:class:`Children`): create the
+job and the objects it needs, bring those that follow the spec to it, delete those it no longer
+renders, patch the job's suspend. What stands in the way is a :class:`Trouble`, which the
+reconciler turns into the run's status (docs/controller.md, "Reconcile").
 """
 
 from __future__ import annotations
@@ -43,10 +39,8 @@ from megdet.controller.status_writer import diff_touches, run_meta
 
 __all__ = ["SYNCED_CHILDREN", "Children", "Trouble", "trouble_of"]
 
-#: The run's objects (other than its job) that follow its spec after they are created: merge-
-#: patched when the render changes, deleted when the spec no longer renders them (the spec
-#: field that renders each). A TrainingRuntime is not: Trainer reads it when it makes the
-#: TrainJob's JobSet, so a change could not reach a running job anyway.
+#: The run's objects (other than its job) that follow its spec after they are created, and the
+#: spec field that renders each. Not a TrainingRuntime: Trainer reads it only to make a JobSet.
 SYNCED_CHILDREN = {("networking.k8s.io/v1", "NetworkPolicy"): ("spec", "networkPolicy")}
 
 
@@ -98,20 +92,11 @@ class Children:
         fresh: bool = False,
         resync: bool = False,
     ) -> tuple[dict[str, Any] | None, list[Trouble], Trouble | None]:
-        """Create what the run lacks and bring its other objects to the spec: those (the
-        TrainingRuntime the TrainJob refers to, the NetworkPolicy) first, the job last; a
-        finished run (``done``) creates none of them. Returns the job, the troubles of the
-        other objects once the job exists, and the trouble that stopped the job (then the job
-        is None or not the run's).
-
-        Before the job exists, a trouble with another object stops the job: it is not created
-        without what it refers to or the isolation the spec asks for (the run's status says
-        why, as for the job itself). Once the job exists, a trouble with another object is that
-        object's (``ChildrenReady=False``): the job stays the run's, Created=True.
-        ``fresh``: the run's first try (:meth:`ensure`). ``resync``: a resize creates the job
-        again, so every other object is brought to the new render first (a TrainJob's
-        TrainingRuntime, which Trainer reads when it builds the JobSet).
-        """
+        """Create what the run lacks and bring its other objects to the spec, the job last (a
+        finished run, ``done``: none). Returns the job, the troubles of the other objects once
+        the job exists, and the trouble that stopped the job (then the job is None or not the
+        run's). ``fresh``: the run's first try (:meth:`ensure`); ``resync``: a resize, every
+        other object brought to the new render first."""
         _namespace, _name, uid, generation = run_meta(run)
         wanted = decision.job
         troubles: list[Trouble] = []
@@ -141,10 +126,8 @@ class Children:
         resync: bool = False,
     ) -> Trouble | None:
         """One of the run's other objects as the spec says: created if missing, brought to
-        the spec if it is of a kind that follows it (:data:`SYNCED_CHILDREN`); the trouble
-        when the API server refuses, or the name holds an object the run does not control.
-        ``fresh``: most likely missing, so created first and read only if the name is taken
-        (one request instead of two); else read first."""
+        the spec if it is of a kind that follows it (:data:`SYNCED_CHILDREN`), or the trouble.
+        ``fresh``: created first and read only if the name is taken; else read first."""
         kind, name = obj["kind"], obj["metadata"]["name"]
         synced = resync or (obj["apiVersion"], kind) in SYNCED_CHILDREN
         wanted = with_digest(obj) if synced else obj
@@ -165,8 +148,8 @@ class Children:
     def update(
         self, found: Mapping[str, Any], wanted: Mapping[str, Any], generation: Any, retry: int
     ) -> None:
-        """Merge-patch ``found`` into ``wanted``'s labels, annotations and spec (fields that
-        ``wanted`` lacks are removed), only over the version read."""
+        """Merge-patch ``found`` into ``wanted``'s labels, annotations and spec, over the
+        version read."""
         meta = found["metadata"]
         body = merge_patch(
             {k: found.get(k) for k in ("spec",)} | {"metadata": _meta_part(meta)},
@@ -177,24 +160,20 @@ class Children:
             self.cluster.patch(
                 found["apiVersion"], found["kind"], meta["namespace"], meta["name"], body
             )
-        except k8s.ApiException as err:
-            refusal = classify_refusal(found, err, generation, verb="update")
-            if refusal is not None:
-                raise refusal from err
-            retry_later(f"update {found['kind']} {meta['name']}", err, self.backoff, retry)
-            raise
         except Exception as err:
+            if isinstance(err, k8s.ApiException):
+                refusal = classify_refusal(found, err, generation, verb="update")
+                if refusal is not None:
+                    raise refusal from err
             retry_later(f"update {found['kind']} {meta['name']}", err, self.backoff, retry)
             raise
 
     def delete_unplanned(
         self, run: Mapping[str, Any], decision: Planned, diff: Any, retry: int
     ) -> None:
-        """Delete the run's objects of a kind that follows the spec (:data:`SYNCED_CHILDREN`)
-        which its spec no longer renders (``networkPolicy.enabled: false``): by the run's name
-        (the chart's name for them), only if the run controls it, only that incarnation.
-        Looked for only where ``diff`` (an update's) touches the field that renders them, or
-        on a resume (``diff`` None: an edit made while the controller was away)."""
+        """Delete the run's objects of a kind in :data:`SYNCED_CHILDREN` that its spec no
+        longer renders: by the run's name, if the run controls it, only that incarnation.
+        Looked for where ``diff`` (an update's) touches their field, or on a resume (None)."""
         namespace, name, uid, _generation = run_meta(run)
         planned = {(o["apiVersion"], o["kind"]) for o in decision.objects}
         for (api_version, kind), path in SYNCED_CHILDREN.items():
