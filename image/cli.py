@@ -9,7 +9,7 @@ import argparse
 import os
 import shlex
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from megdet.image.topology import EnvError, LaunchTopology, topology_from_env
@@ -94,13 +94,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="print the torchrun command and exit (no diagnostic, nothing started)",
     )
-    launch.add_argument(
-        "megdet_args",
-        nargs=argparse.REMAINDER,
-        metavar="ARGS",
-        help="the megdet command for each process, e.g. train --config megdet_R50_FPN_1x.yaml",
+    _megdet_command(
+        launch,
+        run_launch,
+        "the megdet command for each process, e.g. train --config megdet_R50_FPN_1x.yaml",
     )
-    launch.set_defaults(handler=run_launch)
 
     doctor = subparsers.add_parser(
         "doctor",
@@ -112,10 +110,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "to plan with its config."
         ),
     )
-    doctor.add_argument(
-        "megdet_args",
-        nargs=argparse.REMAINDER,
-        metavar="ARGS",
-        help="optional: the training command whose config to plan with",
-    )
-    doctor.set_defaults(handler=run_doctor)
+    _megdet_command(doctor, run_doctor, "optional: the training command whose config to plan with")
+
+
+def _megdet_command(
+    parser: argparse.ArgumentParser, handler: Callable[[argparse.Namespace], int], help: str
+) -> None:
+    """The megdet command that ``parser``'s subcommand runs or plans with: every word after its
+    own flags, as ``args.megdet_args``; ``handler`` runs the subcommand."""
+    parser.add_argument("megdet_args", nargs=argparse.REMAINDER, metavar="ARGS", help=help)
+    parser.set_defaults(handler=handler)
