@@ -1,12 +1,6 @@
 """What the controller owns for a run, decided without I/O: a MegDetRun body -> the objects
-to create, or the field-named problems that stop it.
-
-- :func:`plan_children`: a run -> :class:`Invalid` or :class:`Planned` (every object the run
-  chart renders, adopted: owner reference, namespace), from one
-  :func:`~megdet.controller.render.render_run`; nothing here builds a job.
-- Ownership: which objects are the run's (:func:`controlled_by`, :func:`run_owner`).
-- Output folders: two live runs must not write one folder (:func:`output_claim`, the
-  ``megdet_outputs`` kopf index, and :func:`output_holder`).
+to create (:func:`plan_children`, from one render of the run chart) or the field-named problems
+that stop it; which objects are the run's; the output folder two live runs must not share.
 """
 
 from __future__ import annotations
@@ -102,17 +96,11 @@ def plan_children(
 ) -> Invalid | Planned:
     """Plan a MegDetRun and render what it owns, once. Never raises for any run body.
 
-    The API server has already applied the CRD (structural schema, defaults, CEL rules,
-    transition rules on the fields fixed at creation), so the controller's own checks are the
-    ones no CRD can express: the values that are the operator's (:func:`operator_value_problems`),
-    then one render of the run chart, which runs ``RunSpec`` + ``plan_run`` (the scaling rules)
-    and the chart's own ``fail`` checks. That render's objects are what the controller creates.
-    ``megdet validate`` (no server at hand) runs the CRD's checks offline too
-    (:mod:`megdet.api.validation`).
-
-    ``unsafe_weights``: the cluster policy's ``unsafeWeights``, the chart's
-    ``allowUnsafeWeights`` (not a MegDetRun field: the operator decides). ``progress_url``:
-    the progress endpoint's base URL (``--progress-url``), see :func:`with_progress`.
+    The API server has applied the CRD's checks; here come the ones no CRD can express: the
+    operator's values (:func:`operator_value_problems`), then one render of the run chart
+    (its ``fail`` checks, ``RunSpec`` + ``plan_run``), whose objects the controller creates.
+    ``unsafe_weights``: the policy's ``unsafeWeights`` (the chart's ``allowUnsafeWeights``).
+    ``progress_url``: see :func:`with_progress`.
     """
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
@@ -158,10 +146,9 @@ def plan_children(
 
 
 def operator_value_problems(spec: Mapping[str, Any]) -> list[Problem]:
-    """Run chart values that are not the run author's (:data:`DROPPED_VALUES`: the operator's
-    policy, or set per run by the controller). The CRD has no such fields, so the API server
-    prunes them; a spec that still carries one (a CRD installed without its schema) is refused
-    rather than rendered with the author's value."""
+    """Run chart values that are not the run author's (:data:`DROPPED_VALUES`): the CRD has no
+    such fields, so a spec that still carries one (a CRD installed without its schema) is
+    refused rather than rendered with the author's value."""
     return [
         Problem(f"spec.{key}", "unknown field: set by the operator, not a MegDetRun field")
         for key in DROPPED_VALUES
@@ -170,15 +157,10 @@ def operator_value_problems(spec: Mapping[str, Any]) -> list[Problem]:
 
 
 def with_progress(spec: Any, uid: Any, url: str) -> Any:
-    """``spec`` with the chart value ``progress`` when progress reporting is on: ``url``, the
-    base URL of the controller's progress endpoint (``--progress-url``), given to every run (a
-    value owned by the controller, not a spec field); "" = off.
-
-    Added after validation (``progress`` is not a MegDetRun field: strict validation refuses
-    it, as the API server does), so only the job's render sees it. The chart adds the run's
-    path to the URL and the run's ``uid`` to the token audience; the controller publishes the
-    CA ConfigMap (controller/progress_ca.py).
-    """
+    """``spec`` with the chart value ``progress``: ``url``, the base URL of the controller's
+    progress endpoint (``--progress-url``; "": off), the CA ConfigMap and the run's ``uid``.
+    Not a MegDetRun field, so added after validation, for the render only
+    (docs/architecture.md, "Progress reporting")."""
     if not url or not isinstance(spec, Mapping):
         return spec
     run_uid = uid if isinstance(uid, str) else ""
@@ -189,11 +171,8 @@ def with_progress(spec: Any, uid: Any, url: str) -> Any:
 
 
 def with_run_env(spec: Any, name: str, uid: Any) -> Any:
-    """``spec`` with ``MEGDET_RUN_UID`` and ``MEGDET_RUN_NAME`` appended to ``extraEnv``.
-
-    The chart appends ``extraEnv`` to every container's env. A spec that is not an object, or
-    whose ``extraEnv`` is not a list, is returned unchanged for validation to name.
-    """
+    """``spec`` with ``MEGDET_RUN_UID`` and ``MEGDET_RUN_NAME`` appended to ``extraEnv`` (which the
+    chart appends to every container's env); a spec it cannot extend is returned unchanged."""
     if not isinstance(spec, Mapping):
         return spec
     extra = spec.get("extraEnv")

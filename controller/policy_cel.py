@@ -1,11 +1,7 @@
-"""The MegDet policy's rules as CEL, and their evaluation in the controller.
-
-Each rule (:mod:`megdet.controller.policy_rules`) is one CEL expression and messageExpression,
-with ``s`` the run's spec (``object.spec`` in the admission policy) and ``variables.<key>`` the
-policy's values; the controller evaluates the very text the API server does, with the Rust CEL
-interpreter ``megdet validate`` uses, each compiled once per process. The string functions the
-rules call beyond CEL's core (``split``, ``join``, ``trim``: Kubernetes' CEL strings library)
-come from the package's ``cel.stdlib``.
+"""The MegDet policy's rules as CEL, and their evaluation in the controller: the very text the
+API server evaluates (``s``: the run's spec; ``variables.<key>``: the policy's values), with the
+Rust CEL interpreter ``megdet validate`` uses, each compiled once per process. Kubernetes' CEL
+string functions the rules call (``split``, ``join``, ``trim``) come from ``cel.stdlib``.
 """
 
 from __future__ import annotations
@@ -109,13 +105,9 @@ def context(
 
 
 def evaluate(rule: Rule, ctx: cel.Context) -> str | None:
-    """The rule's message when the spec in ``ctx`` fails it, else None.
-
-    A rule that cannot be evaluated, or whose message cannot be built, on this spec is about a
-    field of the wrong type (CEL compares a list with a string as unequal, so a mistyped field
-    can fail an expression whose message then cannot use it): the CRD's schema refuses such a
-    spec before any policy is asked, and it is no policy problem. This never raises.
-    """
+    """The rule's message when the spec in ``ctx`` fails it, else None; never raises. A rule
+    that cannot be evaluated on this spec is about a mistyped field, which the CRD's schema
+    refuses before any policy is asked (docs/operations.md, "Who may do what")."""
     try:
         if _program(rule.expression).execute(ctx) is not False:
             return None

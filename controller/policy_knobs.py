@@ -1,11 +1,8 @@
 """The MegDet policy's privileged knobs: each way a spec uses one, in CEL.
 
-A privileged knob is allowed only when the cluster's policy allows it
-(``policy.privileged.<knob>``) and the user who applies the run holds the grant, verb ``use`` on
-``megdetruns/privileged`` in the run's namespace (checked by the API server's authorizer at
-admission; the controller never learns who wrote a run). Each :class:`KnobUse` makes one rule of
-:data:`megdet.controller.policy_rules.RULES` (the policy) and one admission validation (the
-grant).
+Each :class:`KnobUse` makes one rule of :data:`megdet.controller.policy_rules.RULES` (the
+cluster allows the knob: ``policy.privileged.<knob>``) and one admission validation (the user
+holds the grant, checked by the API server's authorizer; docs/operations.md, "Who may do what").
 """
 
 from __future__ import annotations
