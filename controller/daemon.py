@@ -1,14 +1,7 @@
-"""``megdet controller``: run the MegDetRun operator (the controller image's command).
-
-In a pod it logs in with its service account; elsewhere with the current kubeconfig context.
-It serves Prometheus metrics on ``--metrics-port`` (``/metrics``; HTTPS behind Kubernetes
-authentication and authorization unless ``--no-metrics-secure``, see tokenauth.py) and
-kopf's health endpoint on ``--health-port`` (``/healthz``, plain HTTP, for the probes).
-
-High availability: every replica joins the kopf peering object ``--peering`` with a priority
-(``random`` by default, so replicas differ); kopf pauses a replica while a live peer with a
-higher priority exists, so exactly one acts. The progress endpoint is no part of that: every
-replica serves it (controller/progress_server.py). See docs/operations.md.
+"""``megdet controller``: run the MegDetRun operator (the controller image's command), logged
+in with the pod's service account or else the current kubeconfig context. Its ports and high
+availability (kopf's peering): docs/operations.md, "The controller"; who may read /metrics:
+docs/monitoring.md.
 """
 
 from __future__ import annotations
@@ -281,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
             )
     if args.metrics_cert_dir is not None and not args.metrics_secure:
         raise UsageError("--metrics-cert-dir needs --metrics-secure (it is plain HTTP now)")
+    ssl_context = None
     if args.metrics_secure:
         from megdet.controller.metrics import server_ssl_context
         from megdet.controller.tokenauth import KubernetesReviewer, TokenAuthorizer
@@ -320,16 +314,13 @@ def run(args: argparse.Namespace) -> int:
     settings.posting.reporting_component = "megdet-controller"
     settings.posting.reporting_instance = os.environ.get("POD_ID", "megdet-controller")
 
-    metrics_options: dict[str, Any] = {}
+    authorizer = None
     if args.metrics_secure:
-        metrics_options["ssl_context"] = ssl_context
-        metrics_options["authorizer"] = TokenAuthorizer(
-            KubernetesReviewer(api, timeout=args.api_timeout)
-        )
+        authorizer = TokenAuthorizer(KubernetesReviewer(api, timeout=args.api_timeout))
     from megdet.controller.http_limits import Limits
 
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout)
-    metrics.serve(args.metrics_port, limits=limits, **metrics_options)
+    metrics.serve(args.metrics_port, limits=limits, ssl_context=ssl_context, authorizer=authorizer)
     service = None
     if args.progress_url:
         from megdet.controller import progress_server

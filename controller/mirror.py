@@ -1,13 +1,6 @@
-"""What a run's status mirrors from its job and pods, event by event: the job's state (a
-job deleted, someone else's job under the run's name, a TrainJob's reported progress) and
-``PodsStarted`` from the pods that cannot start. A TrainJob's milestone events come from the
-run's watch, as a PyTorchJob's do (controller/progress_events.py).
-
-Every status write of the handlers goes through :meth:`RunMirror.write` (the reconcile's as
-well): the run read once under its lock (:class:`~megdet.controller.status_writer.StatusWriter`),
-the job read there when the decision asks for the job as it is now, and the run's record's
-``stuck`` kept with what the status says. :class:`~megdet.controller.reconciler.Reconciler`
-owns one and registers its handlers.
+"""What a run's status mirrors from its job and pods, event by event (:class:`RunMirror`), and
+the status write every handler makes (:meth:`RunMirror.write`, the reconcile's as well). Where
+it sits: docs/architecture.md, "The controller"; what it writes: docs/controller.md.
 """
 
 from __future__ import annotations
@@ -133,8 +126,7 @@ class RunMirror:
                 return Foreign(type != "DELETED"), job, None
             if type == "DELETED":  # its last state counts first (a job deleted as it finished)
                 return JobGone(job["kind"], name), job, None
-            # Level-triggered: the job as it is now (the job reads' watch cache), read under the
-            # run's lock; the event only says that it changed.
+            # Level-triggered: the job as it is now, read under the run's lock.
             return Observed(), None, job
 
         namespace = job["metadata"].get("namespace")
