@@ -1,11 +1,7 @@
-"""kopf's diff base of a MegDetRun kept in its status, written by the reconcile's own status write.
-
-:class:`StatusDiffBase` keeps the base in ``status.handledConfiguration`` and lets the
-reconcile's last status write carry it (:meth:`StatusDiffBase.note_written`), so kopf's
-:meth:`~StatusDiffBase.store` finds nothing left to write; :meth:`~StatusDiffBase.fetch` reads
-an earlier controller's ``megdet.io/last-handled-configuration`` annotation where the status
-has none. :class:`ProgressAnnotations` drops kopf's marker annotation. Why, from kopf's source:
-docs/controller.md, "The controller in detail".
+"""kopf's diff base of a MegDetRun kept in its status (:class:`StatusDiffBase`), written by the
+reconcile's own status write, and kopf's progress without its marker annotation
+(:class:`ProgressAnnotations`). Why, from kopf's source: docs/controller.md, "The controller in
+detail" (kopf's bookkeeping rides on the status write).
 """
 
 from __future__ import annotations
@@ -63,16 +59,13 @@ class StatusDiffBase(kopf.DiffBaseStorage):
     def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
         status = body.get("status")
         encoded = status.get(FIELD) if isinstance(status, Mapping) else None
-        if isinstance(encoded, str) and encoded:
-            try:
-                decoded = json.loads(encoded)
-            except ValueError:
-                decoded = None  # not ours to trust: handled as never handled (a create)
-            return decoded if isinstance(decoded, dict) else None  # type: ignore[return-value]
         try:
-            decoded = self._legacy.fetch(body=body)
-        except ValueError:
-            return None  # an annotation that does not parse (kopf's own fetch would raise)
+            if isinstance(encoded, str) and encoded:
+                decoded = json.loads(encoded)
+            else:  # an earlier controller's annotation
+                decoded = self._legacy.fetch(body=body)
+        except ValueError:  # not ours to trust: handled as never handled (a create)
+            return None
         return decoded if isinstance(decoded, dict) else None  # type: ignore[return-value]
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:

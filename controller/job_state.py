@@ -30,6 +30,8 @@ PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended"
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 #: Phases mirrored from the job, each with a run condition of the same name.
 ACTIVE_PHASES = ("Running", "Restarting", "Suspended", "Succeeded", "Failed")
+#: A TrainJob's conditions that decide its phase, in order, and the phase each means.
+TRAINJOB_PHASES = {"Failed": "Failed", "Complete": "Succeeded", "Suspended": "Suspended"}
 
 
 @dataclass(frozen=True)
@@ -91,11 +93,7 @@ def trainjob_state(job: Mapping[str, Any]) -> JobState:
     under its failure policy (Restarting); every child Job ready means Running; else Pending.
     """
     conditions = conditions_in(job.get("status"))
-    for kind, phase in (
-        ("Failed", "Failed"),
-        ("Complete", "Succeeded"),
-        ("Suspended", "Suspended"),
-    ):
+    for kind, phase in TRAINJOB_PHASES.items():
         cond = _true_condition(conditions, kind)
         if cond is not None:
             time = _str_or_none(cond.get("lastTransitionTime"))

@@ -35,6 +35,7 @@ __all__ = [
     "Cluster",
     "JobRefused",
     "KindNotServed",
+    "Refusal",
     "RefusalHeals",
     "api_call",
     "classify_refusal",
@@ -78,50 +79,40 @@ KIND_PROVIDERS = {
 }
 
 
-class KindNotServed(Exception):
+class Refusal(Exception):
+    """The API server refused to create (or update) an object; ``message`` says why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class KindNotServed(Refusal):
     """The API server answered 404 to creating an object: its kind is not installed."""
 
     def __init__(self, obj: Mapping[str, Any]) -> None:
         kind = obj["kind"]
         target = TARGET_BY_KIND.get(kind, "trainjob")
         (other,) = (t for t in KIND_BY_TARGET if t != target)
-        self.message = (
+        super().__init__(
             f"{obj['apiVersion']} {kind} is not served by this cluster (creating it answered "
             f"404): install {KIND_PROVIDERS.get(kind, 'its operator')} or set "
             f"spec.target: {other} (spec.target is {target}); the controller watches the job "
             "kinds present when it starts, so restart it after installing"
         )
-        super().__init__(self.message)
 
 
 #: Longest server message kept in a condition (the API server's own limit is 32 KiB).
 MAX_SERVER_MESSAGE = 2000
 
 
-class JobRefused(Exception):
-    """The API server refused to create an object for a reason that retrying does not fix."""
-
-    def __init__(
-        self, obj: Mapping[str, Any], err: k8s.ApiException, generation: Any, verb: str = "create"
-    ) -> None:
-        self.message = refusal_message(obj, err, generation, verb)
-        super().__init__(self.message)
+class JobRefused(Refusal):
+    """A refusal that retrying does not fix: final until the run's spec changes."""
 
 
-class RefusalHeals(Exception):
-    """The API server refused to create an object for a reason that heals without a spec edit
-    (:func:`heal_reason`): retried with backoff, the run Pending with ``Retrying`` meanwhile."""
-
-    def __init__(
-        self, obj: Mapping[str, Any], err: k8s.ApiException, hint: str, verb: str = "create"
-    ) -> None:
-        meta = obj.get("metadata") or {}
-        reason, server = _server_words(err)
-        self.message = (
-            f"the API server refused to {verb} {obj.get('kind')} {meta.get('name')} for now "
-            f"(HTTP {err.status} {reason}): {server}. Not final: {hint}. Retried with backoff"
-        )
-        super().__init__(self.message)
+class RefusalHeals(Refusal):
+    """A refusal that heals without a spec edit (:func:`heal_reason`): retried with backoff, the
+    run Pending with ``Retrying`` meanwhile."""
 
 
 def classify_refusal(
@@ -134,9 +125,8 @@ def classify_refusal(
     if not 400 <= status < 500 or status in NOT_REFUSALS:
         return None
     hint = heal_reason(err)
-    if hint is not None:
-        return RefusalHeals(obj, err, hint, verb)
-    return JobRefused(obj, err, generation, verb)
+    message = refusal_message(obj, err, generation, verb, hint)
+    return JobRefused(message) if hint is None else RefusalHeals(message)
 
 
 def heal_reason(err: k8s.ApiException) -> str | None:
@@ -179,14 +169,24 @@ def _server_words(err: k8s.ApiException) -> tuple[str, str]:
 
 
 def refusal_message(
-    obj: Mapping[str, Any], err: k8s.ApiException, generation: Any, verb: str = "create"
+    obj: Mapping[str, Any],
+    err: k8s.ApiException,
+    generation: Any,
+    verb: str = "create",
+    hint: str | None = None,
 ) -> str:
-    """The server's own words (its Status ``message`` and ``details.causes``) and the fix."""
+    """The server's own words (its Status ``message`` and ``details.causes``) and the fix, or
+    for a refusal that heals (``hint``) what it waits for."""
     reason, server = _server_words(err)
     meta = obj.get("metadata") or {}
+    refused = f"the API server refused to {verb} {obj.get('kind')} {meta.get('name')}"
+    if hint is not None:
+        return (
+            f"{refused} for now (HTTP {err.status} {reason}): {server}. Not final: {hint}. "
+            "Retried with backoff"
+        )
     return (
-        f"the API server refused to {verb} {obj.get('kind')} {meta.get('name')} "
-        f"(HTTP {err.status} {reason}): {server}. Not retried until the MegDetRun's spec "
+        f"{refused} (HTTP {err.status} {reason}): {server}. Not retried until the MegDetRun's spec "
         f"changes (metadata.generation {generation}): fix what the server names (the run's "
         "spec, or the namespace's ResourceQuota or admission policy) and edit the spec, or "
         "delete and re-create the run"

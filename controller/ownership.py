@@ -32,14 +32,9 @@ def controlled_by(obj: Mapping[str, Any], uid: str | None) -> bool:
 
 def is_runs_job(job: Mapping[str, Any], uid: str | None, status: Any) -> bool:
     """Whether ``job`` is the job the MegDetRun with ``uid`` has: controlled by it and, once
-    the run's status records one, the very object the controller created (``status.jobUID``).
-
-    A controller reference is no proof: anyone who may create jobs in the namespace can write
-    one naming the run (say, under the name of its job after the training operator's TTL
-    deleted it). The uid is: the API server assigns it. Before a uid is recorded (the answer
-    to the controller's create was lost, or a run from before ``jobUID`` existed), and while a
-    resize replaces the recorded job (``status.resize``), a job the run controls is taken as
-    its own once, and its uid recorded from then on.
+    the run's status records one, the very object the controller created (``status.jobUID``;
+    a controller reference can be forged, the uid cannot). Before a uid is recorded, and while
+    a resize replaces the recorded job, a job the run controls is taken as its own once.
     """
     if not controlled_by(job, uid):
         return False

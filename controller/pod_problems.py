@@ -1,13 +1,6 @@
-"""Why a run's pods do not start, in the kubelet's own words, for the run's status. Pure.
-
-The waiting reasons that do not heal by waiting (:data:`STUCK_REASONS`, the kubelet's names)
-and which pods count: docs/operations.md, "Pods that cannot start". The chart's labels are
-anyone's to write, so a pod counts only when controlled by the run's job
-(:func:`pod_of_runs_job`): for a PyTorchJob the one named ``status.jobName`` whose uid is
-``status.jobUID``; for a TrainJob a batch/v1 Job of its JobSet (named ``<job>-...``, with the
-JobSet's ``jobset.sigs.k8s.io/jobset-name`` label). A copied owner reference could only make
-the run say a pod cannot start, never change its phase, its job or its result. The handler and
-the status write are the run mirror's (:mod:`megdet.controller.mirror`).
+"""Why a run's pods do not start, in the kubelet's own words, for the run's status. Pure. Which
+reasons and which pods count: docs/operations.md, "Pods that cannot start"; the handler is the
+run mirror's (:mod:`megdet.controller.mirror`).
 """
 
 from __future__ import annotations
@@ -92,9 +85,9 @@ def started(pod: Mapping[str, Any]) -> bool:
 
 
 def pod_of_runs_job(pod: Mapping[str, Any], run: Mapping[str, Any]) -> bool:
-    """Whether ``pod`` is controlled by the job the controller created for ``run`` (see the
-    module docstring); False before the run's status records its job (``jobName``,
-    ``jobUID``)."""
+    """Whether ``pod`` is controlled by the job the controller created for ``run``: the
+    PyTorchJob ``status.jobName`` of uid ``status.jobUID``, or a batch/v1 Job of the TrainJob's
+    JobSet (named ``<job>-...``, with its JobSet's label); False before the status records a job."""
     status = run.get("status") if isinstance(run.get("status"), Mapping) else {}
     job, job_uid = status.get("jobName"), status.get("jobUID")
     if not isinstance(job, str) or not job or not job_uid:
@@ -111,9 +104,5 @@ def pod_of_runs_job(pod: Mapping[str, Any], run: Mapping[str, Any]) -> bool:
             and str(owner.get("name") or "").startswith(f"{job}-")
             and labels.get(JOBSET_NAME_LABEL) == job
         )
-    return (owner.get("apiVersion"), owner.get("kind"), owner.get("name"), owner.get("uid")) == (
-        "kubeflow.org/v1",
-        "PyTorchJob",
-        job,
-        job_uid,
-    )
+    expected = ("kubeflow.org/v1", "PyTorchJob", job, job_uid)
+    return tuple(owner.get(key) for key in ("apiVersion", "kind", "name", "uid")) == expected

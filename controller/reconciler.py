@@ -1,8 +1,7 @@
 """The MegDetRun handlers (:class:`Reconciler`, registered by
 :func:`megdet.controller.operator.build_registry`): reconcile a run, mirror its job, forget a
 deleted run. How they split with children.py and mirror.py: docs/architecture.md, "The
-controller". Handlers are sync methods, run in kopf's thread pool, so the blocking client and
-the in-process Helm render never stall kopf's event loop.
+controller".
 """
 
 from __future__ import annotations
@@ -159,10 +158,13 @@ class Reconciler:
                 self._write(run, Foreign(True), retry, job=job)
             metrics.RECONCILES.labels("success").inc()
             return
-        if job is not None and not ours:
-            self._conflict(run, kind, job_name, retry)
+        if job is not None and not ours:  # never overwritten: retried
+            trouble = self.children.conflict(kind, job_name)
+            self._not_created(run, trouble.reason, trouble.message, retry)
         if job is None:
-            self._wait_for_output_folder(run, outputs, retry)
+            holder = output_holder(outputs, run)
+            if holder is not None:  # another live run goes first at the output folder
+                self._not_created(run, "OutputInUse", output_in_use_message(run, holder), retry)
             # The cluster's policy, before anything is created for the run (a job that exists
             # was allowed when it was made: a stricter policy later does not stop it).
             if not finished(seen) and not self._allowed(run, retry):
@@ -214,11 +216,9 @@ class Reconciler:
         kind: str = "",
         handled: str | None = None,
     ) -> tuple[Mapping[str, Any], dict[str, Any], Any] | None:
-        """Bring the run's status to :func:`~megdet.controller.status.desired_status` of
-        ``decision``, for ``job`` or, level-triggered, for the job ``read`` names as it is now
-        (read under the run's lock: its mirror may have seen a newer state than this handler
-        did). Returns what :meth:`RunMirror.write` does, None if the run is gone.
-        ``handled``: this write ends the reconcile (:meth:`StatusWriter.write`)."""
+        """Bring the run's status to ``decision``'s (:meth:`RunMirror.write`), for ``job`` or for
+        the job ``read`` names as it is now, under the run's lock. ``handled``: this write ends
+        the reconcile (:meth:`StatusWriter.write`)."""
         return self.mirror.write(
             run,
             lambda _current: (decision, job, read),
@@ -234,17 +234,6 @@ class Reconciler:
         self._write(run, NotCreated(reason, message), retry)
         metrics.RECONCILES.labels("conflict").inc()
         raise kopf.TemporaryError(message, delay=self.backoff.conflict_delay)
-
-    def _conflict(self, run: Mapping[str, Any], kind: str, name: str, retry: int) -> None:
-        """An object of the name the run needs is not the run's: never overwritten, retried."""
-        trouble = self.children.conflict(kind, name)
-        self._not_created(run, trouble.reason, trouble.message, retry)
-
-    def _wait_for_output_folder(self, run: Mapping[str, Any], outputs: Any, retry: int) -> None:
-        """Raise kopf.TemporaryError while another live run goes first at the output folder."""
-        holder = output_holder(outputs, run)
-        if holder is not None:
-            self._not_created(run, "OutputInUse", output_in_use_message(run, holder), retry)
 
     def _allowed(self, run: Mapping[str, Any], retry: int, keep_phase: bool = False) -> bool:
         """Whether the cluster's policy allows the run; if not, its status says why (Valid=False,
@@ -300,10 +289,8 @@ class Reconciler:
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop what this process holds for a run that was deleted (its watch's DELETED
-        event): its record (controller/run_record.py), metric series and kept render.
-        What the run owns (its job, TrainingRuntime, NetworkPolicy) the cluster's
-        garbage collector deletes through their controller owner references: the controller
-        deletes none of it and keeps no finalizer on the run (docs/controller.md, "Delete")."""
+        event): its record, metric series and kept render. What the run owns the garbage
+        collector deletes (docs/controller.md, "Delete")."""
         metrics.forget_run(namespace, name)
         forget_render(namespace, name)  # its kept render (controller/render.py)
         self.records.forget((namespace, name))

@@ -1,11 +1,6 @@
-"""``status.summary``: what a finished run did, from what the controller holds. Pure.
-
-A run that reached ``Succeeded`` or ``Failed`` after it had its job gets one flat, bounded
-object (:data:`MAX_SEGMENTS`, :data:`MAX_TEXT`) from the trainer's last report and the
-controller's own facts, a field whose source does not say it left out; :func:`with_summary` is
-applied to every status the controller writes, so it follows its sources. What it holds:
-docs/operations.md, "What a run did"; how it is written: docs/controller.md, "The controller in
-detail".
+"""``status.summary``: what a finished run did, from what the controller holds. Pure. What it
+holds: docs/operations.md, "What a run did"; how it is written: docs/controller.md, "The
+controller in detail".
 """
 
 from __future__ import annotations

@@ -119,16 +119,11 @@ def refused_at(status: Mapping[str, Any]) -> Any:
 
 
 def finished(status: Mapping[str, Any]) -> bool:
-    """A run that is done for good: Succeeded or Failed after it had its job.
-
-    A run whose job the API server refused is ``Failed`` too, but not finished: a change of its
-    spec tries again. Nothing makes a job for a finished run.
-    """
-    return (
-        isinstance(status, Mapping)
-        and status.get("phase") in TERMINAL_PHASES
-        and refused_at(status) is None
-    )
+    """A run that is done for good: Succeeded or Failed after it had its job (a run whose job
+    the API server refused is ``Failed`` too, but a change of its spec tries again)."""
+    if not isinstance(status, Mapping):
+        return False
+    return status.get("phase") in TERMINAL_PHASES and refused_at(status) is None
 
 
 def conflict_message(kind: str, name: str) -> str:

@@ -1,6 +1,6 @@
 """Writing a MegDetRun's status from the handlers (:class:`StatusWriter`): one writer per run,
-events, counters. How and why: docs/controller.md, "The controller in detail" (one writer per
-run's status; the run read from its watch).
+the events a change posts (:func:`events`), counters. How and why: docs/controller.md, "The
+controller in detail" (one writer per run's status; the run read from its watch).
 """
 
 from __future__ import annotations
@@ -19,22 +19,33 @@ from kubernetes import client as k8s
 
 from megdet.controller import metrics
 from megdet.controller.api import GROUP, PLURAL, TARGET_BY_KIND, VERSION
+from megdet.controller.conditions import condition_of
 from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.diffbase import StatusDiffBase
 from megdet.controller.job_cache import version_of
 from megdet.controller.job_state import TERMINAL_PHASES
 from megdet.controller.kubeapi import Backoff, Cluster, api_call, retry_later
 from megdet.controller.lifecycle import stage_of
+from megdet.controller.resize import events as resize_events
 from megdet.controller.run_record import RunRecords
 from megdet.controller.run_summary import with_summary
-from megdet.controller.status import JOB_PRESENT
-from megdet.controller.status_events import events
+from megdet.controller.status import (
+    CHILDREN_READY,
+    FOREIGN_JOB,
+    JOB_PRESENT,
+    JOB_REFUSED,
+    PODS_STARTED,
+    POLICY_DENIED,
+)
 
 __all__ = [
+    "WARNING_CONDITIONS",
+    "Event",
     "RunLocks",
     "RunViews",
     "StatusWriter",
     "changed_fields",
+    "events",
     "now_text",
     "progress_patch",
     "run_meta",
@@ -55,6 +66,76 @@ RUNS_INDEX = "megdet_runs"
 #: What a view keeps of a run's metadata: what a status write reads (whose run, which
 #: version, being deleted) and what kopf's events name.
 _VIEW_METADATA = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event on the run: ``source`` is "phase" for a phase change (a job's transition,
+    counted), else the type of the condition whose change it reports."""
+
+    type: str
+    reason: str
+    message: str
+    source: str
+
+
+#: The conditions whose arrival is news (a Warning event), each with the status it warns in.
+WARNING_CONDITIONS = {
+    "Created": "False",
+    CHILDREN_READY: "False",
+    "Valid": "False",
+    JOB_PRESENT: "False",
+    FOREIGN_JOB: "True",
+    PODS_STARTED: "False",
+}
+#: The condition that says why a run is in a phase (the phase's own for the mirrored ones).
+_CAUSE = {"Invalid": "Valid", "Pending": "Created"}
+
+
+def _episode(cond: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells one episode of a condition from the next: its status and reason; for a
+    refusal also the generation (each refused spec is news), for a foreign job its message
+    (each foreign object, by its uid, is news); for pods that cannot start only the status (the
+    kubelet alternates ``ErrImagePull`` and ``ImagePullBackOff``: one Warning per episode)."""
+    if cond.get("type") == FOREIGN_JOB:
+        return cond.get("status"), cond.get("message")
+    if cond.get("type") == PODS_STARTED:
+        return (cond.get("status"),)
+    if cond.get("reason") == JOB_REFUSED:
+        return cond.get("status"), cond.get("reason"), cond.get("observedGeneration")
+    return cond.get("status"), cond.get("reason")
+
+
+def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """The events the change from ``old`` to ``new`` posts: a Warning for each condition of
+    :data:`WARNING_CONDITIONS` that enters its warning status or a new episode of it (``Valid``
+    only for :data:`POLICY_DENIED`: an invalid spec is said by its phase), and one event per
+    phase change (Warning for Failed and Invalid, else Normal) unless a Warning already says
+    why (its reason is that of the phase's cause: a refused job, a deleted one, a denied
+    spec, a job not created). None when nothing changed."""
+    out: list[Event] = []
+    for kind, warns in WARNING_CONDITIONS.items():
+        cond = condition_of(new, kind)
+        if cond is None or cond.get("status") != warns:
+            continue
+        if kind == "Valid" and cond.get("reason") != POLICY_DENIED:
+            continue
+        before = condition_of(old, kind)
+        if before is not None and _episode(before) == _episode(cond):
+            continue
+        reason = FOREIGN_JOB if kind == FOREIGN_JOB else str(cond.get("reason"))
+        out.append(Event("Warning", reason, str(cond.get("message") or "")[:1000], kind))
+    was, phase = old.get("phase"), new.get("phase")
+    if phase is not None and phase != was:
+        cause = condition_of(new, _CAUSE.get(phase, phase)) or {}
+        if cause.get("reason") not in {e.reason for e in out}:
+            message = str(cause.get("message") or "")
+            text = f"phase {was or 'None'} -> {phase}" + (f": {message}" if message else "")
+            kind = "Warning" if phase in ("Failed", "Invalid") else "Normal"
+            out.insert(0, Event(kind, phase, text[:1000], "phase"))
+
+    out += [Event("Normal", r, m[:1000], "resize") for r, m in resize_events(old, new)]
+    return out
 
 
 def now_text() -> str:
@@ -138,11 +219,7 @@ class Phases:
 
 def diff_touches(diff: Iterable[Any], path: tuple[str, ...]) -> bool:
     """Whether a kopf diff changes ``path`` or anything above or below it."""
-    for _op, field_path, _old, _new in diff or ():
-        n = min(len(field_path), len(path))
-        if tuple(field_path[:n]) == path[:n]:
-            return True
-    return False
+    return any(tuple(at[: len(path)]) == path[: len(at)] for _op, at, _old, _new in diff or ())
 
 
 def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -161,12 +238,9 @@ def run_view(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class RunViews:
-    """Each run as this process last knew it, so that a status write reads no run from the
-    API server: as its watch last delivered it (the kopf index ``megdet_runs``), or as the
-    answer to this process's own last status write of it until the watch delivers that write
-    (the newer by resourceVersion). Why a stale view is safe (writes over it are conditional):
-    docs/controller.md, "The controller in detail". :meth:`forget` drops a run's last answer.
-    """
+    """Each run as this process last knew it, so that a status write reads no run from the API
+    server: its watch's (the kopf index ``megdet_runs``) or this process's last write's, the
+    newer. Why a stale view is safe: docs/controller.md, "The controller in detail"."""
 
     def __init__(self, records: RunRecords | None = None) -> None:
         self._lock = threading.Lock()
@@ -227,10 +301,8 @@ class RunViews:
 
     def gone(self, namespace: str, name: str, uid: str | None) -> bool:
         """Whether the run's watch says the run (the incarnation ``uid``, if given) does not
-        exist: kopf's index has been seen (it is complete before any handler runs) and holds no
-        such run. A write for a run this process's watch never delivered can only be for one
-        that is deleted: the job mirror's, for a job the garbage collector deletes after its
-        run (a read of the run from the API server would answer 404)."""
+        exist: kopf's index, complete before any handler runs, holds no such run (a job mirror's
+        write for a job the garbage collector deletes after its run)."""
         written = self.records.get((namespace, name), "written_view")
         if written is not None and uid in (None, _uid(written)):
             return False
