@@ -17,18 +17,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from megdet.controller.policy_cel import Rule, context, evaluate, read_fields
-from megdet.controller.policy_knobs import (
-    KNOB_USES,
-    PRIVILEGED_KNOBS,
-    PRIVILEGED_SUBRESOURCE,
-    grant_message,
-)
+from megdet.controller.policy_knobs import KNOB_USES, grant_message
 from megdet.controller.policy_rules import RULES
 
 __all__ = [
     "KNOB_USES",
-    "PRIVILEGED_KNOBS",
-    "PRIVILEGED_SUBRESOURCE",
     "RULES",
     "Policy",
     "PolicyError",

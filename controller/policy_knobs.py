@@ -17,7 +17,6 @@ __all__ = [
     "CONFINED_PROFILES",
     "KNOB_USES",
     "KNOB_WHAT",
-    "PRIVILEGED_KNOBS",
     "PRIVILEGED_SUBRESOURCE",
     "PROFILE_ANNOTATIONS",
     "PROFILE_ANNOTATION_PREFIXES",
@@ -25,14 +24,6 @@ __all__ = [
     "grant_message",
 ]
 
-#: What the privileged knobs are, by their policy key (``policy.privileged.<key>``).
-PRIVILEGED_KNOBS: dict[str, str] = {
-    "hostNetwork": "spec.network.hostNetwork",
-    "ibRootMode": "spec.nccl.ib.memlock",
-    "podSecurity": "spec.podSecurityContext",
-    "hostPath": "spec.extraVolumes",
-    "anyMountPath": "spec.extraVolumeMounts",
-}
 #: The subresource whose ``use`` verb grants the privileged knobs (RBAC, checked at admission).
 PRIVILEGED_SUBRESOURCE = "megdetruns/privileged"
 

@@ -43,7 +43,7 @@ from megdet.controller import metrics
 from megdet.controller import policy as policy_module
 from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.daemon import load_policy
-from megdet.controller.policy import PRIVILEGED_KNOBS, Policy, PolicyError, check
+from megdet.controller.policy import Policy, PolicyError, check
 from tests.repo_files import OPERATOR_CHART as CHART
 
 
@@ -69,7 +69,7 @@ def test_the_generated_admission_validations_are_current() -> None:
     validations = committed["validations"]
     # Every rule and every way of using a knob with its grant, each naming its field.
     assert len(validations) == len(policy_module.RULES) + len(policy_module.KNOB_USES)
-    assert {u.knob for u in policy_module.KNOB_USES} == set(PRIVILEGED_KNOBS)
+    assert {u.knob for u in policy_module.KNOB_USES} == set(Policy().values()["privileged"])
     for validation, rule in zip(validations, policy_module.RULES, strict=False):
         assert validation["messageExpression"].startswith(f"'{rule.path}: ' + ")
 
