@@ -1,9 +1,11 @@
-"""The tests' fake HTTP servers that speak JSON: a request handler that logs nothing, reads a
-request's JSON body and answers JSON."""
+"""JSON over HTTP for the tests: a request handler for their fake servers that logs nothing,
+reads a request's JSON body and answers JSON; and a client's POST of JSON over TLS."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import ssl
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -29,3 +31,20 @@ class JsonHandler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
+
+
+def post_json(
+    port: int, ca_pem: str, path: str, token: str, body: Any, timeout: float
+) -> tuple[int, bytes]:
+    """POST ``body`` as JSON to ``https://127.0.0.1:port/path`` with ``token`` as its bearer
+    token, verifying the server's certificate with ``ca_pem`` (ssl.SSLError if it is not the
+    CA's); the answer's status and body."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=timeout)
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    try:
+        conn.request("POST", path, json.dumps(body), headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()

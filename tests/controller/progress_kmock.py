@@ -5,9 +5,6 @@ POSTed over HTTPS."""
 from __future__ import annotations
 
 import asyncio
-import http.client
-import json
-import ssl
 from typing import Any
 
 import kmock as kmock_lib
@@ -28,6 +25,7 @@ from progress_fakes import FakeIssuer
 
 from megdet import progress as protocol
 from megdet.controller.pod_problems import PART_OF
+from tests.json_http import post_json
 
 OPS = "ops"
 SECRET = f"{OPS}/megdet-operator-progress-ca"
@@ -84,19 +82,11 @@ def post(
     """POST a report to ``op``'s endpoint, verifying its certificate with its published CA;
     ``at``: its ``lastUpdatedTime``."""
     service = op.progress_service
-    context = ssl.create_default_context(cadata=service.cert.ca_pem)
-    conn = http.client.HTTPSConnection("127.0.0.1", service.port, context=context, timeout=10)
     report = protocol.Progress(iteration=iteration, max_iter=100, updated_time=at)
-    conn.request(
-        "POST",
-        protocol.run_status_path(NAMESPACE, run),
-        json.dumps(protocol.to_request(report)),
-        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    resp = conn.getresponse()
-    data = resp.read().decode()
-    conn.close()
-    return resp.status, data
+    path = protocol.run_status_path(NAMESPACE, run)
+    body = protocol.to_request(report)
+    status, data = post_json(service.port, service.cert.ca_pem, path, token, body, timeout=10)
+    return status, data.decode()
 
 
 async def apost(

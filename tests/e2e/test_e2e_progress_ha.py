@@ -17,9 +17,7 @@ tokens the API server binds to pods, and the CA ConfigMap a namespace editor cha
 
 from __future__ import annotations
 
-import http.client
 import json
-import ssl
 import time
 from typing import Any
 
@@ -39,6 +37,7 @@ from e2e_helpers import (
 )
 
 from megdet import progress as protocol
+from tests.json_http import post_json
 
 NS = "progress-ha-e2e"
 RUN = "ha-run"
@@ -86,21 +85,12 @@ def post(proc: ControllerProcess, ca: str, run: str, token: str, iteration: int,
     """A report to ``proc``'s endpoint (``at``: its time, default now; ``more``: Progress
     fields), verifying its certificate with ``ca`` (raises ssl.SSLError if the certificate is
     not the CA's)."""
-    context = ssl.create_default_context(cadata=ca)
-    conn = http.client.HTTPSConnection("127.0.0.1", proc.progress_port, context=context,
-                                       timeout=20)  # fmt: skip
     when = protocol.format_time(time.time() if at is None else at)
     report = protocol.Progress(iteration=iteration, max_iter=1000, updated_time=when, **more)
-    conn.request(
-        "POST",
-        protocol.run_status_path(NS, run),
-        json.dumps(protocol.to_request(report)),
-        {"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    resp = conn.getresponse()
-    data = resp.read()
-    conn.close()
-    return resp.status, json.loads(data) if data else None
+    path = protocol.run_status_path(NS, run)
+    body = protocol.to_request(report)
+    status, data = post_json(proc.progress_port, ca, path, token, body, timeout=20)
+    return status, json.loads(data) if data else None
 
 
 def token(kube, audience: str, pod: str) -> str:
