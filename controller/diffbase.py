@@ -79,9 +79,6 @@ class StatusDiffBase(kopf.DiffBaseStorage):
         """The handler's status write carried ``encoded`` (the handler ends with it)."""
         self.records.set((namespace, name), written_base=encoded)
 
-    def forget(self, namespace: str, name: str) -> None:
-        self.records.set((namespace, name), written_base=None)
-
     def __len__(self) -> int:
         return len(self.records.values_of("written_base"))
 

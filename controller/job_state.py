@@ -62,12 +62,8 @@ def _from_condition(phase: str, cond: Mapping[str, Any], **times: str | None) ->
 
 
 def pytorchjob_state(job: Mapping[str, Any]) -> JobState:
-    """The state of a ``kubeflow.org/v1`` PyTorchJob from its ``status.conditions``.
-
-    Precedence follows the operator's own: Failed and Succeeded are final (the operator stops
-    changing conditions after Failed), then Suspended, then Restarting/Running (exclusive
-    upstream), else the job exists but no pod runs yet: Pending.
-    """
+    """The state of a ``kubeflow.org/v1`` PyTorchJob from its ``status.conditions``, in the
+    operator's own precedence (docs/controller.md, "Status mapping")."""
     status = job.get("status") if isinstance(job.get("status"), Mapping) else {}
     times = {
         "start_time": _str_or_none(status.get("startTime")),
@@ -85,13 +81,9 @@ def pytorchjob_state(job: Mapping[str, Any]) -> JobState:
 
 
 def trainjob_state(job: Mapping[str, Any]) -> JobState:
-    """The state of a ``trainer.kubeflow.org/v1alpha1`` TrainJob.
-
-    Conditions Failed, Complete and Suspended decide first (``Complete`` is this project's
-    ``Succeeded``). Without one of them the child-Job counts in ``status.jobsStatus`` decide:
-    a failed child Job while the TrainJob has not failed means JobSet is recreating its Jobs
-    under its failure policy (Restarting); every child Job ready means Running; else Pending.
-    """
+    """The state of a ``trainer.kubeflow.org/v1alpha1`` TrainJob: its conditions
+    (:data:`TRAINJOB_PHASES`), else its child Jobs' counts in ``status.jobsStatus`` (a failed
+    one: JobSet recreates them, Restarting; every one ready: Running)."""
     conditions = conditions_in(job.get("status"))
     for kind, phase in TRAINJOB_PHASES.items():
         cond = _true_condition(conditions, kind)

@@ -318,9 +318,6 @@ class RunViews:
             key = (meta.get("namespace"), meta.get("name"))
             self.records.set(key, written_view=run_view(answer))
 
-    def forget(self, namespace: str, name: str) -> None:
-        self.records.set((namespace, name), written_view=None)
-
     def __len__(self) -> int:
         """Runs whose last written answer is held (the index is kopf's, and drops a deleted
         run itself)."""

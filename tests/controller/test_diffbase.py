@@ -107,7 +107,7 @@ def test_kopf_writes_the_base_unless_the_reconcile_wrote_it() -> None:
 def test_a_forgotten_run_keeps_nothing() -> None:
     base = StatusDiffBase()
     base.note_written("vision", "r", "{}")
-    base.forget("vision", "r")
+    base.records.forget(("vision", "r"))
     assert len(base) == 0
 
 

@@ -61,5 +61,5 @@ def test_the_diff_base_is_taken_from_the_record_once() -> None:
     base = StatusDiffBase(records)
     base.note_written(*KEY, "encoded")
     assert records.get(KEY, "written_base") == "encoded" and len(base) == 1
-    base.forget(*KEY)
+    records.forget(KEY)
     assert len(records) == 0 and len(base) == 0

@@ -119,7 +119,7 @@ def test_forget_drops_the_last_write() -> None:
     v = Views()
     v.deliver(run(1))
     v.views.note_written(run(2))
-    v.views.forget("ns", "r")
+    v.views.records.forget(("ns", "r"))
     assert len(v.views) == 0
 
 
