@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from megdet.controller.conditions import condition_of, set_condition
 from megdet.controller.pod_problems import JOBSET_NAME_LABEL, RUN_LABEL, pod_of_runs_job
 from megdet.progress import format_time, parse_time
 
 __all__ = [
     "ADMITTED",
-    "CONDITIONS",
     "EVALUATING",
     "INITIALIZED",
     "PODS_SCHEDULED",
@@ -36,8 +36,6 @@ PODS_SCHEDULED = "PodsScheduled"
 INITIALIZED = "Initialized"
 TRAINING = "Training"
 EVALUATING = "Evaluating"
-#: The lifecycle conditions, in the order a run passes through them.
-CONDITIONS = (ADMITTED, PODS_SCHEDULED, INITIALIZED, TRAINING, EVALUATING)
 #: ``status.stage`` values: the step the run is at (the phases where the job decides).
 STAGES = (
     "Pending",
@@ -119,16 +117,18 @@ def _when(cond: Mapping[str, Any]) -> Any:
     return cond.get("lastTransitionTime")
 
 
-def _condition(pod: Mapping[str, Any], kind: str) -> Mapping[str, Any]:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return cond
-    return {}
+def _scheduled(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    return condition_of(pod.get("status") or {}, "PodScheduled") or {}
 
 
-def _latest(times: Iterable[Any]) -> str | None:
+def _name(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("name"))
+
+
+def _latest(times: Iterable[Any], pick: Any = max) -> str | None:
+    """The latest (``pick=min``: the earliest) of ``times`` that parse."""
     parsed = [t for t in (parse_time(x) for x in times) if t is not None]
-    return format_time(max(parsed)) if parsed else None
+    return format_time(pick(parsed)) if parsed else None
 
 
 def _seconds(start: Any, end: Any) -> int | None:
@@ -138,27 +138,28 @@ def _seconds(start: Any, end: Any) -> int | None:
 
 def _pods_view(pods: list[Mapping[str, Any]], expected: int) -> dict[str, Any]:
     """The pods' state: scheduling (a condition tuple), containers (waiting or started)."""
-    names = sorted(str((p.get("metadata") or {}).get("name")) for p in pods)
-    out: dict[str, Any] = {"created": _earliest(pods)}
-    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
-        cond = _condition(pod, "PodScheduled")
+    pods = sorted(pods, key=_name)
+    created = ((p.get("metadata") or {}).get("creationTimestamp") for p in pods)
+    out: dict[str, Any] = {"created": _latest(created, min)}
+    for pod in pods:
+        cond = _scheduled(pod)
         if cond.get("status") == "False":
-            name = (pod.get("metadata") or {}).get("name")
             reason = str(cond.get("reason") or "Unschedulable")
-            out["scheduled"] = (False, reason, f"pod {name}: {_text(cond)}", None)
+            out["scheduled"] = (False, reason, f"pod {_name(pod)}: {_text(cond)}", None)
             return out
-    done = [_condition(p, "PodScheduled") for p in pods]
+    done = [_scheduled(p) for p in pods]
     if len(pods) < expected or not all(c.get("status") == "True" for c in done):
         ready = sum(c.get("status") == "True" for c in done)
         message = f"{ready} of {expected} pods scheduled"
         out["scheduled"] = (False, "Scheduling", message, None)
         return out
     when = _latest(c.get("lastTransitionTime") for c in done)
-    out["scheduled"] = (True, "Scheduled", f"{len(pods)} pods scheduled: {', '.join(names)}", when)
+    names = ", ".join(_name(p) for p in pods)
+    out["scheduled"] = (True, "Scheduled", f"{len(pods)} pods scheduled: {names}", when)
     out["scheduledTime"] = when
     started = []
-    for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("name"))):
-        name = (pod.get("metadata") or {}).get("name")
+    for pod in pods:
+        name = _name(pod)
         containers = (pod.get("status") or {}).get("containerStatuses") or []
         if not containers:
             message = f"pod {name}: the kubelet has not reported its containers yet"
@@ -180,12 +181,6 @@ def _pods_view(pods: list[Mapping[str, Any]], expected: int) -> dict[str, Any]:
     return out
 
 
-def _earliest(pods: list[Mapping[str, Any]]) -> str | None:
-    parsed = [parse_time((p.get("metadata") or {}).get("creationTimestamp")) for p in pods]
-    found = [t for t in parsed if t is not None]
-    return format_time(min(found)) if found else None
-
-
 def lifecycle_status(
     run: Mapping[str, Any],
     pods: Iterable[Mapping[str, Any]],
@@ -194,8 +189,6 @@ def lifecycle_status(
 ) -> dict[str, Any]:
     """The run's status with its lifecycle conditions, ``stage`` and ``startup`` as the
     signals say (the status as it is for a run without its job, or being deleted)."""
-    from megdet.controller.status import set_condition  # status reads pod_problems, as this
-
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     old = run.get("status") if isinstance(run.get("status"), Mapping) else {}
     if meta.get("deletionTimestamp") or not old.get("jobUID"):
