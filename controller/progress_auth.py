@@ -1,13 +1,6 @@
-"""Who may report a run's progress: the run's own pods, by their projected token, checked here.
-
-As Kubeflow Trainer's status server does (``pkg/statusserver/auth.go``, v2.3.0), the token is
-verified here, with PyJWT, without asking the API server per report (:class:`RunAuthenticator`):
-its signature by the cluster's service-account issuer keys (:class:`IssuerKeys`, read again for
-an unknown key id at most once every :data:`REFRESH_SECONDS`), its times (:data:`LEEWAY_SECONDS`
-of skew), issuer and the run's audience, and its pod, which must be a live pod of the run's job
-(progress_binding.py). Verdicts (:class:`~megdet.controller.tokenauth.Verdict`): 200, 401 (no
-well-formed bearer token), 403 (any refusal), 500 (the issuer's keys could not be read). In
-detail, from the upstream sources: docs/controller.md, "Progress reporting in detail".
+"""Who may report a run's progress: the run's own pods, by their projected token, verified here
+with the cluster's issuer keys as Kubeflow Trainer's status server does (``pkg/statusserver/
+auth.go``, v2.3.0). In detail: docs/controller.md, "Progress reporting in detail".
 """
 
 from __future__ import annotations
@@ -17,7 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jwt
@@ -41,11 +34,9 @@ logger = logging.getLogger(__name__)
 #: The API server's OIDC discovery document (its ``issuer``), and its own JWKS.
 DISCOVERY_PATH = "/.well-known/openid-configuration"
 JWKS_PATH = "/openid/v1/jwks"
-#: Signature algorithms accepted: what the API server signs ServiceAccount tokens with (an RSA
-#: or an ECDSA key); ``none`` and the HMAC ones never.
+#: Signature algorithms accepted (the API server signs with an RSA or ECDSA key; never HMAC).
 ALGORITHMS = ["RS256", "ES256", "ES384", "ES512"]
-#: Seconds between two reads of the keys for an unknown key id (a flood of made-up key ids
-#: costs one read per period), and before a failed read is tried again.
+#: Seconds between two reads of the keys for an unknown key id, and after a failed read.
 REFRESH_SECONDS = 30.0
 RETRY_SECONDS = 5.0
 #: Keys kept of one JWKS (the API server publishes one per signing key, a few at most).
@@ -61,45 +52,33 @@ class KeysUnavailable(Exception):
     """The issuer's discovery document or keys could not be read (answered 500)."""
 
 
+@dataclass(eq=False)
 class IssuerKeys:
-    """The cluster's service-account issuer and its signing keys by key id, read with
-    ``fetch`` (:func:`kubernetes_fetch`) at the first token, and again for a key id not known
-    (a key rotated in), at most once every ``refresh`` seconds (``retry`` after a failure).
+    """The cluster's service-account issuer and its keys by key id, read with ``fetch`` at the
+    first token and for an unknown key id at most once every ``refresh`` (``retry``) seconds.
     Thread-safe."""
 
-    def __init__(
-        self,
-        fetch: FetchFn,
-        clock: Callable[[], float] = time.monotonic,
-        refresh: float = REFRESH_SECONDS,
-        retry: float = RETRY_SECONDS,
-    ) -> None:
-        self.fetch = fetch
-        self.clock = clock
-        self.refresh = refresh
-        self.retry = retry
-        self.issuer = ""
-        self.keys: dict[str, jwt.PyJWK] = {}
-        self.reads = 0
-        self._tried: float | None = None
-        self._failed = False
-        self._lock = threading.Lock()
+    fetch: FetchFn
+    clock: Callable[[], float] = time.monotonic
+    refresh: float = REFRESH_SECONDS
+    retry: float = RETRY_SECONDS
+    issuer: str = field(init=False, default="")
+    keys: dict[str, jwt.PyJWK] = field(init=False, default_factory=dict)
+    reads: int = field(init=False, default=0)
+    _tried: float | None = field(init=False, default=None)
+    _failed: bool = field(init=False, default=False)
+    _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def key(self, kid: str) -> tuple[str, jwt.PyJWK | None]:
         """(issuer, the key with id ``kid`` or None). Raises :class:`KeysUnavailable` when the
         keys were never read and cannot be now."""
         with self._lock:
-            if kid not in self.keys and self._may_read():
+            wait = self.retry if self._failed else self.refresh
+            if kid not in self.keys and (self._tried is None or self.clock() - self._tried >= wait):
                 self._read()
             if not self.issuer:
                 raise KeysUnavailable("the service-account issuer's keys could not be read")
             return self.issuer, self.keys.get(kid)
-
-    def _may_read(self) -> bool:
-        if self._tried is None:
-            return True
-        wait = self.retry if self._failed else self.refresh
-        return self.clock() - self._tried >= wait
 
     def _read(self) -> None:
         self._tried = self.clock()
@@ -121,8 +100,8 @@ class IssuerKeys:
 
 @dataclass
 class RunAuthenticator:
-    """Token -> :class:`~megdet.controller.tokenauth.Verdict` for one run's progress (see the
-    module docstring). ``runs``: (namespace, name) -> the served run or None."""
+    """Token -> :class:`~megdet.controller.tokenauth.Verdict` (200, 401, 403 or 500) for one
+    run's progress; ``runs``: (namespace, name) -> the served run or None."""
 
     keys: IssuerKeys
     runs: Callable[[str, str], RunRef | None]
@@ -181,8 +160,7 @@ class RunAuthenticator:
 
 
 def kubernetes_fetch(api_client: Any, timeout: float) -> FetchFn:
-    """``fetch(path)``: a GET of a non-resource URL of the API server as the controller
-    (needs ``get`` on it: the operator chart's ClusterRole grants the discovery's two)."""
+    """``fetch(path)``: a GET of a non-resource URL of the API server as the controller."""
 
     def fetch(path: str) -> Mapping[str, Any]:
         response = api_client.call_api(

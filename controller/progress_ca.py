@@ -213,26 +213,22 @@ class CAKeeper:
         """Write the namespace's ConfigMap if what the watch last saw is missing or wrong; one
         at a time, each on the latest view, so one change costs one write."""
         with self._write_lock:
-            self._keep_locked(namespace)
-
-    def _keep_locked(self, namespace: str) -> None:
-        with self._lock:
-            found = self.seen.get(namespace)
-        if found is not None and (found.get("data") or {}).get(CA_KEY) == self.ca_pem:
             with self._lock:
+                found = self.seen.get(namespace)
+                if found is not None and (found.get("data") or {}).get(CA_KEY) == self.ca_pem:
+                    self.kept.add(namespace)
+                    return
+            try:
+                self.write(namespace, found)
+            except Exception as err:  # the next event or resync tries again
+                logger.warning("progress: writing %s/%s: %s: %s", namespace, CA_CONFIG_MAP,
+                               type(err).__name__, err)  # fmt: skip
+                return
+            with self._lock:
+                first = namespace not in self.kept
                 self.kept.add(namespace)
-            return
-        try:
-            self.write(namespace, found)
-        except Exception as err:  # the next event or resync tries again
-            logger.warning("progress: writing %s/%s: %s: %s", namespace, CA_CONFIG_MAP,
-                           type(err).__name__, err)  # fmt: skip
-            return
-        with self._lock:
-            first = namespace not in self.kept
-            self.kept.add(namespace)
-            # What was just written, until the watch reports it: the next resync writes nothing.
-            self.seen[namespace] = {"data": {CA_KEY: self.ca_pem}}
+                # What was just written, until the watch reports it: the next resync writes nothing.
+                self.seen[namespace] = {"data": {CA_KEY: self.ca_pem}}
         if found is None and first:
             self.created += 1
             logger.info("progress: published the endpoint's CA in %s/%s", namespace, CA_CONFIG_MAP)

@@ -1,12 +1,5 @@
-"""Progress reports -> ``status.progress`` writes, coalesced per run, never blocking.
-
-A report only replaces the run's latest progress in memory (:class:`ProgressHub`), checked
-against the run as this replica's watch last saw it; a flusher writes ``status.progress`` at
-most once per run every ``interval`` seconds (a new stage at once), only when it changed, as a
-resourceVersion-checked merge patch made only when the report is at least as new as what the
-run holds (:data:`ATTEMPTS` tries), and sets ``FabricDegraded`` when the reported fabric
-changes. Why, and its bounds (:func:`out_of_range`, ``max_runs``, ``idle_forget``, refused
-writes dropped): docs/controller.md, "Progress reporting in detail".
+"""Progress reports -> ``status.progress`` writes, coalesced per run, never blocking: why, and the
+bounds, docs/controller.md, "Progress reporting in detail".
 """
 
 from __future__ import annotations
@@ -16,7 +9,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from megdet import progress as protocol
@@ -43,9 +36,8 @@ ATTEMPTS = 3
 
 MAX_INT64 = 2**63 - 1
 INF = float("inf")
-#: ``status.progress`` field -> (kind, lowest, highest) it may hold: what the CRD's schema
-#: (``format: int64``, ``percent`` 0-100), the protocol and the field's meaning allow. AP is
-#: in percent.
+#: ``status.progress`` field -> (kind, lowest, highest) that the CRD's schema, the protocol and
+#: the field's meaning allow (AP in percent).
 RANGES: dict[str, tuple[type, float, float]] = {
     "iteration": (int, 0, MAX_INT64),
     "maxIter": (int, 0, MAX_INT64),
@@ -70,32 +62,22 @@ WRITE_RESULTS = ("written", "superseded", "refused", "error", "gone")
 
 
 def out_of_range(progress: Mapping[str, Any]) -> list[str]:
-    """What in a ``status.progress`` dict is outside its :data:`RANGES`, one message per
-    field, naming it and the range ([] when all is well)."""
+    """One message per field of ``progress`` outside its :data:`RANGES`, naming the range."""
     problems = []
     for key, (kind, low, high) in RANGES.items():
         if key not in progress:
             continue
         value = progress[key]
+        ok = isinstance(value, kind if kind is int else int | float) and not isinstance(value, bool)
+        if ok and low <= value <= high and math.isfinite(value):
+            continue
+        text = repr(value)
+        text = text if len(text) <= 40 else text[:37] + "..."
         if kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-            allowed = f"an integer {low}..{high}"
+            problems.append(f"{key}: {text} is not an integer {low}..{high}")
         else:
-            ok = (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(value)
-                and low <= value <= high
-            )
-            allowed = (
-                f"a finite number {low:g}..{high:g}"
-                if high != INF
-                else (f"a finite number >= {low:g}")
-            )
-        if not ok:
-            text = repr(value)
-            text = text if len(text) <= 40 else text[:37] + "..."
-            problems.append(f"{key}: {text} is not {allowed}")
+            bound = f"{low:g}..{high:g}" if high != INF else f">= {low:g}"
+            problems.append(f"{key}: {text} is not a finite number {bound}")
     return problems
 
 
@@ -104,8 +86,7 @@ def _time(progress: Mapping[str, Any] | None) -> Any:
 
 
 def older(progress: Mapping[str, Any], than: Mapping[str, Any] | None) -> bool:
-    """Whether ``progress`` was reported before ``than`` (by their ``updatedTime``; a progress
-    without one is older than one with it)."""
+    """Whether ``progress`` was reported before ``than`` (by ``updatedTime``; none is oldest)."""
     mine, theirs = _time(progress), _time(than)
     return theirs is not None and (mine is None or mine < theirs)
 
@@ -125,8 +106,7 @@ class _Run:
 
 
 class UnknownRun(Exception):
-    """The run does not exist (404), is being deleted, or is not served here (target
-    trainjob)."""
+    """The run does not exist, is being deleted, or is not served here (404)."""
 
 
 class HubFull(Exception):
@@ -146,37 +126,31 @@ PatchStatusFn = Callable[[str, str, Mapping[str, Any], str | None], Any]
 WriteFabricFn = Callable[[str, str, FabricReport], bool]
 
 
+@dataclass(eq=False)
 class ProgressHub:
     """The latest progress per run, and the rate-limited, conditional writer of
-    ``status.progress``."""
+    ``status.progress``; ``view`` is the run as the watch saw it, ``read`` as read now."""
 
-    def __init__(
-        self,
-        view: RunFn,
-        read: RunFn,
-        patch_status: PatchStatusFn,
-        *,
-        interval: float = 30.0,
-        clock: Callable[[], float] = time.monotonic,
-        max_runs: int = 10_000,
-        idle_forget: float = 3600.0,
-        write_fabric: WriteFabricFn | None = None,
-    ) -> None:
-        if max_runs < 1:
-            raise ValueError(f"max_runs must be >= 1, got {max_runs}")
-        if not idle_forget > 0 or not interval > 0:
-            raise ValueError(f"idle_forget and interval must be > 0, got {idle_forget}, {interval}")
-        self.view = view
-        self.read = read
-        self.patch_status = patch_status
-        self.interval = interval
-        self.clock = clock
-        self.max_runs = max_runs
-        self.idle_forget = idle_forget
-        self.write_fabric = write_fabric
-        self.runs: dict[tuple[str, str], _Run] = {}
-        self.lock = threading.Lock()
-        self.writes = 0
+    view: RunFn
+    read: RunFn
+    patch_status: PatchStatusFn
+    _: KW_ONLY
+    interval: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    max_runs: int = 10_000
+    idle_forget: float = 3600.0
+    write_fabric: WriteFabricFn | None = None
+    runs: dict[tuple[str, str], _Run] = field(init=False, default_factory=dict)
+    lock: threading.Lock = field(init=False, default_factory=threading.Lock, repr=False)
+    writes: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.max_runs < 1:
+            raise ValueError(f"max_runs must be >= 1, got {self.max_runs}")
+        if not self.idle_forget > 0 or not self.interval > 0:
+            raise ValueError(
+                f"idle_forget and interval must be > 0, got {self.idle_forget}, {self.interval}"
+            )
 
     def report(
         self,
@@ -185,11 +159,8 @@ class ProgressHub:
         progress: Mapping[str, Any],
         fabric: FabricReport | None = None,
     ) -> None:
-        """Remember ``progress`` (a ``status.progress`` dict) and ``fabric`` (when the report
-        has one) as the run's latest, unless a newer report is held already. Raises
-        :class:`UnknownRun` for a run that the watch does not know, is being deleted or is not
-        ``target: pytorchjob``, :class:`InvalidProgress` for a value out of its range,
-        :class:`HubFull` when ``max_runs`` other runs are held."""
+        """Keep ``progress`` and ``fabric`` as the run's latest unless a newer report is held.
+        Raises :class:`InvalidProgress`, :class:`UnknownRun` or :class:`HubFull`."""
         outside = out_of_range(progress)
         if outside:
             raise InvalidProgress("; ".join(outside))
@@ -224,8 +195,7 @@ class ProgressHub:
         return out
 
     def _write(self, namespace: str, name: str, progress: dict[str, Any]) -> str:
-        """Write ``progress`` unless the run holds it or a newer report; a result of
-        :data:`WRITE_RESULTS` (``error``: try again later)."""
+        """Write ``progress`` unless the run holds it or a newer report: a :data:`WRITE_RESULTS`."""
         run = self.view(namespace, name)
         for _attempt in range(ATTEMPTS):
             if run is None:
@@ -242,11 +212,8 @@ class ProgressHub:
         return "error"
 
     def flush(self) -> int:
-        """Write every due run's progress; returns the writes made.
-
-        A write the API server refuses (400, 422: the value can never be stored) is dropped
-        and counted, never retried; a run that is gone is forgotten; any other failure is tried
-        again after a full interval."""
+        """Write every due run's progress (a refused write dropped, a gone run forgotten, any
+        other failure tried again after an interval); returns the writes made."""
         done = 0
         for namespace, name, progress in self.due():
             try:
@@ -288,8 +255,7 @@ class ProgressHub:
         return done
 
     def _write_fabrics(self) -> None:
-        """Set ``FabricDegraded`` on each run whose reported fabric changed (a failed write is
-        tried again after a full interval)."""
+        """Set ``FabricDegraded`` on each run whose reported fabric changed."""
         if self.write_fabric is None:
             return
         now = self.clock()
@@ -315,7 +281,6 @@ class ProgressHub:
                         run.fabric_written = fabric
 
     def forget(self, namespace: str, name: str) -> None:
-        """Drop everything held for the run (it was deleted): a run re-created under the same
-        name starts clean."""
+        """Drop everything held for the run (deleted: one created again starts clean)."""
         with self.lock:
             self.runs.pop((namespace, name), None)

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 __all__ = ["ListWatch", "labelled", "named", "watch_each"]
@@ -18,6 +19,7 @@ __all__ = ["ListWatch", "labelled", "named", "watch_each"]
 logger = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class ListWatch:
     """A list, then a watch from its resourceVersion, again after any error, in a daemon thread.
 
@@ -26,34 +28,21 @@ class ListWatch:
     (checked here too: ``selectors`` are the API server's ``field_selector``/``label_selector``).
     """
 
-    def __init__(
-        self,
-        list_fn: Callable[..., Any],
-        on_list: Callable[[list[dict[str, Any]]], None],
-        on_event: Callable[[str, dict[str, Any]], None],
-        *,
-        keep: Callable[[Any], bool] = lambda obj: isinstance(obj, Mapping),
-        selectors: Mapping[str, str] | None = None,
-        timeout: float = 10.0,
-        watch_seconds: int = 300,
-        retry_seconds: float = 2.0,
-        what: str = "",
-    ) -> None:
-        self.list_fn = list_fn
-        self.on_list = on_list
-        self.on_event = on_event
-        self.keep = keep
-        self.selectors = dict(selectors or {})
-        self.timeout = timeout
-        self.watch_seconds = watch_seconds
-        self.retry_seconds = retry_seconds
-        self.what = what
-        self.stop_event = threading.Event()
-        self._response: Any = None
-        self.thread = threading.Thread(target=self._run, name=f"megdet-watch-{what}", daemon=True)
+    list_fn: Callable[..., Any]
+    on_list: Callable[[list[dict[str, Any]]], None]
+    on_event: Callable[[str, dict[str, Any]], None]
+    _: KW_ONLY
+    keep: Callable[[Any], bool] = lambda obj: isinstance(obj, Mapping)
+    selectors: Mapping[str, str] = field(default_factory=dict)
+    timeout: float = 10.0
+    watch_seconds: int = 300
+    retry_seconds: float = 2.0
+    what: str = ""
+    stop_event: threading.Event = field(init=False, default_factory=threading.Event)
+    _response: Any = field(init=False, default=None)
 
     def start(self) -> ListWatch:
-        self.thread.start()
+        threading.Thread(target=self._run, name=f"megdet-watch-{self.what}", daemon=True).start()
         return self
 
     def stop(self) -> None:
