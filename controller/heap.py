@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 __all__ = ["HeapTrimmer", "TrimStats", "find_trim", "rss_bytes"]
 
@@ -32,45 +32,28 @@ def rss_bytes() -> int:
         return 0
 
 
-def jemalloc_purge(lib: ctypes.CDLL) -> Callable[[], object] | None:
-    """jemalloc's purge of every arena's unused dirty pages, as a callable, where ``lib``
-    (the process's global symbols) resolves jemalloc's ``mallctl``: the controller image
-    preloads it (Dockerfile)."""
-    try:
-        mallctl = lib.mallctl
-    except AttributeError:
-        return None
-    mallctl.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-    ]
-    mallctl.restype = ctypes.c_int
-    # "arena.<i>.purge" with i = MALLCTL_ARENAS_ALL (4096): every arena, and before that the
-    # calling thread's cache goes back to its arena.
-    return lambda: (
-        mallctl(b"thread.tcache.flush", None, None, None, 0),
-        mallctl(b"arena.4096.purge", None, None, None, 0),
-    )
-
-
 def find_trim() -> tuple[str, Callable[[], object]] | None:
     """This process's C allocator and its call that gives free pages back to the OS:
     ``("jemalloc", purge)`` where jemalloc is the process's malloc (the controller image
-    preloads it; glibc's ``malloc_trim`` would find none of its memory), ``("glibc",
-    malloc_trim(0))`` on glibc's malloc, None where the C library has neither (musl, macOS)."""
+    preloads it), ``("glibc", malloc_trim(0))`` on glibc's, None where the C library has
+    neither (musl, macOS)."""
     try:
         libc = ctypes.CDLL(None)
     except OSError:
         return None
-    purge = jemalloc_purge(libc)
-    if purge is not None:
-        return "jemalloc", purge
-    try:
-        trim = libc.malloc_trim
-    except AttributeError:
+    mallctl = getattr(libc, "mallctl", None)
+    if mallctl is not None:
+        void = ctypes.c_void_p
+        mallctl.argtypes = [ctypes.c_char_p, void, void, void, ctypes.c_size_t]
+        mallctl.restype = ctypes.c_int
+        # "arena.<i>.purge" with i = MALLCTL_ARENAS_ALL (4096): every arena, and before that the
+        # calling thread's cache goes back to its arena.
+        return "jemalloc", lambda: (
+            mallctl(b"thread.tcache.flush", None, None, None, 0),
+            mallctl(b"arena.4096.purge", None, None, None, 0),
+        )
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is None:
         return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
@@ -86,7 +69,6 @@ class TrimStats:
     settle: int = 0
     released_bytes: int = 0
     seconds: float = 0.0
-    last: list[tuple[float, int, int]] = field(default_factory=list)  # (when, rss before, after)
 
 
 class HeapTrimmer:
@@ -171,7 +153,6 @@ class HeapTrimmer:
         after = self._rss()
         setattr(self.stats, kind, getattr(self.stats, kind) + 1)
         self.stats.released_bytes += max(0, before - after)
-        self.stats.last = [*self.stats.last[-9:], (now, before, after)]
         self._trimmed_at, self._cpu_at_trim, self._rss_after = now, self._cpu(), after
         logger.debug("heap trim (%s): RSS %d -> %d MiB", kind, before >> 20, after >> 20)
 
