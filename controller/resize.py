@@ -287,11 +287,9 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, st
     if done:
         segment = (new.get("segments") or [{}])[-1]
         was = (old.get("resize") or {}).get("fromGpus") or current_gpus(old)
-        out.append(
-            (
-                RESIZED,
-                f"from {was} to {segment.get('gpus')} GPUs: {new.get('jobName')} created again "
-                f"(attempt {new.get('attempt')}); the trainer continues from its last checkpoint",
-            )
+        message = (
+            f"from {was} to {segment.get('gpus')} GPUs: {new.get('jobName')} created again "
+            f"(attempt {new.get('attempt')}); the trainer continues from its last checkpoint"
         )
+        out.append((RESIZED, message))
     return out
