@@ -56,28 +56,26 @@ class Milestones:
         )
 
     def note(self, p: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
+        """The events that the progress ``p`` calls for, noted as seen."""
         with self._lock:
-            return self._note(p, now)
-
-    def _note(self, p: Mapping[str, Any], now: float) -> list[tuple[str, str]]:
-        events = []
-        ev = p.get("evalIteration")
-        if isinstance(ev, int) and (self.eval_iteration is None or ev > self.eval_iteration):
-            self.eval_iteration = ev
-            if p.get("ap") is not None and self.bucket.take(now):
-                events.append(("Evaluated", f"evaluated at iteration {ev}: AP "
-                               f"{_num(p.get('ap'))}, AP50 {_num(p.get('ap50'))}"))  # fmt: skip
-        ck = p.get("checkpointIteration")
-        if isinstance(ck, int) and (
-            self.checkpoint_iteration is None or ck > self.checkpoint_iteration
-        ):
-            self.checkpoint_iteration = ck
-            self.checkpoints += 1
-            if self.checkpoints % self.checkpoint_every == 0 and self.bucket.take(now):
-                when = p.get("checkpointTime")
-                events.append(("Checkpointed", f"checkpoint at iteration {ck}"
-                               + (f" ({when})" if when else "")))  # fmt: skip
-        return events
+            events = []
+            ev = p.get("evalIteration")
+            if isinstance(ev, int) and (self.eval_iteration is None or ev > self.eval_iteration):
+                self.eval_iteration = ev
+                if p.get("ap") is not None and self.bucket.take(now):
+                    events.append(("Evaluated", f"evaluated at iteration {ev}: AP "
+                                   f"{_num(p.get('ap'))}, AP50 {_num(p.get('ap50'))}"))  # fmt: skip
+            ck = p.get("checkpointIteration")
+            if isinstance(ck, int) and (
+                self.checkpoint_iteration is None or ck > self.checkpoint_iteration
+            ):
+                self.checkpoint_iteration = ck
+                self.checkpoints += 1
+                if self.checkpoints % self.checkpoint_every == 0 and self.bucket.take(now):
+                    when = p.get("checkpointTime")
+                    events.append(("Checkpointed", f"checkpoint at iteration {ck}"
+                                   + (f" ({when})" if when else "")))  # fmt: skip
+            return events
 
 
 def _num(value: Any) -> str:
