@@ -56,6 +56,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -328,6 +329,39 @@ def _cells(parts: dict[str, float]) -> str:
     return ", ".join(f"{name} {value:.2f}" for name, value in parts.items())
 
 
+def _samples(
+    title: str,
+    names: tuple[str, ...],
+    samples: list[dict[str, Any]],
+    more: Callable[[dict[str, Any]], str],
+) -> list[str]:
+    """One kind of sample: ``title`` and its parts' ``names``, then a line per sample: its
+    parts, its total and ``more(sample)``."""
+    lines = [f"  {title}: " + " | ".join(names)]
+    for n, s in enumerate(samples, 1):
+        lines.append(f"    #{n}: {_row(s['parts'], names)} | total {s['total']:.2f} s{more(s)}")
+    return lines
+
+
+def _floor_more(s: dict[str, Any]) -> str:
+    """A floor sample's in-process import and what it mapped."""
+    return (
+        f" (in-process import {s['import_s']:.2f} s; {s['mapped_files']} files mapped, "
+        f"{s['mapped_mb']:.0f} MB)"
+    )
+
+
+def _run_more(s: dict[str, Any]) -> str:
+    """A run sample's parts to its end, its status.startup, and its launch split if any."""
+    text = (
+        f"; then {_row(s['end'], END_PARTS)} ({' | '.join(END_PARTS)}); "
+        f"status.startup {json.dumps(s['startup'])}"
+    )
+    if s.get("launch_split"):
+        text += "\n        launch + rendezvous: " + _cells(s["launch_split"])
+    return text
+
+
 def format_report(result: dict[str, Any]) -> str:
     """The report: each sample's parts and total, then the medians and the ratio."""
     out = [
@@ -339,22 +373,9 @@ def format_report(result: dict[str, Any]) -> str:
             f"  image import into the node's containerd: {Path(path).name} "
             f"{size / 1e6:,.0f} MB in {seconds:.1f} s ({size / 1e6 / seconds:.0f} MB/s)"
         )
-    out.append("  floor (bare pod, import torch, detectron2): " + " | ".join(FLOOR_PARTS))
-    for n, s in enumerate(result["floors"], 1):
-        out.append(
-            f"    #{n}: {_row(s['parts'], FLOOR_PARTS)} | total {s['total']:.2f} s (in-process "
-            f"import {s['import_s']:.2f} s; {s['mapped_files']} files mapped, "
-            f"{s['mapped_mb']:.0f} MB)"
-        )
-    out.append("  run (2 pods) to its first iteration: " + " | ".join(RUN_PARTS))
-    for n, s in enumerate(result["runs"], 1):
-        out.append(
-            f"    #{n}: {_row(s['parts'], RUN_PARTS)} | total {s['total']:.2f} s; "
-            f"then {_row(s['end'], END_PARTS)} "
-            f"({' | '.join(END_PARTS)}); status.startup {json.dumps(s['startup'])}"
-        )
-        if s.get("launch_split"):
-            out.append("        launch + rendezvous: " + _cells(s["launch_split"]))
+    floors, runs = result["floors"], result["runs"]
+    out += _samples("floor (bare pod, import torch, detectron2)", FLOOR_PARTS, floors, _floor_more)
+    out += _samples("run (2 pods) to its first iteration", RUN_PARTS, runs, _run_more)
     summary = result["summary"]
     floor, run = summary["floor"], summary["run"]
     out.append(f"  medians: floor {_cells(floor['parts'])}, total {floor['total']:.2f} s")
