@@ -65,6 +65,13 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _port(group: Any, flag: str, default: int, what: str) -> None:
+    """A port flag (at most 65535: :func:`run` says so naming the flag)."""
+    group.add_argument(
+        flag, type=whole_number(minimum=1), default=default, help=f"{what} (default: {default})"
+    )
+
+
 def build_parser_args(parser: argparse.ArgumentParser) -> None:
     """The ``megdet controller`` flags."""
     parser.add_argument(
@@ -93,12 +100,7 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         default="random",
         help="peering priority, a whole number or 'random' (default: random)",
     )
-    parser.add_argument(
-        "--metrics-port",
-        type=whole_number(minimum=1),
-        default=8080,
-        help="port for Prometheus /metrics (default: 8080)",
-    )
+    _port(parser, "--metrics-port", 8080, "port for Prometheus /metrics")
     parser.add_argument(
         "--metrics-secure",
         action=argparse.BooleanOptionalAction,
@@ -113,12 +115,7 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         help="folder with the metrics server's tls.crt and tls.key (default: a self-signed "
         "certificate generated at start)",
     )
-    parser.add_argument(
-        "--health-port",
-        type=whole_number(minimum=1),
-        default=8081,
-        help="port for kopf's /healthz probe endpoint (default: 8081)",
-    )
+    _port(parser, "--health-port", 8081, "port for kopf's /healthz probe endpoint")
     parser.add_argument(
         "--api-timeout",
         type=positive_seconds,
@@ -144,12 +141,7 @@ def build_parser_args(parser: argparse.ArgumentParser) -> None:
         "https://megdet-operator-progress.megdet-system.svc:8443 (default: '' = no progress "
         "endpoint, nothing injected into runs)",
     )
-    progress.add_argument(
-        "--progress-port",
-        type=whole_number(minimum=1),
-        default=8443,
-        help="HTTPS port of the progress endpoint (default: 8443)",
-    )
+    _port(progress, "--progress-port", 8443, "HTTPS port of the progress endpoint")
     progress.add_argument(
         "--progress-cert-dir",
         metavar="DIR",
