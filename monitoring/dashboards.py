@@ -35,11 +35,9 @@ from megdet.monitoring.panels import (
     Ids,
     Panel,
     dashboard,
-    datasource_variable,
     query_variable,
     stat_panel,
     timeseries_panel,
-    with_rows,
 )
 
 __all__ = [
@@ -54,34 +52,27 @@ __all__ = [
 
 def run_dashboard() -> db.Dashboard:
     """The per-run dashboard: learning, speed, health and GPU panels for one MegDetRun."""
-    ids = Ids()
-    d = (
-        dashboard(
-            "MegDet run",
-            "megdet-run",
-            "One MegDet training run: is it learning, is it fast, is it stuck, are all ranks "
-            "healthy, is SyncBN synchronizing.",
-        )
-        .with_variable(datasource_variable())
-        .with_variable(
+    return dashboard(
+        "MegDet run",
+        "megdet-run",
+        "One MegDet training run: is it learning, is it fast, is it stuck, are all ranks "
+        "healthy, is SyncBN synchronizing.",
+        [
             query_variable(
                 "namespace", "Namespace", "label_values(megdet_train_iteration, namespace)"
-            )
-        )
-        .with_variable(
+            ),
             query_variable(
                 "run", "Run", 'label_values(megdet_train_iteration{namespace="$namespace"}, run)'
-            )
-        )
+            ),
+        ],
+        [
+            ("Overview", _overview_panels),
+            ("Learning", _learning_panels),
+            ("Speed", _speed_panels),
+            ("Health", _health_panels),
+            ("GPUs (dcgm-exporter) and efficiency", gpu_panels),
+        ],
     )
-    rows = [
-        ("Overview", _overview_panels),
-        ("Learning", _learning_panels),
-        ("Speed", _speed_panels),
-        ("Health", _health_panels),
-        ("GPUs (dcgm-exporter) and efficiency", gpu_panels),
-    ]
-    return with_rows(d, ids, rows)
 
 
 def _overview_panels(ids: Ids) -> list[Panel]:

@@ -16,12 +16,10 @@ from megdet.monitoring.panels import (
     Ids,
     Panel,
     dashboard,
-    datasource_variable,
     query,
     query_variable,
     stat_panel,
     timeseries_panel,
-    with_rows,
 )
 from megdet.monitoring.startup import startup_panels
 
@@ -34,31 +32,26 @@ RUNS_BY_NAMESPACE = f"max by (namespace, phase) (megdet_controller_runs{{{NAMESP
 
 def fleet_dashboard() -> db.Dashboard:
     """The fleet dashboard: the controller's reconciles and jobs, and every run's phase."""
-    ids = Ids()
-    d = (
-        dashboard(
-            "MegDet fleet",
-            "megdet-fleet",
-            "Every MegDetRun the controller manages: phases, reconciles, jobs, throughput.",
-        )
-        .with_variable(datasource_variable())
-        .with_variable(
+    return dashboard(
+        "MegDet fleet",
+        "megdet-fleet",
+        "Every MegDetRun the controller manages: phases, reconciles, jobs, throughput.",
+        [
             query_variable(
                 "namespace",
                 "Namespace",
                 "label_values(megdet_controller_runs, namespace)",
                 multi=True,
             )
-        )
+        ],
+        [
+            ("Runs", _fleet_run_panels),
+            ("Start-up", startup_panels),
+            ("GPU efficiency", fleet_efficiency_panels),
+            ("Controller", _fleet_controller_panels),
+            ("Jobs", _fleet_job_panels),
+        ],
     )
-    rows = [
-        ("Runs", _fleet_run_panels),
-        ("Start-up", startup_panels),
-        ("GPU efficiency", fleet_efficiency_panels),
-        ("Controller", _fleet_controller_panels),
-        ("Jobs", _fleet_job_panels),
-    ]
-    return with_rows(d, ids, rows)
 
 
 def _fleet_run_panels(ids: Ids) -> list[Panel]:

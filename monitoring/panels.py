@@ -169,8 +169,16 @@ def query_variable(name: str, label: str, query: str, multi: bool = False) -> db
     return variable
 
 
-def dashboard(title: str, uid: str, description: str) -> db.Dashboard:
-    return (
+def dashboard(
+    title: str,
+    uid: str,
+    description: str,
+    variables: Sequence[db.QueryVariable],
+    rows: Sequence[tuple[str, Callable[[Ids], Iterable[Panel]]]],
+) -> db.Dashboard:
+    """A MegDet dashboard: the data source variable, then ``variables``, then ``rows`` (see
+    :func:`with_rows`), with panel ids from 1."""
+    d = (
         db.Dashboard(title)
         .uid(uid)
         .description(description)
@@ -179,4 +187,8 @@ def dashboard(title: str, uid: str, description: str) -> db.Dashboard:
         .time("now-6h", "now")
         .timezone("browser")
         .editable()
+        .with_variable(datasource_variable())
     )
+    for variable in variables:
+        d = d.with_variable(variable)
+    return with_rows(d, Ids(), rows)
