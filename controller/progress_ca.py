@@ -21,7 +21,6 @@ __all__ = [
     "CA_KEY",
     "CAKeeper",
     "ServingCert",
-    "ca_config_map",
     "service_hosts",
 ]
 
@@ -34,20 +33,6 @@ CA_CONFIG_MAP = "megdet-progress-ca"
 _SECRET_KEYS = (CA_KEY, "tls.crt", "tls.key")
 
 logger = logging.getLogger(__name__)
-
-
-def ca_config_map(namespace: str, ca_pem: str) -> dict[str, Any]:
-    """The CA ConfigMap of a namespace (the same for every run of it)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": CA_CONFIG_MAP,
-            "namespace": namespace,
-            "labels": {"app.kubernetes.io/part-of": "megdet"},
-        },
-        "data": {CA_KEY: ca_pem},
-    }
 
 
 @dataclass(frozen=True)
@@ -138,12 +123,8 @@ def service_hosts(url: str) -> list[str]:
     hosts = [host]
     parts = host.split(".")
     if len(parts) >= 3 and parts[2] == "svc":
-        hosts += [
-            parts[0],
-            ".".join(parts[:2]),
-            ".".join(parts[:3]),
-            ".".join(parts[:3]) + ".cluster.local",
-        ]
+        service = ".".join(parts[:3])
+        hosts += [parts[0], ".".join(parts[:2]), service, service + ".cluster.local"]
     return list(dict.fromkeys(h for h in hosts if h))
 
 
@@ -267,10 +248,18 @@ def kubernetes_ca_writer(
 
     def write(namespace: str, found: Mapping[str, Any] | None) -> Any:
         if found is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": CA_CONFIG_MAP,
+                    "namespace": namespace,
+                    "labels": {"app.kubernetes.io/part-of": "megdet"},
+                },
+                "data": {CA_KEY: ca_pem},
+            }
             try:
-                return core.create_namespaced_config_map(
-                    namespace, ca_config_map(namespace, ca_pem), _request_timeout=timeout
-                )
+                return core.create_namespaced_config_map(namespace, body, _request_timeout=timeout)
             except k8s.ApiException as err:
                 if err.status != 409:
                     raise

@@ -126,8 +126,8 @@ class _Handler(BoundedHandlerMixin, http.server.BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        if code in (429, 503):
-            self.send_header("Retry-After", "1" if code == 503 else "10")
+        if code == 503:
+            self.send_header("Retry-After", "1")
         if code >= 400:
             self.send_header("Connection", "close")
             self.close_connection = True
