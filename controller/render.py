@@ -1,12 +1,9 @@
 """A MegDetRun's spec -> the objects the run chart renders for it, in process.
 
-The controller renders ``charts/megdet`` with the real Helm engine (helm-python-sdk), exactly as
-``helm install <run> charts/megdet`` would with the run's spec as values (plus
-``fullnameOverride = <run name>``), and creates what it renders: one job builder. The chart is
-loaded once; values :class:`ValuesSchema` passes skip Helm's schema check (values_schema.py);
-:class:`ChartRenderer` keeps each run's last render (at most ``memo_size`` runs, least recently
-rendered dropped first) and hands out copies while its inputs are unchanged, dropped by
-:func:`forget_run`. Why: docs/architecture.md, "The controller".
+The controller renders ``charts/megdet`` with the real Helm engine (helm-python-sdk), as
+``helm install <run> charts/megdet`` would with the spec as values, and creates what it renders.
+Why, and how the values schema is checked once and renders are kept: docs/architecture.md,
+"The controller".
 """
 
 from __future__ import annotations
@@ -57,9 +54,8 @@ logger = logging.getLogger(__name__)
 
 #: Environment variable naming the run chart's folder (the controller image sets it).
 CHART_DIR_ENV = "MEGDET_CHART_DIR"
-#: The app.kubernetes.io/managed-by label on what the controller creates. The chart's helpers
-#: write Helm's `.Release.Service` ("Helm"), which would send users to `helm` for objects no
-#: Helm release owns.
+#: The app.kubernetes.io/managed-by label on what the controller creates (the chart writes
+#: Helm's `.Release.Service`, "Helm": no Helm release owns them).
 MANAGED_BY = "megdet-controller"
 #: Chart value name (camelCase) -> RunSpec field (snake_case), for every RunSpec field.
 RUN_SPEC_VALUES: dict[str, str] = {to_camel(name): name for name in RunSpec.model_fields}
@@ -151,16 +147,13 @@ class RenderedRun:
 
 
 #: What the chart the controller renders leaves out: the values schema (checked in process by
-#: :class:`ValuesSchema`) and the NOTES (text for `helm install`'s user: a third of what is
-#: left of a render; what it includes, the job's templates include too, so no check is lost).
+#: :class:`ValuesSchema`) and the NOTES (text for `helm install`'s user, no check of its own).
 LEFT_OUT = (SCHEMA_FILE, "templates/NOTES.txt")
 
 
 def _load_unchecked(chart: helm_python.Chart, path: Path) -> helm_python.Chart | None:
-    """The chart at ``path`` (a directory) as Helm loaded it, without :data:`LEFT_OUT`: built
-    from exactly the files Helm read there (its .helmignore applied), as an archive in memory.
-    None when the chart is not one this can rebuild (an archive, one with dependencies, or a
-    file Helm read that is no longer there): every render is then checked by Helm."""
+    """The chart at ``path`` (a directory) as Helm loaded it (the files Helm read there), without
+    :data:`LEFT_OUT`; None when it cannot be rebuilt so (every render is then checked by Helm)."""
     if not path.is_dir() or chart.dependencies or (path / "charts").exists():
         return None
     names = ["Chart.yaml"] + [
@@ -253,11 +246,6 @@ class ChartRenderer:
         """The chart's values.yaml, as Helm read it."""
         return copy.deepcopy(self._chart.values)
 
-    def merge(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        """The spec merged over the chart's defaults, as Helm merges values."""
-        with self._lock:
-            return self._chart.merge_values(plain(spec))
-
     def values(self, name: str, spec: Mapping[str, Any]) -> dict[str, Any]:
         """Chart values for a run: the spec itself, and the run's name as fullnameOverride."""
         values = plain(spec)
@@ -265,11 +253,8 @@ class ChartRenderer:
         return values
 
     def render(self, name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRun:
-        """Render the chart for a run, or raise InvalidRunError naming the fields at fault.
-
-        Helm's render first (the values schema and the chart's own ``fail`` checks), then the
-        plan (``RunSpec`` + ``plan_run``) on the values Helm merged over the chart's defaults.
-        """
+        """Render the chart for a run (:meth:`values`), then plan it on the merged values;
+        InvalidRunError names the fields at fault."""
         problems = non_finite_problems(spec)
         if problems:
             raise InvalidRunError(problems)
@@ -351,11 +336,8 @@ def _copy_rendered(rendered: RenderedRun) -> RenderedRun:
 
 
 def split_manifests(files: Mapping[str, str]) -> tuple[list[dict[str, Any]], str]:
-    """A Helm render's files -> (every object, in file order; the NOTES text).
-
-    Raises yaml.YAMLError, naming the file, for one that does not parse. The tests parse both
-    charts' renders with this too, so there is one reading of Helm's output.
-    """
+    """A Helm render's files -> (every object, in file order; the NOTES text). Raises
+    yaml.YAMLError, naming the file, for one that does not parse (the tests read renders so too)."""
     objects: list[dict[str, Any]] = []
     notes = ""
     for path, text in sorted(files.items()):
@@ -431,8 +413,6 @@ def _schema_problems(pointer: str, message: str) -> list[Problem]:
 
 @functools.cache
 def _values_schema() -> dict[str, Any]:
-    import json
-
     return json.loads((chart_dir() / SCHEMA_FILE).read_text())
 
 
@@ -459,11 +439,8 @@ def default_renderer() -> ChartRenderer:
 
 
 def render_run(name: str, namespace: str, spec: Mapping[str, Any]) -> RenderedRun:
-    """Render a MegDetRun with the run chart: its job (first), every other object, its plan.
-
-    Raises InvalidRunError (each problem naming a ``spec.`` field) for a spec the chart or the
-    plan refuses. Call :func:`megdet.controller.validation.validate_run` first for every check.
-    """
+    """Render a MegDetRun with the run chart: its job (first), every other object, its plan;
+    InvalidRunError (each problem naming a ``spec.`` field) for a spec the chart or plan refuses."""
     return default_renderer().render(name, namespace, spec)
 
 
