@@ -400,17 +400,28 @@ def print_report(result: dict[str, Any]) -> None:
     print_segments(result["segments"])
 
 
+def real_node_parser(
+    doc: str, workdir: str, workdir_help: str, image_help: str
+) -> argparse.ArgumentParser:
+    """The CLI shared by the benchmarks on a real node (:func:`real_node_session`): --image
+    (its ``archive``), --workdir (default output/``workdir``), --json. A benchmark adds its own
+    flags to the returned parser."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--image", type=Path, metavar="ARCHIVE", help=image_help)
+    parser.add_argument(
+        "--workdir", type=Path, default=ROOT / "output" / workdir, help=workdir_help
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--workdir", type=Path, default=ROOT / "output" / "bench-elastic",
-        help="where the log streams and the cluster's logs stay",
-    )  # fmt: skip
-    parser.add_argument(
-        "--image", type=Path, metavar="ARCHIVE",
-        help="a train-ci image archive built before (default: build it from this tree)",
-    )  # fmt: skip
+    parser = real_node_parser(
+        __doc__,
+        "bench-elastic",
+        "where the log streams and the cluster's logs stay",
+        "a train-ci image archive built before (default: build it from this tree)",
+    )
     args = parser.parse_args(argv)
     args.workdir.mkdir(parents=True, exist_ok=True)
     result = run(args.workdir.resolve(), args.image)

@@ -63,7 +63,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "e2e"), str(ROOT / "tests")]
 
-from bench.elastic_real_node import _TRAINER_LINE, log_lines  # noqa: E402
+from bench.elastic_real_node import _TRAINER_LINE, log_lines, real_node_parser  # noqa: E402
 from bench.harness import machine_load  # noqa: E402
 
 NS = "bench-first"
@@ -513,11 +513,12 @@ def run(
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--image", type=Path, metavar="ARCHIVE",
-        help="the train-ci image archive (output/images/megdet-train-ci-*.oci.tar)",
-    )  # fmt: skip
+    parser = real_node_parser(
+        __doc__,
+        "bench-first",
+        "where the logs, pods.json and result.json stay",
+        "the train-ci image archive (output/images/megdet-train-ci-*.oci.tar)",
+    )
     parser.add_argument(
         "--report", type=Path, metavar="RESULT_JSON",
         help="print the report of a result.json written before (no cluster)",
@@ -533,11 +534,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--also-import", type=Path, action="append", default=[], metavar="ARCHIVE",
         help="another archive to time into the node's containerd first (a second size)",
     )  # fmt: skip
-    parser.add_argument(
-        "--workdir", type=Path, default=ROOT / "output" / "bench-first",
-        help="where the logs, pods.json and result.json stay",
-    )  # fmt: skip
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")

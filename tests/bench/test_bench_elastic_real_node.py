@@ -1,5 +1,6 @@
 """bench/elastic_real_node.py's reading of its signals, without a cluster: containerd's log
-timestamps, the trainer's own lines, and the controller's writes in the audit log."""
+timestamps, the trainer's own lines, and the controller's writes in the audit log; and the CLI
+the real-node benchmarks share."""
 
 from __future__ import annotations
 
@@ -100,3 +101,13 @@ def test_the_report_lists_each_change_and_segment(capsys) -> None:
     assert "suspend+resume | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 1.0 | 6.0 | 0" in out
     assert "resize to 1 | " in out and '"job_created_after_s": 0.1' in out
     assert "segment: 2 workers, batch 4 (accumulation 1), iterations 0-10, images 0-44" in out
+
+
+def test_the_real_node_benchmarks_share_image_workdir_and_json(tmp_path) -> None:
+    parser = bench.real_node_parser("Doc line.\nMore.", "bench-x", "where", "archive")
+    args = parser.parse_args([])
+    assert (args.image, args.workdir, args.json) == (None, bench.ROOT / "output" / "bench-x", False)
+    archive = tmp_path / "train-ci.oci.tar"
+    args = parser.parse_args(["--image", str(archive), "--workdir", str(tmp_path), "--json"])
+    assert (args.image, args.workdir, args.json) == (archive, tmp_path, True)
+    assert parser.description == "Doc line."
