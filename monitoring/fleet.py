@@ -210,10 +210,12 @@ def _fleet_controller_panels(ids: Ids) -> list[Panel]:
 
 
 def _fleet_job_panels(ids: Ids) -> list[Panel]:
-    def jobs(kind: str) -> str:
+    def jobs(kind: str, legend: str) -> tuple[str, str]:
+        """One job counter's increase by namespace and target, and its legend naming both."""
         return (
             f"sum by (namespace, target) "
-            f"(increase(megdet_controller_jobs_{kind}_total{{{NAMESPACES}}}[{RATE}]))"
+            f"(increase(megdet_controller_jobs_{kind}_total{{{NAMESPACES}}}[{RATE}]))",
+            legend + " {{namespace}} {{target}}",
         )
 
     return [
@@ -221,19 +223,16 @@ def _fleet_job_panels(ids: Ids) -> list[Panel]:
             ids,
             "Jobs created and deleted",
             "PyTorchJobs/TrainJobs the controller created or saw deleted.",
-            [
-                (jobs("created"), "created {{namespace}} {{target}}"),
-                (jobs("deleted"), "deleted {{namespace}} {{target}}"),
-            ],
+            [jobs("created", "created"), jobs("deleted", "deleted")],
         ),
         timeseries_panel(
             ids,
             "Jobs succeeded, failed, restarted",
             "Job outcomes as the controller observed them.",
             [
-                (jobs("successful"), "succeeded {{namespace}} {{target}}"),
-                (jobs("failed"), "failed {{namespace}} {{target}}"),
-                (jobs("restarted"), "restarted {{namespace}} {{target}}"),
+                jobs("successful", "succeeded"),
+                jobs("failed", "failed"),
+                jobs("restarted", "restarted"),
             ],
         ),
         *(
