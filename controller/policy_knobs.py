@@ -47,15 +47,10 @@ class KnobUse:
     #: CEL, true when the spec ``s`` uses it.
     cel: str
     what: str
-    #: The name of its policy rule (default ``privileged.<knob>``).
+    #: The name of its policy rule ("": ``privileged.<knob>``).
     rule: str = ""
-    #: CEL building the policy rule's message, when it says more than ``what`` (the values
-    #: that use the knob, what is allowed without it).
+    #: CEL building the policy rule's message, when it says more than ``what``.
     message: str = ""
-
-    @property
-    def rule_name(self) -> str:
-        return self.rule or f"privileged.{self.knob}"
 
 
 _PSC = "s.podSecurityContext"
@@ -68,10 +63,8 @@ PROFILE_KEY_CEL = (
     + ")"
 )
 
-#: CEL: a mount ``m`` of spec.extraVolumeMounts that needs the anyMountPath knob: its mountPath
-#: is not a normalized absolute path (no "//", "." or ".." segment, no trailing "/": the kubelet
-#: would resolve it, the policy does not guess how), not strictly under one of
-#: policy.mountPrefixes, or at, above, under or beside a path the image or the run chart uses.
+#: CEL: a mount ``m`` of spec.extraVolumeMounts that needs the anyMountPath knob: a mountPath
+#: not normalized, not strictly under policy.mountPrefixes, or near a reserved path.
 _MOUNT_PATH = "string(m.mountPath)"
 _DOT_SEGMENT = r"(^|/)\.\.?(/|$)"
 OUTSIDE_MOUNT_CEL = (

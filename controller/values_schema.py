@@ -38,11 +38,8 @@ DRAFT7 = frozenset(
     for hash_ in ("", "#")
 )
 
-#: Keywords ``Draft7Validator`` enforces exactly as Helm's validator does under draft 7 (the
-#: same types, integers as numbers without a fraction, enum and const equality with booleans
-#: apart from numbers, lengths in code points, ``$ref`` ignoring its siblings), ``pattern``
-#: and ``patternProperties`` read as RE2 reads them (:func:`go_pattern`). ``$ref`` only to the
-#: root or to ``#/definitions/<name>`` (a part of the schema this module walks).
+#: Keywords ``Draft7Validator`` enforces exactly as Helm's validator does under draft 7
+#: (docs/architecture.md, "The controller"); ``$ref`` only to the root or ``#/definitions/<name>``.
 ENFORCED = frozenset(
     {
         "$ref",
