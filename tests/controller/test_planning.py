@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -101,6 +102,26 @@ def test_planned_pods_get_the_runs_uid_and_name() -> None:
         (container,) = pod["template"]["spec"]["containers"]
         env = {e["name"]: e.get("value") for e in container["env"]}  # the last of a name wins
         assert env["MEGDET_RUN_UID"] == "u-1" and env["MEGDET_RUN_NAME"] == "r"
+
+
+def test_a_rendered_kind_outside_the_clusterrole_is_refused_the_job_too(monkeypatch) -> None:
+    """An object of a kind (apiVersion and kind) the controller may not create, the job
+    included, makes the run Invalid before anything is created (it would fail with 403)."""
+    from megdet.controller import planning
+
+    real = planning.render_run
+
+    def render(name: str, namespace: str, spec: Any) -> Any:
+        rendered = real(name, namespace, spec)
+        job = {**rendered.job, "apiVersion": "kubeflow.org/v2"}
+        return dataclasses.replace(rendered, objects=(job, *rendered.objects[1:]))
+
+    monkeypatch.setattr(planning, "render_run", render)
+    decision = plan_children(run("a", gpus=8))
+    assert isinstance(decision, Invalid)
+    assert decision.messages == [
+        "spec: the chart rendered kinds the controller cannot own: ['PyTorchJob']"
+    ]
 
 
 def test_controlled_by_needs_the_controller_reference_to_the_uid() -> None:
