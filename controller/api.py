@@ -1,7 +1,5 @@
-"""The names the controller's API objects go by: one home for every group, version and kind.
-
-The MegDetRun CRD (``megdetruns.megdet.io``), the kinds a run owns and where each keeps what
-the controller reads or writes. Everything else imports these; nothing spells them again.
+"""The names the controller's API objects go by: one home for every group, version and kind
+(the MegDetRun CRD's, the kinds a run owns and where each keeps what the controller reads).
 """
 
 from __future__ import annotations

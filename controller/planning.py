@@ -326,12 +326,8 @@ def output_claim(body: Mapping[str, Any]) -> dict[tuple[str, str, str], OutputCl
 
 
 def output_holder(index: Mapping[Any, Any] | None, run: Mapping[str, Any]) -> OutputClaim | None:
-    """The other live run that goes before ``run`` at its output folder, if any.
-
-    A run with a job goes first; between runs without one, the older (creationTimestamp, then
-    name). So of two runs applied at once exactly one proceeds, and one that already trains is
-    never blocked by a newer one.
-    """
+    """The other live run that goes before ``run`` at its output folder, if any: one with a job,
+    else the older (docs/controller.md, "One output folder, one live run")."""
     key = output_location(run)
     if index is None or key is None:
         return None

@@ -1,11 +1,8 @@
 """The cluster's MegDet policy: what creating a MegDetRun lets its author put into pods.
 
-The policy's values (:class:`Policy`) and the controller's :func:`check` (before it creates a
-run's job: ``Valid=False``, reason ``PolicyDenied``, a Warning event). Each rule is written once,
-in CEL (policy_rules.py, policy_knobs.py), which the controller evaluates (policy_cel.py) and
-``make policy`` writes into the admission policy (megdet/api/admission.py). Why:
-docs/architecture.md, "The controller's validation layers"; the values: docs/operations.md,
-"Who may do what: the cluster's MegDet policy".
+The policy's values (:class:`Policy`) and the controller's :func:`check` of a run's spec
+against its rules (policy_rules.py, policy_knobs.py). How and why: docs/operations.md, "Who may
+do what: the cluster's MegDet policy".
 """
 
 from __future__ import annotations
@@ -216,10 +213,7 @@ def _values(policy: Policy) -> dict[str, Any]:
 
 def check(spec: Any, policy: Policy) -> list[tuple[str, str]]:
     """The policy problems of a run's spec, as ``(field path, message)``; [] when it passes.
-
-    Every rule of :data:`RULES` evaluated on ``spec`` (one CEL context for all of them). Never
-    raises: a spec whose fields are mistyped is the schema's business, not the policy's.
-    """
+    Every rule of :data:`RULES`, in one CEL context; never raises."""
     if not isinstance(spec, Mapping):
         return []
     ctx = context(spec, _values(policy), _READ_FIELDS)

@@ -2,8 +2,7 @@
 image, the run chart, Python, torch, iopath/fvcore and the launcher read or use.
 
 Each list is written once here and generated into the policy's CEL; why each name is on it:
-docs/operations.md, "Who may do what" (the ``envNames``, ``loaderEnv`` and ``mountPrefixes``
-rows). A list of known names, not a proof: the allow-lists are the boundary.
+docs/operations.md, "Who may do what" (the ``envNames``, ``loaderEnv``, ``mountPrefixes`` rows).
 """
 
 from __future__ import annotations
