@@ -122,14 +122,10 @@ def unlisted_keywords(schema: Any, at: str = "") -> list[str]:
         here = _pointer(at, key)
         if not _listed(key, value, at):
             found.append(here)
-        elif key == "pattern" and isinstance(value, str) and re2_difference(value):
-            found.append(f"{here} ({re2_difference(value)})")
+        elif key == "pattern" and isinstance(value, str) and (why := re2_difference(value)):
+            found.append(f"{here} ({why})")
         elif key == "patternProperties" and isinstance(value, Mapping):
-            found += [
-                f"{_pointer(here, name)} ({re2_difference(name)})"
-                for name in value
-                if re2_difference(name)
-            ]
+            found += [f"{_pointer(here, n)} ({w})" for n in value if (w := re2_difference(n))]
         if key in _SCHEMA_MAPS and isinstance(value, Mapping):
             for name, sub in value.items():
                 found += unlisted_keywords(sub, _pointer(here, name))
