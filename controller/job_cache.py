@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from megdet.controller.api import GROUP, OWNED_KINDS, PLURAL, VERSION
+from megdet.controller.api import GROUP, OWNED_KINDS, PLURAL, SUSPEND_PATH, TARGET_BY_KIND, VERSION
 
 __all__ = ["JOB_INDEX_PREFIX", "JobCache", "slim_job", "version_of"]
 
@@ -40,8 +40,6 @@ def slim_job(body: Mapping[str, Any]) -> dict[str, Any]:
     """What :class:`JobCache` keeps of a job it created until the watch delivers it: the fields
     the handlers read (metadata that says whose it is, the suspend flag, the status); the pod
     templates and the rest of the spec stay out (a PyTorchJob's spec is most of its size)."""
-    from megdet.controller.api import SUSPEND_PATH
-
     meta = body.get("metadata") or {}
     kind = body.get("kind")
     out: dict[str, Any] = {
@@ -99,8 +97,6 @@ class JobCache:
         """A kopf index per job kind on ``registry`` (``when``: which jobs; the mirror's
         filter, jobs a run controls)."""
         import kopf
-
-        from megdet.controller.api import TARGET_BY_KIND
 
         ids = {}
         for (api_version, kind), plural in OWNED_KINDS.items():
