@@ -253,10 +253,8 @@ def _default_output_claim() -> str:
 
 
 def output_location(run: Mapping[str, Any]) -> tuple[str, str, str] | None:
-    """(namespace, PVC, folder) the run's pods write: ``spec.output.claimName`` (the chart's
-    default when unset) mounted at /output, folder ``/output/<spec.runName or the run's name>``
-    (the chart's ``--output``). None when the spec is too malformed to say (validation names it).
-    """
+    """(namespace, PVC, folder) the run's pods write: ``spec.output.claimName`` (or the chart's
+    default), folder ``/output/<spec.runName or the run's name>``; None for a malformed spec."""
     meta = run.get("metadata") if isinstance(run.get("metadata"), Mapping) else {}
     name, namespace = meta.get("name"), meta.get("namespace")
     spec = run.get("spec")

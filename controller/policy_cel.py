@@ -17,8 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Rule", "cel_join", "cel_quote", "context", "evaluate", "read_fields"]
 
-#: The functions of Kubernetes' CEL strings library the rules call, which the Rust interpreter
-#: lacks (``cel.stdlib`` writes them in Python).
+#: Kubernetes' CEL string functions the rules call (see the module doc).
 _STRING_FUNCTIONS = ("split", "join", "trim")
 
 

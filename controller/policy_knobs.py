@@ -27,9 +27,8 @@ __all__ = [
 #: The subresource whose ``use`` verb grants the privileged knobs (RBAC, checked at admission).
 PRIVILEGED_SUBRESOURCE = "megdetruns/privileged"
 
-#: The pod annotations that set an AppArmor or seccomp profile (the kubelet still honours the
-#: AppArmor one, deprecated since Kubernetes 1.30 for securityContext.appArmorProfile), and the
-#: values that confine: the runtime's default profile or one loaded on the node.
+#: The pod annotations that set an AppArmor (deprecated since Kubernetes 1.30, still honoured)
+#: or seccomp profile, and the values that confine (runtime default, or loaded on the node).
 PROFILE_ANNOTATION_PREFIXES = (
     "container.apparmor.security.beta.kubernetes.io/",
     "container.seccomp.security.alpha.kubernetes.io/",

@@ -22,10 +22,7 @@ from megdet.controller.policy_reserved import (
 
 __all__ = ["MULTUS_DEFAULT_NETWORK", "OUTPUT_VOLUME", "RULES"]
 
-# Multus (k8s.cni.cncf.io): a secondary network, or a replaced default one, is outside every
-# NetworkPolicy. Multus reads k8s.v1.cni.cncf.io/networks as JSON when it holds any of [ { "
-# (multus-cni pkg/k8sclient parsePodNetworkAnnotation), else as comma-separated
-# [namespace/]name[@interface] entries.
+# Multus' annotations, read as docs/operations.md ("Who may do what", multusNamespaces) says.
 MULTUS_DEFAULT_NETWORK = "v1.multus-cni.io/default-network"
 
 #: The run chart's output volume (mounted at /output, which the mountPaths rule keeps extra
