@@ -81,8 +81,7 @@ class ConnectionGate:
         self._places: OrderedDict[int, _Place] = OrderedDict()
 
     def enter(self, source: str, sock: Any = None) -> tuple[bool, Any]:
-        """Take a place for the connection ``sock`` from ``source``: (whether it got one, the
-        socket of the connection evicted to make room, or None)."""
+        """Take a place for ``sock`` from ``source``: (whether it got one, the socket evicted)."""
         with self._lock:
             held = self._by_source.get(source, 0)
             if held >= self.limits.per_source:
@@ -100,8 +99,7 @@ class ConnectionGate:
             return True, evicted
 
     def settle(self, sock: Any, settled: bool = True) -> None:
-        """``sock``'s request has arrived (or, ``settled=False``, a new one is being read on
-        a kept-alive connection: it counts as the newest again)."""
+        """``sock``'s request has arrived (``settled=False``: the next one is being read)."""
         with self._lock:
             place = self._places.get(id(sock))
             if place is not None and place.sock is sock:
@@ -196,8 +194,7 @@ class _DeadlineSocket(io.RawIOBase):
 
 
 class BoundedServerMixin:
-    """Put before ``socketserver.ThreadingMixIn`` in a server's bases; call
-    :meth:`init_limits` in its ``__init__``."""
+    """Put before ``ThreadingMixIn`` in the bases; call :meth:`init_limits` before serving."""
 
     request_queue_size = 128  # the kernel's accept queue; the accept loop drains it quickly
     limits: Limits
@@ -245,8 +242,7 @@ class BoundedServerMixin:
 
 
 def _cut(sock: Any) -> None:
-    """End a connection another thread is reading: its blocked read (or TLS handshake)
-    returns at once, and that thread closes it. The plain socket's shutdown, not TLS's."""
+    """End a connection another thread is reading (the plain socket's shutdown, not TLS's)."""
     with contextlib.suppress(OSError):
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
 

@@ -70,8 +70,7 @@ class IssuerKeys:
     _lock: threading.Lock = field(init=False, default_factory=threading.Lock)
 
     def key(self, kid: str) -> tuple[str, jwt.PyJWK | None]:
-        """(issuer, the key with id ``kid`` or None). Raises :class:`KeysUnavailable` when the
-        keys were never read and cannot be now."""
+        """(issuer, the key with id ``kid`` or None); :class:`KeysUnavailable` if never read."""
         with self._lock:
             wait = self.retry if self._failed else self.refresh
             if kid not in self.keys and (self._tried is None or self.clock() - self._tried >= wait):

@@ -77,8 +77,7 @@ def run_ref(body: Mapping[str, Any] | None) -> RunRef | None:
 
 
 class Directory:
-    """(namespace, name) -> ``entry(body)`` (a :class:`RunRef` or :class:`PodRef`, None for
-    nothing) of each watched object, from the watch's lists and events. Thread-safe."""
+    """(namespace, name) -> ``entry(body)`` of each watched object (None: not kept). Thread-safe."""
 
     def __init__(self, entry: Callable[[Mapping[str, Any]], Any]) -> None:
         self.entry = entry
@@ -194,8 +193,7 @@ class PodBinding:
         return None
 
     def _job(self, namespace: str, name: str, run: RunRef) -> tuple[str, dict[str, int]] | None:
-        """(uid, replicas by role) of the run's job ``name`` (uid ``status.jobUID``, or for a
-        run with none the one the run controls), read once a ``ttl`` per run."""
+        """(uid, replicas by role) of the run's job ``name``, read once a ``ttl`` per run."""
         key = (namespace, name, run.uid, run.job_uid)
         now = self.clock()
         with self._lock:

@@ -117,8 +117,7 @@ def _fresh(hosts: list[str]) -> tuple[bytes, ...]:
 
 
 def service_hosts(url: str) -> list[str]:
-    """The names a Service URL's host is reached by: ``svc.ns.svc`` -> also ``svc``, ``svc.ns``,
-    ``svc.ns.svc.cluster.local``."""
+    """The names a Service URL's host is reached by (``svc.ns.svc``: ``svc``, ``svc.ns``...)."""
     host = urllib.parse.urlsplit(url).hostname or ""
     hosts = [host]
     parts = host.split(".")
@@ -150,8 +149,7 @@ class CAKeeper:
         self._write_lock = threading.Lock()
 
     def publish(self, namespace: str) -> None:
-        """``namespace`` has a ``target: pytorchjob`` run: keep its ConfigMap from the next
-        :meth:`resync` on."""
+        """``namespace`` has a ``target: pytorchjob`` run: keep its ConfigMap."""
         with self._lock:
             self.published.add(namespace)
 
@@ -191,8 +189,7 @@ class CAKeeper:
             self._keep(ns)
 
     def _keep(self, namespace: str) -> None:
-        """Write the namespace's ConfigMap if what the watch last saw is missing or wrong; one
-        at a time, each on the latest view, so one change costs one write."""
+        """Write the namespace's ConfigMap if what the watch last saw is missing or wrong."""
         with self._write_lock:
             with self._lock:
                 found = self.seen.get(namespace)
@@ -223,8 +220,7 @@ class CAKeeper:
         )
 
     def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> list[Any]:
-        """Start the watches of the ConfigMaps named ``megdet-progress-ca`` in ``namespaces``
-        (none: all)."""
+        """Start the watches of the ConfigMaps ``megdet-progress-ca`` in ``namespaces``."""
         from kubernetes import client as k8s
 
         from megdet.controller.progress_watch import named, watch_each

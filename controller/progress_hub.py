@@ -128,8 +128,7 @@ WriteFabricFn = Callable[[str, str, FabricReport], bool]
 
 @dataclass(eq=False)
 class ProgressHub:
-    """The latest progress per run, and the rate-limited, conditional writer of
-    ``status.progress``; ``view`` is the run as the watch saw it, ``read`` as read now."""
+    """The latest progress per run, and the rate-limited, conditional ``status.progress`` writer."""
 
     view: RunFn
     read: RunFn
@@ -212,8 +211,7 @@ class ProgressHub:
         return "error"
 
     def flush(self) -> int:
-        """Write every due run's progress (a refused write dropped, a gone run forgotten, any
-        other failure tried again after an interval); returns the writes made."""
+        """Write every due run's progress; returns the writes made."""
         done = 0
         for namespace, name, progress in self.due():
             try:

@@ -82,8 +82,7 @@ MAX_PATH = len(_PREFIX) + 63 + len(f"/{PLURAL}/") + 253 + len("/status")
 
 
 def run_of_path(path: str) -> tuple[str, str] | None:
-    """(namespace, name) of a run's status path (a DNS-1123 label, a DNS-1123 subdomain of at
-    most 253), or None; the length is checked before the pattern."""
+    """(namespace, name) of a run's status path, or None when it cannot name a run."""
     if len(path) > MAX_PATH:
         return None
     found = _PATH.match(path)
@@ -238,8 +237,7 @@ class ProgressServer(BoundedServerMixin, http.server.ThreadingHTTPServer):
         return 200, body
 
     def _log_refusal(self, namespace: str, name: str, verdict: Verdict) -> None:
-        """Log a refusal once per run a minute, within :data:`LOG_BURST` and
-        :data:`LOGS_PER_MINUTE` in all."""
+        """Log a refusal once per run a minute, within :data:`LOGS_PER_MINUTE` in all."""
         now = self.clock()
         key = (namespace, name)
         with self._log_lock:
@@ -295,8 +293,7 @@ class ProgressService:
                              name="megdet-progress-ca", daemon=True).start()  # fmt: skip
 
     def note_run(self, kind: str, body: dict[str, Any]) -> None:
-        """A run's watch event: the directory follows it, the hub forgets a deleted run, and a
-        pytorchjob run's namespace gets the CA."""
+        """A run's watch event: to the directory, the hub (deleted) and the CA keeper."""
         deleted = kind == "DELETED"
         self.runs.note(body, deleted=deleted)
         meta = body.get("metadata") or {}
@@ -311,8 +308,7 @@ class ProgressService:
             self.note_run("ADDED", body)
 
     def watch(self, api_client: Any, timeout: float, namespaces: list[str]) -> None:
-        """Start the watches of the runs, their pods (the run chart's label) and the CA
-        ConfigMaps, in each served namespace (all without ``namespaces``)."""
+        """Start the watches of the runs, their pods and the CA ConfigMaps in ``namespaces``."""
         from kubernetes import client as k8s
 
         from megdet.controller.pod_problems import PART_OF

@@ -129,9 +129,8 @@ def watch_each(
     on_event: Callable[[str, dict[str, Any]], None],
     **options: Any,
 ) -> list[ListWatch]:
-    """A started :class:`ListWatch` in each of ``namespaces`` (none: one of all namespaces),
-    listing with ``namespaced(namespace, **kw)`` or ``all_namespaces(**kw)``; ``on_list`` gets
-    each list and its namespace (None: all)."""
+    """A started :class:`ListWatch` in each of ``namespaces`` (none: all); ``on_list(items,
+    namespace)``."""
     watches = []
     for ns in namespaces or [None]:
         list_fn = all_namespaces if ns is None else functools.partial(namespaced, ns)

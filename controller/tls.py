@@ -58,8 +58,7 @@ def context_from_dir(cert_dir: str | Path) -> ssl.SSLContext:
 
 
 def context_from_pem(chain_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    """A TLS 1.2+ server context for a certificate chain and key held in memory (ssl loads
-    them from files only: written to a private temporary folder, loaded, removed)."""
+    """A TLS 1.2+ server context for a certificate chain and key held in memory."""
     context = _server_context()
     with tempfile.TemporaryDirectory(prefix="megdet-tls-") as tmp:
         cert_file, key_file = os.path.join(tmp, CERT_NAME), os.path.join(tmp, KEY_NAME)
@@ -98,8 +97,7 @@ def _subject_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
 
 
 def _serving(hosts: list[str]) -> list[tuple[Any, bool]]:
-    """The (extension, critical) pairs of a serving certificate for ``hosts``, ``localhost``
-    and 127.0.0.1."""
+    """The (extension, critical) pairs of a serving certificate for ``hosts`` and localhost."""
     return [
         (x509.SubjectAlternativeName(_subject_names([*hosts, "localhost", "127.0.0.1"])), False),
         (x509.BasicConstraints(ca=False, path_length=None), True),

@@ -75,8 +75,7 @@ class BoundedLRU(OrderedDict):
             self.popitem(last=False)
 
     def fresh(self, key: Hashable, now: float) -> Any | None:
-        """The value put as ``(expires, value)`` for ``key`` while ``expires`` is after
-        ``now`` (it becomes the most recently used); an expired entry is dropped."""
+        """The value put as ``(expires, value)`` for ``key`` while ``expires`` is after ``now``."""
         hit = self.get(key)
         if hit is not None and hit[0] > now:
             self.move_to_end(key)
@@ -105,9 +104,8 @@ class TokenBucket:
 
 
 class VerdictCache:
-    """Verdicts by (SHA-256 of the token, *scope*), each until its own expiry, in two LRU
-    pools: grants (``max_entries``) and refusals (``max_denied``, default the same), so that a
-    flood of bad tokens evicts only other refusals. Thread-safe."""
+    """Verdicts by (SHA-256 of the token, *scope*) until their expiry, in two LRU pools: grants
+    (``max_entries``) and refusals (``max_denied``). Thread-safe."""
 
     def __init__(
         self,
@@ -157,9 +155,8 @@ class VerdictCache:
 
 
 class SourceLimiter:
-    """A :class:`TokenBucket` per source address (``burst`` at once, refilled at ``rate`` a
-    second), for what a cache miss costs; at most ``max_sources`` kept (LRU: a forgotten
-    source starts again with a full bucket). Thread-safe."""
+    """A :class:`TokenBucket` per source address (``burst``, ``rate`` a second), at most
+    ``max_sources`` kept. Thread-safe."""
 
     def __init__(
         self,
@@ -304,8 +301,7 @@ class TokenAuthorizer:
 
 
 class KubernetesReviewer:
-    """TokenReview and SubjectAccessReview through the Kubernetes client (the chart's
-    ``-metrics-auth`` ClusterRole grants them)."""
+    """The :class:`Reviewer` of a pod: TokenReview and SubjectAccessReview, by the client."""
 
     def __init__(self, api_client: Any, timeout: float = 10.0) -> None:
         from kubernetes import client as k8s
