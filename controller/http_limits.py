@@ -77,24 +77,19 @@ class ConnectionGate:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self._lock = threading.Lock()
-        self._by_source: dict[str, int] = {}
         self._places: OrderedDict[int, _Place] = OrderedDict()
 
     def enter(self, source: str, sock: Any = None) -> tuple[bool, Any]:
         """Take a place for ``sock`` from ``source``: (whether it got one, the socket evicted)."""
         with self._lock:
-            held = self._by_source.get(source, 0)
-            if held >= self.limits.per_source:
+            if sum(p.source == source for p in self._places.values()) >= self.limits.per_source:
                 return False, None
             evicted = None
             if len(self._places) >= self.limits.max_connections:
                 oldest = next((k for k, p in self._places.items() if not p.settled), None)
                 if oldest is None:
                     return False, None
-                victim = self._places.pop(oldest)
-                self._drop_source(victim.source)
-                evicted = victim.sock
-            self._by_source[source] = held + 1
+                evicted = self._places.pop(oldest).sock
             self._places[id(sock)] = _Place(source, sock)
             return True, evicted
 
@@ -112,14 +107,6 @@ class ConnectionGate:
             place = self._places.get(id(sock))
             if place is not None and place.sock is sock:
                 del self._places[id(sock)]
-                self._drop_source(place.source)
-
-    def _drop_source(self, source: str) -> None:
-        held = self._by_source.get(source, 0) - 1
-        if held > 0:
-            self._by_source[source] = held
-        else:
-            self._by_source.pop(source, None)
 
     @property
     def active(self) -> int:
@@ -128,7 +115,7 @@ class ConnectionGate:
 
     def sources(self) -> int:
         with self._lock:
-            return len(self._by_source)
+            return len({p.source for p in self._places.values()})
 
 
 class _DeadlineSocket(io.RawIOBase):

@@ -235,6 +235,22 @@ def test_limits_are_checked() -> None:
     assert gate.active == 0 and gate.sources() == 0
 
 
+def test_a_source_evicting_its_own_connection_keeps_its_whole_cap() -> None:
+    """The evicted place is the newcomer's own source's: counted once, so once its connections
+    leave, the source may hold its full cap again (a count kept apart from the places drifted
+    one too high here and cost the source a place for good)."""
+    gate = ConnectionGate(Limits(max_connections=2, per_source=3))
+    first, second, third = (object() for _ in range(3))
+    assert gate.enter("a", first) == (True, None)
+    assert gate.enter("a", second) == (True, None)
+    assert gate.enter("a", third) == (True, first)
+    gate.leave(second)
+    gate.leave(third)
+    assert gate.active == 0 and gate.sources() == 0
+    # Its third connection again evicts the oldest, not refused as if it held three.
+    assert [gate.enter("a", object())[0] for _ in range(3)] == [True, True, True]
+
+
 def test_metrics_token_reviews_are_rate_limited_per_source() -> None:
     from megdet.controller.tokenauth import TokenAuthorizer
 
