@@ -265,9 +265,9 @@ class ProgressService:
     server: ProgressServer
     hub: ProgressHub
     cert: ServingCert
-    keeper: CAKeeper | None = None
-    runs: Directory = field(default_factory=lambda: Directory(run_ref))
-    pods: Directory = field(default_factory=lambda: Directory(pod_ref))
+    keeper: CAKeeper
+    runs: Directory
+    pods: Directory
     stop_event: threading.Event = field(default_factory=threading.Event)
     watches: list[ListWatch] = field(default_factory=list)
 
@@ -288,9 +288,9 @@ class ProgressService:
         ).start()
         threading.Thread(target=every, args=(flush_every, self.hub.flush, "flush"),
                          name="megdet-progress-flush", daemon=True).start()  # fmt: skip
-        if self.keeper is not None:  # in memory; a request only for a missing or wrong one
-            threading.Thread(target=every, args=(look_every, self.keeper.resync, "CA resync"),
-                             name="megdet-progress-ca", daemon=True).start()  # fmt: skip
+        # In memory: a request only for a missing or wrong ConfigMap.
+        threading.Thread(target=every, args=(look_every, self.keeper.resync, "CA resync"),
+                         name="megdet-progress-ca", daemon=True).start()  # fmt: skip
 
     def note_run(self, kind: str, body: dict[str, Any]) -> None:
         """A run's watch event: to the directory, the hub (deleted) and the CA keeper."""
@@ -299,7 +299,7 @@ class ProgressService:
         meta = body.get("metadata") or {}
         if deleted:
             self.hub.forget(meta.get("namespace"), meta.get("name"))
-        elif self.keeper is not None and run_ref(body) is not None:
+        elif run_ref(body) is not None:
             self.keeper.publish(meta["namespace"])
 
     def note_runs(self, items: list[dict[str, Any]], namespace: str | None) -> None:
@@ -326,8 +326,7 @@ class ProgressService:
             keep=labelled(*PART_OF), selectors={"label_selector": "=".join(PART_OF)},
             timeout=timeout, what="pods",
         )  # fmt: skip
-        if self.keeper is not None:
-            self.watches += self.keeper.watch(api_client, timeout, namespaces)
+        self.watches += self.keeper.watch(api_client, timeout, namespaces)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -382,7 +381,7 @@ def start(
     )
     server = ProgressServer((addr, port), hub, auth, cert.context, limits=limits)
     keeper = CAKeeper(cert.ca_pem, kubernetes_ca_writer(api_client, timeout, cert.ca_pem))
-    service = ProgressService(server, hub, cert, keeper=keeper, runs=runs, pods=pods)
+    service = ProgressService(server, hub, cert, keeper, runs, pods)
     service.watch(api_client, timeout, list(namespaces or []))
     service.start()
     logger.info("progress: serving https://%s:%d (reports every %gs at most)", addr, port, interval)
