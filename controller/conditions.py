@@ -1,7 +1,5 @@
-"""A run's conditions, read and written the Kubernetes way. Pure, and imported by everything
-that sets a condition (:mod:`megdet.controller.status`, :mod:`megdet.controller.planning`,
-:mod:`megdet.controller.resize`, :mod:`megdet.controller.fabric_condition`,
-:mod:`megdet.controller.lifecycle`), so it imports none of them.
+"""A run's conditions, read and written the Kubernetes way. Pure, and imported by every module
+that sets a condition (status, planning, resize, fabric_condition, lifecycle), so it imports none.
 """
 
 from __future__ import annotations
@@ -23,23 +21,33 @@ def set_condition(
 ) -> list[dict[str, Any]]:
     """Conditions with ``kind`` set; ``lastTransitionTime`` moves only when its status flips."""
     text = "True" if status else "False"
-
-    def condition(when: Any) -> dict[str, Any]:
-        cond = {"type": kind, "status": text, "reason": reason, "message": message}
-        cond["lastTransitionTime"] = when
-        if generation is not None:
-            cond["observedGeneration"] = generation
-        return cond
-
-    out = [
-        dict(c)
-        if c.get("type") != kind
-        else condition(c.get("lastTransitionTime") if c.get("status") == text else now)
-        for c in conditions
-    ]
-    if not any(c.get("type") == kind for c in conditions):
-        out.append(condition(now))
+    out: list[dict[str, Any]] = []
+    found = False
+    for cond in conditions:
+        if cond.get("type") != kind:
+            out.append(dict(cond))
+            continue
+        found = True
+        when = cond.get("lastTransitionTime") if cond.get("status") == text else now
+        out.append(_condition(kind, text, reason, message, when, generation))
+    if not found:
+        out.append(_condition(kind, text, reason, message, now, generation))
     return out
+
+
+def _condition(
+    kind: str, status: str, reason: str, message: str, when: Any, generation: int | None
+) -> dict[str, Any]:
+    cond = {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": when,
+    }
+    if generation is not None:
+        cond["observedGeneration"] = generation
+    return cond
 
 
 def conditions_in(status: Any) -> list[Mapping[str, Any]]:
@@ -50,7 +58,11 @@ def conditions_in(status: Any) -> list[Mapping[str, Any]]:
 
 def condition_of(status: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     """The condition of type ``kind`` in a run's status, if any."""
-    return next((c for c in conditions_in(status) if c.get("type") == kind), None)
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for cond in conditions if isinstance(conditions, list) else []:
+        if isinstance(cond, Mapping) and cond.get("type") == kind:
+            return cond
+    return None
 
 
 def had_job(status: Mapping[str, Any]) -> bool:

@@ -1,7 +1,5 @@
-"""Whose is an object: the MegDetRun controller reference, and the run's own job. Pure.
-
-Read by :mod:`megdet.controller.planning` (which re-exports it) and by
-:mod:`megdet.controller.status`, which planning imports, so it imports neither.
+"""Whose is an object: the MegDetRun controller reference, and the run's own job. Pure. Read by
+planning (which re-exports it) and by status, which planning imports, so it imports neither.
 """
 
 from __future__ import annotations

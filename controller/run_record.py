@@ -1,6 +1,5 @@
-"""What this process keeps of each run: one :class:`RunRecord` per run in the operator's
-:class:`RunRecords`, dropped whole when the run's watch says it was deleted (and when all its
-fields are None). Which stores keep their own and forget apart: docs/architecture.md, "The
+"""What this process keeps of each run: one :class:`RunRecord` per run, dropped whole when the
+run's watch says it was deleted. Which stores keep their own: docs/architecture.md, "The
 controller".
 """
 
