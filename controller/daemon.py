@@ -239,9 +239,12 @@ def run(args: argparse.Namespace) -> int:
     from kubernetes import config as k8s_config
 
     from megdet.controller import metrics
+    from megdet.controller.heap import HeapTrimmer
+    from megdet.controller.http_limits import Limits
     from megdet.controller.kubeapi import Cluster
     from megdet.controller.operator import build_registry, configure, limit_workers
     from megdet.controller.reconciler import Reconciler
+    from megdet.controller.tokenauth import KubernetesReviewer, TokenAuthorizer
 
     for port, name in ((args.metrics_port, "--metrics-port"), (args.health_port, "--health-port")):
         if port > 65535:
@@ -268,11 +271,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--metrics-cert-dir needs --metrics-secure (it is plain HTTP now)")
     ssl_context = None
     if args.metrics_secure:
-        from megdet.controller.metrics import server_ssl_context
-        from megdet.controller.tokenauth import KubernetesReviewer, TokenAuthorizer
-
         try:  # before logging in: a bad flag is reported first
-            ssl_context = server_ssl_context(args.metrics_cert_dir)
+            ssl_context = metrics.server_ssl_context(args.metrics_cert_dir)
         except ValueError as err:
             raise UsageError(f"--metrics-cert-dir: {err}") from None
     logging.basicConfig(
@@ -309,8 +309,6 @@ def run(args: argparse.Namespace) -> int:
     authorizer = None
     if args.metrics_secure:
         authorizer = TokenAuthorizer(KubernetesReviewer(api, timeout=args.api_timeout))
-    from megdet.controller.http_limits import Limits
-
     limits = Limits(max_connections=args.max_connections, request_timeout=args.request_timeout)
     metrics.serve(args.metrics_port, limits=limits, ssl_context=ssl_context, authorizer=authorizer)
     service = None
@@ -347,8 +345,6 @@ def run(args: argparse.Namespace) -> int:
 
     # A burst of runs leaves freed memory in the C allocator's arenas (jemalloc's in the image,
     # else glibc's): give it back once the burst is over (controller/heap.py).
-    from megdet.controller.heap import HeapTrimmer
-
     trimmer = HeapTrimmer().start()
     try:
         kopf.run(

@@ -71,7 +71,7 @@ def build_registry(handlers: Reconciler) -> kopf.OperatorRegistry:
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry, id="run-deleted")(run_deleted)
     # The runs as their watch delivers them: a status write reads no run (status_writer.py).
     handlers.writer.views.register(registry)
-    # The run-owned jobs as their watch delivers them: the job reads (controller/kubeapi.py).
+    # The run-owned jobs as their watch delivers them: the job reads (job_cache.py).
     cache = getattr(handlers.cluster, "cache", None)
     if cache is not None:
         cache.register(registry, when=handlers.owned_by_run)
