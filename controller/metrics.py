@@ -6,6 +6,7 @@ exported".
 
 from __future__ import annotations
 
+import collections
 import logging
 import socket
 import ssl
@@ -188,13 +189,11 @@ def set_run_phases(phases: Iterable[tuple[str, str]]) -> None:
     Every (namespace, phase) seen before but absent now is set to 0 rather than removed, so a
     dashboard's "runs by phase" drops to zero instead of showing a gap.
     """
-    counts: dict[tuple[str, str], int] = {}
-    for namespace, phase in phases:
-        counts[(namespace, phase)] = counts.get((namespace, phase), 0) + 1
+    counts = collections.Counter(phases)
     _phase_namespaces.update(ns for ns, _ in counts)
     for namespace in _phase_namespaces:
         for phase in PHASES:
-            RUNS.labels(namespace, phase).set(counts.get((namespace, phase), 0))
+            RUNS.labels(namespace, phase).set(counts[(namespace, phase)])
 
 
 def sample(name: str, labels: Mapping[str, str] | None = None) -> float:
