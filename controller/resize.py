@@ -106,10 +106,6 @@ def wanted(run: Mapping[str, Any], planned: Planned, job: Mapping[str, Any]) -> 
     return gpus
 
 
-def _set_condition(status: Mapping[str, Any], *args: Any, now: str, gen: Any) -> list[Any]:
-    return set_condition(list(status.get("conditions") or []), *args, now, gen)
-
-
 def start(
     writer: Any, run: Mapping[str, Any], job: Mapping[str, Any], gpus: int, retry: int
 ) -> None:
@@ -130,8 +126,9 @@ def start(
             "on SIGTERM), then creating it at the new size"
         )
         status["resize"] = {"fromGpus": have, "toGpus": gpus, "jobUID": uid, "requestTime": now}
-        status["conditions"] = _set_condition(
-            status, RESIZING, True, RESIZING, message, now=now, gen=generation
+        conditions = status.get("conditions") or []
+        status["conditions"] = set_condition(
+            conditions, RESIZING, True, RESIZING, message, now, generation
         )
         return status
 
@@ -255,8 +252,9 @@ def with_segments(
         status["jobUID"] = _uid(job)
         status["resize"] = None
         message = f"from {resize.get('fromGpus')} to {gpus} GPUs: attempt {attempt}"
-        status["conditions"] = _set_condition(
-            status, RESIZING, False, RESIZED, message, now=now, gen=gen
+        conditions = status.get("conditions") or []
+        status["conditions"] = set_condition(
+            conditions, RESIZING, False, RESIZED, message, now, gen
         )
     elif attempt == 0:  # the run's first job (or one created by an earlier controller)
         attempt = 1
