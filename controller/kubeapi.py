@@ -210,10 +210,12 @@ class Cluster:
             cache if isinstance(cache, JobCache) else JobCache() if cache else None
         )
 
-    @staticmethod
-    def _ref(api_version: str, kind: str) -> tuple[str, str, str]:
+    def _call(self, verb: str, api_version: str, kind: str, ns: str, *args: Any, **kw: Any) -> Any:
+        """The client's ``<verb>_namespaced_custom_object`` for ``kind`` in namespace ``ns``."""
         group, version = api_version.split("/", 1)
-        return group, version, OWNED_KINDS[(api_version, kind)] if kind != KIND else PLURAL
+        plural = OWNED_KINDS[(api_version, kind)] if kind != KIND else PLURAL
+        call = getattr(self.api, f"{verb}_namespaced_custom_object")
+        return call(group, version, ns, plural, *args, _request_timeout=self.timeout, **kw)
 
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict | None:
         """The object, or None when it does not exist."""
@@ -221,11 +223,8 @@ class Cluster:
             answered, cached = self.cache.lookup(kind, namespace, name)
             if answered:
                 return cached
-        group, version, plural = self._ref(api_version, kind)
         try:
-            found = self.api.get_namespaced_custom_object(
-                group, version, namespace, plural, name, _request_timeout=self.timeout
-            )
+            found = self._call("get", api_version, kind, namespace, name)
         except k8s.ApiException as err:
             if err.status == 404:
                 return None
@@ -237,12 +236,9 @@ class Cluster:
         return found
 
     def create(self, obj: Mapping[str, Any]) -> dict:
-        group, version, plural = self._ref(obj["apiVersion"], obj["kind"])
         namespace = obj["metadata"]["namespace"]
         try:
-            created = self.api.create_namespaced_custom_object(
-                group, version, namespace, plural, dict(obj), _request_timeout=self.timeout
-            )
+            created = self._call("create", obj["apiVersion"], obj["kind"], namespace, dict(obj))
         except k8s.ApiException as err:
             if err.status == 409 and self.cache is not None:
                 self.cache.refresh(obj["kind"], namespace, obj["metadata"]["name"])
@@ -252,10 +248,7 @@ class Cluster:
         return created
 
     def patch(self, api_version: str, kind: str, namespace: str, name: str, body: Mapping) -> dict:
-        group, version, plural = self._ref(api_version, kind)
-        patched = self.api.patch_namespaced_custom_object(
-            group, version, namespace, plural, name, dict(body), _request_timeout=self.timeout
-        )
+        patched = self._call("patch", api_version, kind, namespace, name, dict(body))
         if self.cache is not None and kind in TARGET_BY_KIND:
             self.cache.created(patched)  # a job's suspend: read back as written
         return patched
@@ -272,21 +265,10 @@ class Cluster:
         """Delete (background propagation, or ``propagation``); with ``uid``, only that
         incarnation of the name (the API server answers 409 if the name now holds another
         object)."""
-        group, version, plural = self._ref(api_version, kind)
-        options = k8s.V1DeleteOptions(
-            propagation_policy=propagation,
-            preconditions=k8s.V1Preconditions(uid=uid) if uid else None,
-        )
+        preconditions = k8s.V1Preconditions(uid=uid) if uid else None
+        options = k8s.V1DeleteOptions(propagation_policy=propagation, preconditions=preconditions)
         try:
-            self.api.delete_namespaced_custom_object(
-                group,
-                version,
-                namespace,
-                plural,
-                name,
-                body=options,
-                _request_timeout=self.timeout,
-            )
+            self._call("delete", api_version, kind, namespace, name, body=options)
         except k8s.ApiException as err:
             if err.status != 404:
                 raise
