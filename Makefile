@@ -57,15 +57,12 @@ demo: setup
 # Two pytest-xdist workers (PYTEST_WORKERS=0: all in one process). Every test of the real
 # cluster is in one xdist group (tests/e2e/conftest.py): one worker runs those in order, on the
 # session's control plane and the machine's one real node, while the other runs the rest. The
-# cluster's worker is the longer one. It runs the real-pod tests except those marked real_pods
-# (the chart's TrainJob on the real node, a Worker SIGKILLed then deleted): with those too, a
-# fresh clone's make test took 27.9 min on 2026-12-06, over the 25-minute goal
-# (docs/cluster.md, "What make test runs on the node"); make test-real-pods runs them.
+# cluster's worker is the longer one; it runs every real-pod test (docs/cluster.md, "What make
+# test runs on the node").
 PYTEST_WORKERS ?= 2
 test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 	$(BIN)/ruff check .
-	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver and not real_pods" \
-		--durations=25
+	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver" --durations=25
 
 # What the e2e tests run, built before pytest starts (a first build takes far longer than one
 # test's 900 s timeout; each step is a no-op once built): the control plane with the real node's
@@ -84,14 +81,14 @@ suite-cluster: setup
 suite-images: setup
 	$(BIN)/python -m imagebuild.build controller train-ci
 
-# The real-pod modules whole, without the rest of make test (which runs them less the tests
-# marked real_pods; docs/cluster.md, "What make test runs on the node"): after a change to the Dockerfile, the charts' pod
-# templates, the launcher or the trainer's signal handling. The run chart's helm install, the
+# The real-pod modules (marked real_pods), without the rest of make test (which runs them too;
+# docs/cluster.md, "What make test runs on the node"): after a change to the Dockerfile, the
+# charts' pod templates, the launcher or the trainer's signal handling. The run chart's helm install, the
 # controller as a pod, the stamp, a bad image, the TrainJob, a Worker SIGKILLed then deleted
 # (tests/e2e/test_e2e_real_training.py), and one MegDetRun watched from its creation, resized
 # 2 -> 1 -> 2 GPUs while it trains and preempted by Kueue (tests/e2e/test_e2e_shared_run.py).
 test-real-pods: suite-deps
-	$(PYTEST) tests/e2e/test_e2e_real_training.py tests/e2e/test_e2e_shared_run.py
+	$(PYTEST) -m real_pods tests/e2e
 
 # The MegDetRun CRD on the older kube-apiserver (kubernetes_previous, pinned in pyproject.toml):
 # a second Kubernetes build of about 20 minutes on 2 cores, for a CRD that changes rarely; run it
