@@ -67,6 +67,11 @@ async def test_the_hub_forgets_deleted_runs_and_a_recreated_run_starts_clean(clu
         new_uid = get(cluster, RUNS, "r0")["metadata"]["uid"]
         await eventually(lambda: getattr(service.runs.get(NAMESPACE, "r0"), "uid", "") == new_uid,
                          message="the new run in the view")  # fmt: skip
+        # Its job made: until the controller's job index has dropped the old run's job (a watch
+        # of its own, which may lag the runs'), the new run's reconcile finds that job under its
+        # name, says so and tries again, and its status writes race the hub's for the same run.
+        await eventually(lambda: (get(cluster, RUNS, "r0").get("status") or {}).get("jobUID"),
+                         message="the new run's own job")  # fmt: skip
         hub.report(NAMESPACE, "r0", evaluation)
         assert await asyncio.to_thread(hub.flush) == 1
         await eventually(lambda: len(_evaluated(cluster, "r0")) == 2, message="its own event")
