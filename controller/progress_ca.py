@@ -5,6 +5,7 @@ ConfigMap ``megdet-progress-ca``: docs/controller.md, "Progress reporting in det
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import ssl
 import threading
@@ -21,6 +22,7 @@ __all__ = [
     "CA_KEY",
     "CAKeeper",
     "ServingCert",
+    "namespace_gone",
     "service_hosts",
 ]
 
@@ -199,6 +201,14 @@ class CAKeeper:
             try:
                 self.write(namespace, found)
             except Exception as err:  # the next event or resync tries again
+                if namespace_gone(err):  # kept again once a run is published there
+                    with self._lock:
+                        self.published.discard(namespace)
+                        self.seen.pop(namespace, None)
+                        self.kept.discard(namespace)
+                    logger.info("progress: %s is gone or being deleted: its CA no longer kept",
+                                namespace)  # fmt: skip
+                    return
                 logger.warning("progress: writing %s/%s: %s: %s", namespace, CA_CONFIG_MAP,
                                type(err).__name__, err)  # fmt: skip
                 return
@@ -232,6 +242,22 @@ class CAKeeper:
             selectors={"field_selector": f"metadata.name={CA_CONFIG_MAP}"},
             timeout=timeout, what=f"ConfigMaps {CA_CONFIG_MAP}",
         )  # fmt: skip
+
+
+def namespace_gone(err: Exception) -> bool:
+    """Whether a write failed because its namespace does not exist (404 for the namespace) or
+    is being deleted (403, cause ``NamespaceTerminating``): docs/controller.md, "Progress
+    reporting in detail"."""
+    try:
+        details = json.loads(getattr(err, "body", None) or "{}").get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    status, causes = getattr(err, "status", None), details.get("causes") or []
+    terminating = any(isinstance(c, dict) and c.get("reason") == "NamespaceTerminating"
+                      for c in causes)  # fmt: skip
+    return (status == 404 and details.get("kind") == "namespaces") or (
+        status == 403 and terminating
+    )
 
 
 def kubernetes_ca_writer(
