@@ -107,17 +107,11 @@ class VerdictCache:
     """Verdicts by (SHA-256 of the token, *scope*) until their expiry, in two LRU pools: grants
     (``max_entries``) and refusals (``max_denied``). Thread-safe."""
 
-    def __init__(
-        self,
-        max_entries: int,
-        clock: Callable[[], float] = time.monotonic,
-        max_denied: int | None = None,
-    ) -> None:
+    def __init__(self, max_entries: int, max_denied: int | None = None) -> None:
         max_denied = max_entries if max_denied is None else max_denied
         for label, value in (("max_entries", max_entries), ("max_denied", max_denied)):
             if value < 1:
                 raise ValueError(f"{label} must be >= 1, got {value}")
-        self.clock = clock
         self._pools = {True: BoundedLRU(max_entries), False: BoundedLRU(max_denied)}
         self._lock = threading.Lock()
 
@@ -250,7 +244,7 @@ class TokenAuthorizer:
     def __post_init__(self) -> None:
         if self.allow_ttl < 0 or self.deny_ttl < 0:
             raise ValueError("allow_ttl and deny_ttl must be >= 0")
-        self._cache = VerdictCache(self.max_entries, self.clock)
+        self._cache = VerdictCache(self.max_entries)
         self.limiter = SourceLimiter(self.reviews_per_second, self.review_burst, clock=self.clock)
 
     def check(

@@ -190,7 +190,7 @@ def test_made_up_key_ids_read_the_keys_at_most_once_a_period() -> None:
 
 def test_refusals_never_evict_grants() -> None:
     clock = Clock()
-    cache = VerdictCache(4, clock, max_denied=8)
+    cache = VerdictCache(4, max_denied=8)
     for i in range(4):
         cache.put(VerdictCache.key(f"good-{i}", "r"), "ok", clock() + 300, allowed=True)
     for i in range(10_000):
