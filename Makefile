@@ -184,7 +184,7 @@ messages: setup
 	mv $(MESSAGES_FILE).tmp $(MESSAGES_FILE)
 
 # The operator chart's admission policy validations, generated from the rules' CEL
-# (controller/policy_rules.py, controller/policy_knobs.py)
+# (megdet/policy/rules.py, megdet/policy/knobs.py)
 # (tests/controller/test_policy.py fails when the committed copy is stale).
 POLICY_FILE := charts/megdet-operator/files/policy-validations.yaml
 policy: setup

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from megdet.cli import UsageError, whole_number
-from megdet.controller.policy import Policy, PolicyError
+from megdet.policy import Policy, PolicyError
 
 #: Objects of one watched kind the controller handles at once once it has listed them all
 #: (``--worker-limit``; the operator chart's ``controller.workerLimit`` has the same default):

@@ -29,8 +29,6 @@ from megdet.controller.planning import (
     plan_children,
     run_owner,
 )
-from megdet.controller.policy import SUSPEND_FIELD, Policy
-from megdet.controller.policy import check as check_policy
 from megdet.controller.render import forget_run as forget_render
 from megdet.controller.status import (
     POLICY_DENIED,
@@ -46,6 +44,8 @@ from megdet.controller.status import (
     refused_at,
 )
 from megdet.controller.status_writer import StatusWriter, diff_touches, now_text, run_meta
+from megdet.policy import SUSPEND_FIELD, Policy
+from megdet.policy import check as check_policy
 
 __all__ = ["OUTPUTS_INDEX", "Reconciler"]
 

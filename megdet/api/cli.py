@@ -248,7 +248,7 @@ def refusal_lines(status_code: int, body: str | None) -> list[str] | None:
     message = str(status.get("message") or body or "").strip()
     if status_code == 403 and _ADMISSION_DENIED in message:
         # "... is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied request:
-        # spec.image.repository: ..." (controller/policy.py puts the field first).
+        # spec.image.repository: ..." (megdet/policy/ puts the field first).
         return [message.split(_ADMISSION_DENIED, 1)[1]]
     if status_code not in _REFUSALS:
         return None

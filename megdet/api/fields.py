@@ -5,7 +5,7 @@ may set it. :data:`TABLE` answers it once for every leaf of the CRD's spec schem
 
 - ``free``: anyone who may create a run may set it (plan numbers, names of the namespace's own
   objects, tuning values of fixed variables);
-- ``bounded``: set freely within the policy rules named (``controller/policy.py``'s rules; the
+- ``bounded``: set freely within the policy rules named (``megdet/policy/``'s rules; the
   operator chart's ``policy`` values say what each allows);
 - ``granted``: what the rules allow without it, plus more behind a privileged knob
   (``policy.privileged.<knob>`` and the RBAC grant, verb ``use`` on ``megdetruns/privileged``);
@@ -39,7 +39,7 @@ ANY = ".*"
 @dataclass(frozen=True)
 class Fields:
     """Spec leaves that share one answer: their class, the policy rules that bound them (rule
-    names of ``controller/policy.py``), the privileged knobs that open more, and why."""
+    names of ``megdet/policy/``), the privileged knobs that open more, and why."""
 
     paths: tuple[str, ...]
     cls: str

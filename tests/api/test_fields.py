@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from megdet import policy
 from megdet.api import fields
 from megdet.api.crd import committed_spec_schema
-from megdet.controller import policy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -32,8 +32,8 @@ from megdet.controller import metrics
 from megdet.controller.diffbase import FIELD as HANDLED_FIELD
 from megdet.controller.kubeapi import Backoff, Cluster
 from megdet.controller.operator import build_registry, configure, limit_workers
-from megdet.controller.policy import Policy
 from megdet.controller.reconciler import Reconciler
+from megdet.policy import Policy
 
 NAMESPACE = "vision"
 RUNS = "megdet.io/v1alpha1/megdetruns"

@@ -1,5 +1,5 @@
 # ruff: noqa: E501 - the rule table reads best one case per line
-"""The cluster's MegDet policy (controller/policy.py): its values, its rules, the generated admission
+"""The cluster's MegDet policy (megdet/policy/): its values, its rules, the generated admission
 validations, and the controller refusing a run outside it before creating anything.
 
 The admission side (the same rules as CEL in a ValidatingAdmissionPolicy, and the RBAC grant for
@@ -37,13 +37,13 @@ from kmock_helpers import (
     stop_operator,
 )
 
+from megdet import policy as policy_module
 from megdet.api import admission
 from megdet.cli import UsageError
 from megdet.controller import metrics
-from megdet.controller import policy as policy_module
 from megdet.controller.api import DROPPED_VALUES
 from megdet.controller.daemon import load_policy
-from megdet.controller.policy import Policy, PolicyError, check
+from megdet.policy import Policy, PolicyError, check
 from tests.repo_files import OPERATOR_CHART as CHART
 
 
@@ -415,8 +415,8 @@ def test_mounts_stay_under_the_allowed_folders_and_off_the_images_and_the_charts
 
 
 def test_the_reserved_mounts_hold_every_path_the_run_chart_mounts() -> None:
-    from megdet.controller.policy_reserved import RESERVED_MOUNTS
     from megdet.controller.render import render_run
+    from megdet.policy.reserved import RESERVED_MOUNTS
 
     progress = {"url": "https://p.megdet-system.svc:8443", "caConfigMap": "ca", "runUID": "u"}
     for target in ("pytorchjob", "trainjob"):

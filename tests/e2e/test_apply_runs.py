@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from megdet.api.validation import validate_run
-from megdet.controller.policy import Policy
-from megdet.controller.policy import check as check_policy
+from megdet.policy import Policy
+from megdet.policy import check as check_policy
 from tests.spec_strategies import GANG, KUEUE, NCCL, RUN_POLICY
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

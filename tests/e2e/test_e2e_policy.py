@@ -1,7 +1,7 @@
 # ruff: noqa: E501 - the RBAC objects and the case table read best one entry per line
 """The cluster's MegDet policy on the real API server: the operator chart's
 ValidatingAdmissionPolicy refuses a run outside the policy at `kubectl apply`, with the words the
-controller uses (controller/policy.py is the source of both), and the privileged knobs need both the
+controller uses (megdet/policy/ is the source of both), and the privileged knobs need both the
 policy and the grant (verb "use" on megdetruns/privileged), which the server's own authorizer
 checks for the user who applies the run.
 
@@ -26,7 +26,7 @@ from e2e_helpers import (
     namespace,
 )
 
-from megdet.controller.policy import RULES, Policy, check, grant_message
+from megdet.policy import RULES, Policy, check, grant_message
 
 NS = "policy-e2e"
 AUTHOR = "alice"  # may create MegDetRuns in NS

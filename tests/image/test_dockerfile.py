@@ -223,6 +223,18 @@ def test_no_host_tool_is_a_package_of_megdet(pyproject):
     assert not (ROOT / "setup.py").exists()  # nothing left for a custom build command to filter
 
 
+def test_every_package_folder_is_listed(pyproject):
+    # setuptools ships only the packages pyproject.toml lists: a subpackage left off (as
+    # megdet/policy/ would be) is missing from the wheel and the images, though the editable
+    # dev install still imports it.
+    setuptools = pyproject["tool"]["setuptools"]
+    found = set()
+    for name, folder in setuptools["package-dir"].items():
+        for init in (ROOT / folder).rglob("__init__.py"):
+            found.add(".".join((name, *init.parent.relative_to(ROOT / folder).parts)))
+    assert found == set(setuptools["packages"])
+
+
 def test_no_shipped_module_imports_a_host_tool(pyproject):
     # A wheel has no cluster/ or imagebuild/: a shipped module that imported one would fail in
     # a pod or an installed controller. Function-local imports count.

@@ -11,7 +11,7 @@ from operator_chart_helpers import CHART_DIR, RELEASE, render, render_error
 
 from megdet.api.admission import match_conditions, validations
 from megdet.api.crd import spec_schema
-from megdet.controller.policy import Policy
+from megdet.policy import Policy
 
 FULLNAME = RELEASE
 

@@ -1,6 +1,6 @@
 """The MegDet policy's privileged knobs: each way a spec uses one, in CEL.
 
-Each :class:`KnobUse` makes one rule of :data:`megdet.controller.policy_rules.RULES` (the
+Each :class:`KnobUse` makes one rule of :data:`megdet.policy.rules.RULES` (the
 cluster allows the knob: ``policy.privileged.<knob>``) and one admission validation (the user
 holds the grant, checked by the API server's authorizer; docs/operations.md, "Who may do what").
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from megdet.controller.policy_cel import cel_join, cel_quote
-from megdet.controller.policy_reserved import RESERVED_MOUNTS, reserved_mount_re
+from megdet.policy.cel import cel_join, cel_quote
+from megdet.policy.reserved import RESERVED_MOUNTS, reserved_mount_re
 
 __all__ = [
     "CONFINED_PROFILES",

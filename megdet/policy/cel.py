@@ -22,7 +22,7 @@ _STRING_FUNCTIONS = ("split", "join", "trim")
 
 
 class Policy(Protocol):
-    """What a rule reads of :class:`megdet.controller.policy.Policy`: its chart-values form."""
+    """What a rule reads of :class:`megdet.policy.Policy`: its chart-values form."""
 
     def values(self) -> Mapping[str, Any]: ...
 

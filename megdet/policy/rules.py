@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 
-from megdet.controller.policy_cel import Rule
-from megdet.controller.policy_cel import cel_join as _cel_join
-from megdet.controller.policy_cel import cel_quote as _q
-from megdet.controller.policy_knobs import KNOB_USES, PROFILE_KEY_CEL
-from megdet.controller.policy_reserved import (
+from megdet.policy.cel import Rule
+from megdet.policy.cel import cel_join as _cel_join
+from megdet.policy.cel import cel_quote as _q
+from megdet.policy.knobs import KNOB_USES, PROFILE_KEY_CEL
+from megdet.policy.reserved import (
     LOADER_ENV,
     LOADER_ENV_PREFIXES,
     PLATFORM_KEY_PREFIXES,

@@ -1,7 +1,7 @@
 """The cluster's MegDet policy: what creating a MegDetRun lets its author put into pods.
 
 The policy's values (:class:`Policy`) and the controller's :func:`check` of a run's spec
-against its rules (policy_rules.py, policy_knobs.py). How and why: docs/operations.md, "Who may
+against its rules (rules.py, knobs.py). How and why: docs/operations.md, "Who may
 do what: the cluster's MegDet policy".
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from megdet.controller.policy_cel import Rule, context, evaluate, read_fields
-from megdet.controller.policy_knobs import KNOB_USES, grant_message
-from megdet.controller.policy_rules import RULES
+from megdet.policy.cel import Rule, context, evaluate, read_fields
+from megdet.policy.knobs import KNOB_USES, grant_message
+from megdet.policy.rules import RULES
 
 __all__ = [
     "KNOB_USES",
@@ -112,7 +112,7 @@ class Policy:
     multusNamespaces: tuple[str, ...] = ("",)
     #: Whether spec.podAnnotations may set Multus' default network.
     multusDefaultNetwork: bool = False
-    #: Whether spec.extraEnv may set the loader's variables (policy_reserved.LOADER_ENV).
+    #: Whether spec.extraEnv may set the loader's variables (reserved.LOADER_ENV).
     loaderEnv: bool = False
     #: Whether extra volumes and mounts may reach the run's output volume again.
     outputMounts: bool = False
