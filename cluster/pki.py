@@ -9,6 +9,9 @@ Keys are RSA in PKCS#1 PEM ("RSA PRIVATE KEY"): the operators' certificate rotat
 (open-policy-agent/cert-controller, rotator.go buildArtifactsFromSecret) parses the CA and
 serving keys it finds in its Secret with ``x509.ParsePKCS1PrivateKey`` and replaces anything
 else with certificates of its own.
+
+The certificates are built with megdet.pki, which the controller's TLS (controller/tls.py)
+shares; what is chosen here (RSA 2048, PKCS#1, one year, the usages) stays here.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from pathlib import Path
 
 import yaml
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from megdet import pki
 
 VALIDITY = datetime.timedelta(days=365)
 #: The subject of each cluster's main CA (the etcd CA has its own, see control_plane).
@@ -67,65 +71,29 @@ def write_private(path: Path, data: bytes | str) -> Path:
     return path
 
 
-def _new_key() -> rsa.RSAPrivateKey:
-    return rsa.generate_private_key(public_exponent=65537, key_size=2048)
-
-
-def _key_pem(key) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.TraditionalOpenSSL,
-        serialization.NoEncryption(),
-    )
-
-
-def _name(cn: str, orgs: Sequence[str] = ()) -> x509.Name:
-    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
-    return x509.Name([*attrs, x509.NameAttribute(NameOID.COMMON_NAME, cn)])
-
-
-def _builder(subject: x509.Name, issuer: x509.Name, key: rsa.RSAPrivateKey, ca: bool):
-    """What every certificate here starts with: its names and public key, a random serial,
-    VALIDITY from five minutes ago, its basic constraints (CA or not) and its key usages: signing
-    and key encipherment, and for a CA signing certificates and CRLs."""
-    now = datetime.datetime.now(datetime.UTC)
-    return (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_encipherment=True,
-                key_cert_sign=ca,
-                crl_sign=ca,
-                content_commitment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-    )
+def _certificate(
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: rsa.RSAPrivateKey,
+    signer: rsa.RSAPrivateKey,
+    *,
+    ca: bool,
+    extensions: Sequence[pki.Extension],
+) -> x509.Certificate:
+    """The certificate of ``key`` for ``subject``, signed by ``signer`` as ``issuer``, valid
+    for VALIDITY (megdet.pki.certificate: SHA-256, a random serial, from five minutes ago).
+    Every certificate here starts with its basic constraints (CA or not) and its key usages:
+    signing and key encipherment, and for a CA signing certificates and CRLs; then
+    ``extensions``."""
+    own = [pki.basic_constraints(ca=ca), pki.key_usage(ca=ca, key_encipherment=True)]
+    return pki.certificate(subject, issuer, key.public_key(), signer, VALIDITY, [*own, *extensions])
 
 
 def _ca_certificate(key: rsa.RSAPrivateKey, name: x509.Name, names: Sequence[str]):
     """A self-signed CA certificate for ``key``; ``names`` are its DNS SANs (cert-controller
     checks a CA it is given against its CAName as a DNS name)."""
-    return (
-        _builder(name, name, key, ca=True)
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
+    sans = pki.alt_names(x509.DNSName(n) for n in names)
+    return _certificate(name, name, key, key, ca=True, extensions=[sans])
 
 
 class CertificateAuthority:
@@ -138,10 +106,10 @@ class CertificateAuthority:
             self.cert = x509.load_pem_x509_certificate(crt.read_bytes())
             self.key = serialization.load_pem_private_key(key.read_bytes(), password=None)
             return
-        self.key = _new_key()
-        self.cert = _ca_certificate(self.key, _name(cn), names or ["megdet-ca"])
-        write_private(key, _key_pem(self.key))
-        crt.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.key = pki.rsa_key()
+        self.cert = _ca_certificate(self.key, pki.name(cn), names or ["megdet-ca"])
+        write_private(key, pki.key_pem(self.key, pkcs1=True))
+        crt.write_bytes(self.pem)
 
     def add_names(self, names: Sequence[str]) -> bool:
         """Re-sign the CA certificate with ``names`` among its DNS SANs, keeping its key and
@@ -164,7 +132,7 @@ class CertificateAuthority:
 
     @property
     def pem(self) -> bytes:
-        return self.cert.public_bytes(serialization.Encoding.PEM)
+        return pki.cert_pem(self.cert)
 
     def issue(
         self,
@@ -177,23 +145,18 @@ class CertificateAuthority:
         client: bool = False,
     ) -> tuple[Path, Path]:
         """Write ``<name>.crt`` and ``<name>.key``; returns their paths."""
-        key = _new_key()
-        usages = []
-        if server:
-            usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
-        if client:
-            usages.append(ExtendedKeyUsageOID.CLIENT_AUTH)
-        builder = _builder(_name(cn, orgs), self.cert.subject, key, ca=False).add_extension(
-            x509.ExtendedKeyUsage(usages), critical=False
-        )
+        key = pki.rsa_key()
+        extensions = [pki.extended_usage(server=server, client=client)]
         sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
         if sans:
-            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        cert = builder.sign(self.key, hashes.SHA256())
+            extensions.append(pki.alt_names(sans))
+        cert = _certificate(
+            pki.name(cn, orgs), self.cert.subject, key, self.key, ca=False, extensions=extensions
+        )
         crt_path, key_path = self.folder / f"{name}.crt", self.folder / f"{name}.key"
-        write_private(key_path, _key_pem(key))
-        crt_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_private(key_path, pki.key_pem(key, pkcs1=True))
+        crt_path.write_bytes(pki.cert_pem(cert))
         return crt_path, key_path
 
 
@@ -208,9 +171,9 @@ def dns_names(cert: x509.Certificate) -> list[str]:
 
 def service_account_keys(folder: Path) -> tuple[Path, Path]:
     """The ServiceAccount token signing key pair: ``sa.key`` (private) and ``sa.pub``."""
-    key = _new_key()
+    key = pki.rsa_key()
     private, public = folder / "sa.key", folder / "sa.pub"
-    write_private(private, _key_pem(key))
+    write_private(private, pki.key_pem(key, pkcs1=True))
     public.write_bytes(
         key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo

@@ -1,6 +1,7 @@
-"""The controller's TLS serving certificates (EC P-256): self-signed ones made at start, or the
-``tls.crt``/``tls.key`` of a mounted kubernetes.io/tls Secret. docs/monitoring.md, "Metrics
-authentication", and docs/controller.md, "Progress reporting in detail" (TLS).
+"""The controller's TLS serving certificates (EC P-256, PKCS#8 keys, built with megdet.pki):
+self-signed ones made at start, or the ``tls.crt``/``tls.key`` of a mounted kubernetes.io/tls
+Secret. docs/monitoring.md, "Metrics authentication", and docs/controller.md, "Progress
+reporting in detail" (TLS).
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import tempfile
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from megdet import pki
 
 __all__ = [
     "CERT_NAME",
@@ -32,6 +31,7 @@ __all__ = [
 #: The file names in a certificate folder (a kubernetes.io/tls Secret's keys).
 CERT_NAME = "tls.crt"
 KEY_NAME = "tls.key"
+_ONE_YEAR, _TEN_YEARS = datetime.timedelta(days=365), datetime.timedelta(days=3650)
 
 
 def _server_context() -> ssl.SSLContext:
@@ -69,18 +69,6 @@ def context_from_pem(chain_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
     return context
 
 
-def _name(common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(
-        digital_signature=True, key_encipherment=False, content_commitment=False,
-        data_encipherment=False, key_agreement=False, key_cert_sign=cert_sign,
-        crl_sign=cert_sign, encipher_only=False, decipher_only=False,
-    )  # fmt: skip
-
-
 def _subject_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
     """DNS and IP subject alternative names for ``hosts``, in order, without repeats."""
     names: list[x509.GeneralName] = []
@@ -96,72 +84,39 @@ def _subject_names(hosts: Iterable[str]) -> list[x509.GeneralName]:
     return names
 
 
-def _serving(hosts: list[str]) -> list[tuple[Any, bool]]:
-    """The (extension, critical) pairs of a serving certificate for ``hosts`` and localhost."""
+def _serving(hosts: list[str]) -> list[pki.Extension]:
+    """The extensions of a serving certificate for ``hosts`` and localhost."""
     return [
-        (x509.SubjectAlternativeName(_subject_names([*hosts, "localhost", "127.0.0.1"])), False),
-        (x509.BasicConstraints(ca=False, path_length=None), True),
-        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+        pki.alt_names(_subject_names([*hosts, "localhost", "127.0.0.1"])),
+        pki.basic_constraints(ca=False),
+        pki.extended_usage(server=True),
     ]
-
-
-def _sign(
-    subject: x509.Name,
-    issuer: x509.Name,
-    key: Any,
-    signer: Any,
-    days: int,
-    extensions: list[tuple[Any, bool]],
-) -> bytes:
-    """The PEM certificate of ``key`` for ``subject``, signed by ``signer`` as ``issuer``,
-    valid from five minutes ago (clocks differ) for ``days`` days, with a random serial."""
-    now = datetime.datetime.now(datetime.UTC)
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(issuer)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=days))
-    )
-    for extension, critical in extensions:
-        builder = builder.add_extension(extension, critical=critical)
-    return builder.sign(signer, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key: Any) -> bytes:
-    return key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
 
 
 def self_signed(hostname: str) -> tuple[bytes, bytes]:
     """A fresh EC P-256 key and a one-year self-signed certificate for ``hostname``,
     ``localhost`` and 127.0.0.1 (PEM: certificate, key)."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = _name(f"{hostname}@{int(time.time())}")
+    key = pki.ec_key()
+    name = pki.name(f"{hostname}@{int(time.time())}")
     hosts = [hostname] if hostname and hostname != "localhost" else []
-    extensions = [*_serving(hosts), (_key_usage(cert_sign=False), True)]
-    return _sign(name, name, key, key, 365, extensions), _key_pem(key)
+    extensions = [*_serving(hosts), pki.key_usage(ca=False, key_encipherment=False)]
+    cert = pki.certificate(name, name, key.public_key(), key, _ONE_YEAR, extensions)
+    return pki.cert_pem(cert), pki.key_pem(key)
 
 
 def ca_and_serving_cert(hosts: list[str], ca_name: str, leaf_name: str) -> tuple[bytes, ...]:
     """A fresh ten-year CA (common name ``ca_name@<time>``) and a serving certificate
     (``leaf_name``) it signs for ``hosts``, ``localhost`` and 127.0.0.1 (PEM: CA certificate,
     serving certificate, serving key)."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    key = ec.generate_private_key(ec.SECP256R1())
-    issuer = _name(f"{ca_name}@{int(time.time())}")
-    ca = _sign(issuer, issuer, ca_key, ca_key, 3650, [
-        (x509.BasicConstraints(ca=True, path_length=0), True),
-        (_key_usage(cert_sign=True), True),
+    ca_key, key = pki.ec_key(), pki.ec_key()
+    issuer = pki.name(f"{ca_name}@{int(time.time())}")
+    ca = pki.certificate(issuer, issuer, ca_key.public_key(), ca_key, _TEN_YEARS, [
+        pki.basic_constraints(ca=True, path_length=0),
+        pki.key_usage(ca=True, key_encipherment=False),
         (x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False),
     ])  # fmt: skip
-    leaf = _sign(_name(leaf_name), issuer, key, ca_key, 3650, [
+    leaf = pki.certificate(pki.name(leaf_name), issuer, key.public_key(), ca_key, _TEN_YEARS, [
         *_serving(hosts),
         (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
     ])  # fmt: skip
-    return ca, leaf, _key_pem(key)
+    return pki.cert_pem(ca), pki.cert_pem(leaf), pki.key_pem(key)
