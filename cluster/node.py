@@ -1009,7 +1009,8 @@ def make_cgroup_parent() -> None:
     """The node's own cgroup (CGROUP_PARENT) in every cgroup hierarchy mounted under
     /sys/fs/cgroup: the kubelet checks that its cgroupRoot exists in each
     (``cgroupV1impl.Validate``, pkg/kubelet/cm/cgroup_v1_manager_linux.go) and puts
-    ``kubepods`` under it."""
+    ``kubepods`` under it. In the v1 cpu hierarchy it weighs what the kubelet gives kubepods
+    (:func:`node_cpu_shares`)."""
     for root in _cgroup_roots():
         if (root / "cgroup.procs").exists():
             (root / CGROUP_PARENT).mkdir(exist_ok=True)
@@ -1018,6 +1019,20 @@ def make_cgroup_parent() -> None:
                 mine = root / CGROUP_PARENT / name
                 if mine.exists() and not mine.read_text().strip():
                     mine.write_text((root / name).read_text())
+            shares = root / CGROUP_PARENT / "cpu.shares"
+            if shares.exists():
+                shares.write_text(f"{node_cpu_shares()}\n")
+
+
+def node_cpu_shares() -> int:
+    """The v1 cpu.shares of the node's cgroup: the machine's CPUs, 1024 each, which the
+    kubelet gives its kubepods cgroup so that "the default limits for cpu shares" do not
+    starve the pods beside the host's processes (createNodeAllocatableCgroups and
+    getCgroupConfig, MilliCPUToShares of the capacity: kubernetes
+    pkg/kubelet/cm/node_container_manager_linux.go). A kubelet whose cgroupRoot is ``/`` has
+    that weight beside the host's processes; under CGROUP_PARENT with the default 1024, the
+    node's pods together would weigh as one host thread."""
+    return (os.cpu_count() or 1) * 1024
 
 
 def _kill_cgroup_tree(name: str) -> None:

@@ -219,13 +219,20 @@ def test_the_cgroup_parent_is_made_in_every_mounted_hierarchy(
     (tmp_path / "cpuset" / "cpuset.cpus").write_text("0-1\n")
     (tmp_path / "cpuset" / "megdet-node").mkdir()
     (tmp_path / "cpuset" / "megdet-node" / "cpuset.cpus").write_text("\n")
+    # A new v1 cpu cgroup has the default weight, 1024 shares.
+    (tmp_path / "cpu,cpuacct" / "megdet-node").mkdir()
+    (tmp_path / "cpu,cpuacct" / "megdet-node" / "cpu.shares").write_text("1024\n")
     plain = tmp_path / "not-a-hierarchy"
     plain.mkdir()
     monkeypatch.setattr(node, "_cgroup_roots", lambda: [*hierarchies, plain])
+    monkeypatch.setattr(node.os, "cpu_count", lambda: 2)
     node.make_cgroup_parent()
     node.make_cgroup_parent()  # again: already there
     assert [(f / "megdet-node").is_dir() for f in hierarchies] == [True, True]
     assert (tmp_path / "cpuset" / "megdet-node" / "cpuset.cpus").read_text() == "0-1\n"
+    # The kubelet's weight for kubepods on 2 CPUs (2000 millicores: 2048 shares).
+    assert (tmp_path / "cpu,cpuacct" / "megdet-node" / "cpu.shares").read_text() == "2048\n"
+    assert not (tmp_path / "cpuset" / "megdet-node" / "cpu.shares").exists()
     assert not (plain / "megdet-node").exists()
 
 

@@ -205,6 +205,15 @@ def test_stopping_the_node_leaves_the_host_as_it_found_it(kube, real_node) -> No
     roots = real_node_module._cgroup_roots()
     assert any((root / parent / "kubepods").is_dir() for root in roots)
     assert not [root for root in roots if (root / "kubepods").exists()]
+    # The parent weighs what the kubelet gave kubepods under it (the machine's CPUs), not the
+    # default 1024 shares of one host thread.
+    weights = {
+        (folder / "cpu.shares").read_text().strip()
+        for root in roots
+        for folder in (root / parent, root / parent / "kubepods")
+        if (folder / "cpu.shares").exists()
+    }
+    assert weights == {str(real_node_module.node_cpu_shares())}, weights
     try:
         stopped = real_node.teardown()
         assert {"kube-proxy", "kubelet", "containerd"} <= set(stopped)
