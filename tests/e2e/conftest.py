@@ -32,6 +32,7 @@ from e2e_helpers import (
     helm,
     pods_of,
 )
+from node_ahead import Ahead, wanted
 
 from cluster import node as real_node_module
 from cluster.control_plane import Cluster
@@ -96,8 +97,14 @@ def pytest_runtest_teardown(item, nextitem):
             end()
 
 
+#: The real node and the images, readied in the background from the session's start when
+#: one of its tests needs them (tests/e2e/node_ahead.py); None before, or when none does.
+_AHEAD: Ahead | None = None
+
+
 @pytest.fixture(scope="session")
-def kube():
+def kube(request):
+    global _AHEAD
     cluster = Cluster(root=E2E_ROOT / "cluster", ports_mode="auto", nodes=4)
     cluster.down()  # what an interrupted earlier session left behind
     shutil.rmtree(LOGS, ignore_errors=True)
@@ -106,27 +113,46 @@ def kube():
     except BaseException:
         cluster.down(keep_logs=LOGS)
         raise
-    end = _ending(lambda: cluster.down(keep_logs=LOGS))
+    work = {"real_node": lambda: _start_real_node(cluster), "train_image": lambda: _images(cluster)}
+    steps = wanted(request.session.items, Path(__file__).parent)
+    _AHEAD = Ahead({name: work[name] for name in steps}) if steps else None
+
+    def down(ahead: Ahead | None = _AHEAD) -> None:
+        if ahead is not None:
+            ahead.join()  # nothing starts on a cluster that is going
+        cluster.down(keep_logs=LOGS)
+
+    end = _ending(down)
     yield cluster
     end()
+
+
+def _ahead_or(name: str, work: Callable[[], Any]) -> Any:
+    """The result of ``name`` from the session's :data:`_AHEAD`, or of ``work`` done now."""
+    return _AHEAD.result(name) if _AHEAD is not None and name in _AHEAD else work()
+
+
+def _start_real_node(kube: Cluster) -> None:
+    deadline = time.monotonic() + float(os.environ.get("MEGDET_NODE_WAIT", "600"))
+    while True:
+        try:
+            kube.start_real_node(timeout=600)
+            return
+        except real_node_module.MachineBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(5)
 
 
 @pytest.fixture(scope="session")
 def real_node(kube):
     """The session cluster's real node (kubelet, containerd, kube-proxy, CoreDNS;
-    cluster.node), started on first use. One real node runs per machine: while another
-    session's holds it, this waits (MEGDET_NODE_WAIT seconds, default 600), then fails with
-    whose it is. Pods go on it with ``cluster.node.pod_placement()``; images built
-    elsewhere go into it with ``node.import_image(node.socket, archive)``."""
-    deadline = time.monotonic() + float(os.environ.get("MEGDET_NODE_WAIT", "600"))
-    while True:
-        try:
-            kube.start_real_node(timeout=600)
-            break
-        except real_node_module.MachineBusy:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(5)
+    cluster.node), started from the session's start when a test needs it (node_ahead.py).
+    One real node runs per machine: while another session's holds it, this waits
+    (MEGDET_NODE_WAIT seconds, default 600), then fails with whose it is. Pods go on it with
+    ``cluster.node.pod_placement()``; images built elsewhere go into it with
+    ``node.import_image(node.socket, archive)``."""
+    _ahead_or("real_node", lambda: _start_real_node(kube))
     node = real_node_module.RealNode(kube, echo=kube.echo)
     end = _ending(node.teardown)
     yield node
@@ -163,14 +189,9 @@ def controller(kube, operator_chart, tmp_path_factory):
 def train_image(kube, real_node) -> str:
     """The e2e variant of the training image and the controller image (`make suite-images`),
     built (or found, by their inputs' digest) and put into the real node's containerd by what
-    `make cluster` runs; the README's values name the training image."""
-    from imagebuild.build import build
-
-    variants = ("train-ci", "controller")
-    for variant in variants:
-        build(variant)
-    said: list[str] = []
-    names = load_images(kube, variants, echo=said.append, timeout=1800)
+    `make cluster` runs, from the session's start (node_ahead.py); the README's values name
+    the training image."""
+    said, names = _ahead_or("train_image", lambda: _images(kube))
     print("\n".join(said))
     image = next(n for n in names if n.startswith("ghcr.io/megdet/megdet:"))
     assert any(line.startswith(("loaded ", "ghcr.io")) and image in line for line in said), said
@@ -182,6 +203,21 @@ def train_image(kube, real_node) -> str:
     readme = yaml.safe_load((EXAMPLE / "values.yaml").read_text())["image"]
     assert f"{readme['repository']}:{readme['tag']}" == image, "README's values name another image"
     return image
+
+
+#: The images `train_image` loads: the e2e training image and the controller's.
+VARIANTS = ("train-ci", "controller")
+
+
+def _images(kube: Cluster) -> tuple[list[str], list[str]]:
+    """Build (or find) :data:`VARIANTS` and load them into the real node: (what the loading
+    said, the image names the node holds from them)."""
+    from imagebuild.build import build
+
+    for variant in VARIANTS:
+        build(variant)
+    said: list[str] = []
+    return said, load_images(kube, VARIANTS, echo=said.append, timeout=1800)
 
 
 #: The operator chart's controller pods.
