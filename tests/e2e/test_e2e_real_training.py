@@ -484,9 +484,9 @@ def checkpoints(folder: Path) -> list[int]:
     return sorted(found)
 
 
-#: The fault run: 20 iterations, a checkpoint every 5; the SIGKILL comes after the first
-#: checkpoint, the delete after the first one the resumed round writes (10 iterations left).
-LONG_ITER, PERIOD = 20, 5
+#: The fault run: 12 iterations, a checkpoint every 3; the SIGKILL comes after the first
+#: checkpoint, the delete after the first one the resumed round writes (6 iterations left).
+LONG_ITER, PERIOD = 12, 3
 
 
 def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> tuple[str, Path]:

@@ -61,10 +61,11 @@ from megdet.progress import parse_time
 
 NS = "real-shared"
 RUN = "story"
-#: 25 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 5:
-#: one checkpoint before each of the three stops, the preemption about 10 iterations from the
-#: end (each iteration is seconds of the machine's CPU: a stretch is as long as its claim needs).
-MAX_ITER, PERIOD = 25, 5
+#: 15 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 3:
+#: one checkpoint before each of the three stops (about iterations 3, 6 and 9), the preemption
+#: about 5 iterations from the end, which leaves Kueue's eviction 5 iterations to land (each
+#: iteration is seconds of the machine's CPU: a stretch is as long as its claim needs).
+MAX_ITER, PERIOD = 15, 3
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "real-node", "real-node-gpus", "training"
 PREEMPTOR = "urgent"
 JOB_PODS = f"training.kubeflow.org/job-name={RUN}"

@@ -77,7 +77,7 @@ def train(shapes, output: Path, env: dict[str, str], max_iter: int) -> subproces
     cmd = train_command(
         shapes, output,
         "SOLVER.MAX_ITER", str(max_iter), "SOLVER.STEPS", "(5,)", "SOLVER.WARMUP_ITERS", "2",
-        "SOLVER.CHECKPOINT_PERIOD", "10", "TEST.EVAL_PERIOD", "20", "SEED", "7",
+        "SOLVER.CHECKPOINT_PERIOD", "5", "TEST.EVAL_PERIOD", "10", "SEED", "7",
     )  # fmt: skip
     result = subprocess.run(
         cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=600
@@ -95,19 +95,19 @@ def test_a_training_run_reports_and_resumes_where_users_look(
     kube, controller, reporting, shapes, tmp_path
 ) -> None:
     out = tmp_path / "run"
-    train(shapes, out, reporting, max_iter=20)
+    train(shapes, out, reporting, max_iter=10)
     # The controller writes status at most once per --progress-interval (30 s by default).
     done = eventually(
-        lambda: (p := progress(kube)).get("iteration") == 20 and p.get("evalIteration") and p,
+        lambda: (p := progress(kube)).get("iteration") == 10 and p.get("evalIteration") and p,
         timeout=120,
         message="the finished run's progress in status.progress",
     )
-    assert done["maxIter"] == 20 and done["percent"] == 100
+    assert done["maxIter"] == 10 and done["percent"] == 100
     assert done["etaSeconds"] == 0
-    assert done["checkpointIteration"] in (19, 20)
-    assert done["evalIteration"] == 20 and isinstance(done["ap"], int | float)
+    assert done["checkpointIteration"] in (9, 10)
+    assert done["evalIteration"] == 10 and isinstance(done["ap"], int | float)
     batch = json.loads((out / "plan.json").read_text())["global_batch"]
-    assert done["imagesSeen"] == 20 * batch and done["plannedImages"] == 20 * batch
+    assert done["imagesSeen"] == 10 * batch and done["plannedImages"] == 10 * batch
     assert done["imagesPerSecond"] > 0
     table = kube.kubectl("get", "mdr", "-n", NS, RUN).stdout
     header, row = table.splitlines()[:2]
@@ -116,16 +116,16 @@ def test_a_training_run_reports_and_resumes_where_users_look(
 
     # Resumed with a longer schedule: the iteration continues from the checkpoint, and the
     # ETA is computed again for the new end.
-    train(shapes, out, reporting, max_iter=40)
+    train(shapes, out, reporting, max_iter=20)
     # The run has ended: its last reports (the iteration-40 step, then the final evaluation)
     # may fall in one interval, and the later one is written when the interval is over.
     resumed = eventually(
-        lambda: (p := progress(kube)).get("iteration") == 40 and p.get("evalIteration") == 40 and p,
+        lambda: (p := progress(kube)).get("iteration") == 20 and p.get("evalIteration") == 20 and p,
         timeout=120,
         message="the resumed run's final evaluation in status.progress",
     )
-    assert resumed["maxIter"] == 40 and resumed["percent"] == 100
-    assert resumed["checkpointIteration"] >= 30 and isinstance(resumed["ap"], int | float)
+    assert resumed["maxIter"] == 20 and resumed["percent"] == 100
+    assert resumed["checkpointIteration"] >= 15 and isinstance(resumed["ap"], int | float)
     assert resumed["updatedTime"] > done["updatedTime"]
 
 
