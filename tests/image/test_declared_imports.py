@@ -37,9 +37,10 @@ DEV_TOOLS = {
     "monitoring/queries.py": "the monitoring tests' PromQL checks (promql-parser)",
 }
 #: Folders of a package an image holds but does not run: the MegDetRun API tooling (make crd,
-#: megdet validate/render) runs on a user's machine; the controller image can run it too, its
-#: [controller] extra installs what it imports (the controller case checks that).
-NOT_RUN = {"train": ("megdet/api/",)}
+#: megdet validate/render) runs on a user's machine, the cluster policy in the controller and
+#: megdet validate; the controller image runs both, its [controller] extra installs what they
+#: import (the controller case checks that).
+NOT_RUN = {"train": ("megdet/api/", "megdet/policy/")}
 #: Installed by the Dockerfile from [tool.megdet], not from a pin list.
 OUTSIDE_PINS = {"detectron2"}
 
