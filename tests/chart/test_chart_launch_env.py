@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from megdet.image.topology import SHUTDOWN_MARGIN_SECONDS, topology_from_env, torchrun_arguments
+from megdet.trainer.workers import POD_MILLICPUS_ENV
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "megdet"
 
@@ -70,3 +71,25 @@ def test_every_trainer_container_carries_the_launch_settings(target):
 def test_worker_restarts_is_validated_by_the_schema():
     with pytest.raises(Exception, match="workerRestarts"):
         trainer_envs({"workerRestarts": -1})
+
+
+@pytest.mark.parametrize("target", ["pytorchjob", "trainjob"])
+def test_every_trainer_container_is_told_its_cpu_request_for_the_trainers_threads(target):
+    with helm_python.Chart.load(str(CHART)) as chart:
+        out = chart.render(
+            values={"target": target, "resources": {"qos": "Burstable", "cpu": "500m"}},
+            name="coco-run", namespace="vision", is_install=True,
+        )  # fmt: skip
+    found = [
+        (e.get("valueFrom"), container["resources"]["requests"]["cpu"])
+        for path, text in out.items()
+        if not path.endswith("NOTES.txt")
+        for doc in yaml.safe_load_all(text)
+        for container in containers(doc or {})
+        for e in container.get("env", [])
+        if e["name"] == POD_MILLICPUS_ENV
+    ]
+    # The kubelet resolves it to the container's own request in millicpus (500 here), which
+    # trainer/workers.py's cpu_threads reads.
+    ref = {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1m"}}
+    assert found and all(f == (ref, "500m") for f in found), found

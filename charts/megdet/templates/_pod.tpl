@@ -43,7 +43,7 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- include "megdet.yaml" $args -}}
 {{- end -}}
 
-{{/* Container env: NCCL transport, error handling, the metrics folder, then the user's extraEnv. */}}
+{{/* Container env: NCCL transport, error handling, the launcher's and the CPU request, the metrics folder, then the user's extraEnv. */}}
 {{- define "megdet.env" -}}
 {{- $n := .Values.nccl -}}
 {{- $env := list (dict "name" "TORCH_NCCL_ASYNC_ERROR_HANDLING" "value" (toString (int64 $n.asyncErrorHandling))) -}}
@@ -51,6 +51,8 @@ are passed: the trainer plans LR and schedule itself from the world size it find
 {{- $env = append $env (dict "name" "MEGDET_GRACE_PERIOD_SECONDS" "value" (toString (int64 .Values.terminationGracePeriodSeconds))) -}}
 {{- $env = append $env (dict "name" "MEGDET_MAX_RESTARTS" "value" (toString (int64 .Values.workerRestarts))) -}}
 {{- $env = append $env (dict "name" "MEGDET_RUN_ID" "value" (include "megdet.fullname" .)) -}}
+{{- /* The pod's CPU request, which the trainer's CPU workers share (trainer/workers.py). */ -}}
+{{- $env = append $env (dict "name" "MEGDET_POD_MILLICPUS" "valueFrom" (dict "resourceFieldRef" (dict "resource" "requests.cpu" "divisor" "1m"))) -}}
 {{- if $n.debug -}}{{- $env = append $env (dict "name" "NCCL_DEBUG" "value" $n.debug) -}}{{- end -}}
 {{- if $n.debugSubsys -}}{{- $env = append $env (dict "name" "NCCL_DEBUG_SUBSYS" "value" $n.debugSubsys) -}}{{- end -}}
 {{- if $n.socketIfname -}}{{- $env = append $env (dict "name" "NCCL_SOCKET_IFNAME" "value" $n.socketIfname) -}}{{- end -}}
