@@ -484,9 +484,10 @@ def checkpoints(folder: Path) -> list[int]:
     return sorted(found)
 
 
-#: The fault run: 12 iterations, a checkpoint every 3; the SIGKILL comes after the first
-#: checkpoint, the delete after the first one the resumed round writes (6 iterations left).
-LONG_ITER, PERIOD = 12, 3
+#: The fault run: 30 iterations, a checkpoint every 5; the SIGKILL comes after the first
+#: checkpoint, the delete after the first one the resumed round writes (20 iterations left, for
+#: the SIGTERM to land before the run ends: at about 0.5 s an iteration it came 2 after).
+LONG_ITER, PERIOD = 30, 5
 
 
 def start_long_run(kube, image: str, volumes, release: str, tmp_path: Path) -> tuple[str, Path]:

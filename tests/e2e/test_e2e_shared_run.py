@@ -61,11 +61,12 @@ from megdet.progress import parse_time
 
 NS = "real-shared"
 RUN = "story"
-#: 15 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 3:
-#: one checkpoint before each of the three stops (about iterations 3, 6 and 9), the preemption
-#: about 5 iterations from the end, which leaves Kueue's eviction 5 iterations to land (each
-#: iteration is seconds of the machine's CPU: a stretch is as long as its claim needs).
-MAX_ITER, PERIOD = 15, 3
+#: 50 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 5: one
+#: checkpoint before each of the three stops. A stop lands a few iterations after the checkpoint
+#: the test saw (3 at each of them, 1-2 s, on an idle machine: an iteration of the two 1-thread
+#: pods takes about 0.5 s), so the run must not reach its end in three periods and three such
+#: delays: with 15 iterations and a checkpoint every 3 it did, before the preemption.
+MAX_ITER, PERIOD = 50, 5
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "real-node", "real-node-gpus", "training"
 PREEMPTOR = "urgent"
 JOB_PODS = f"training.kubeflow.org/job-name={RUN}"
