@@ -10,7 +10,7 @@ before the run exists, records every version the API server sends, with the time
 The story, one step after another:
 
 1. Kueue admits the run (a ClusterQueue of 2 GPUs that preempts lower priorities within
-   itself) and the job trains to its first checkpoint.
+   itself) and the job trains, its stage Training in the run's status, to a checkpoint.
 2. ``spec.gpus`` is patched to 1: the controller records the resize, deletes the PyTorchJob in
    the foreground (the kubelet's SIGTERM: the trainer saves where it stops) and creates it
    with one pod; the trainer re-plans for 1 worker (keep-batch: the global batch 4 kept
@@ -61,12 +61,14 @@ from megdet.progress import parse_time
 
 NS = "real-shared"
 RUN = "story"
-#: 50 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 5: one
-#: checkpoint before each of the three stops. A stop lands a few iterations after the checkpoint
-#: the test saw (3 at each of them, 1-2 s, on an idle machine: an iteration of the two 1-thread
-#: pods takes about 0.5 s), so the run must not reach its end in three periods and three such
-#: delays: with 15 iterations and a checkpoint every 3 it did, before the preemption.
-MAX_ITER, PERIOD = 50, 5
+#: 200 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 15:
+#: one checkpoint before each of the three stops. An iteration takes about 0.5 s (the two
+#: 1-thread pods on an idle machine), and a stretch trains until the controller writes its
+#: stage Training, at most once per run every --progress-interval (30 s; measured: 19 s of the
+#: 1-GPU stretch, about 40 iterations), then to its next checkpoint, then a few iterations more
+#: until the stop lands (3 at each stop): about 20, 60 and 60 before the preemption, so the run
+#: does not reach its end first (at 50 iterations and a checkpoint every 5 it did).
+MAX_ITER, PERIOD = 200, 15
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "real-node", "real-node-gpus", "training"
 PREEMPTOR = "urgent"
 JOB_PODS = f"training.kubeflow.org/job-name={RUN}"
@@ -310,9 +312,10 @@ def preempt_and_readmit(kube, story: Story) -> None:
 
 
 def training(watch: RunWatch, attempt: int) -> None:
-    """Wait for the run's status to show ``attempt`` training before the next stop: a
-    checkpoint on the volume can come before the controller writes the stage, and each
-    stretch's checks read the stage Training from the watch."""
+    """Wait for the run's status to show ``attempt`` training before the stretch's checkpoint
+    and stop: each stretch's checks read the stage Training from the watch, and the controller
+    writes a run's progress at most once every --progress-interval, many checkpoints after
+    the attempt's first iteration; the stop then comes one new checkpoint after it."""
     watch.wait(
         lambda s: s.get("attempt") == attempt and s.get("stage") == "Training",
         timeout=300,
@@ -340,23 +343,23 @@ def story(kube, train_image, volumes, queue, controller_pod) -> Iterator[Story]:
         assert watch.proc.poll() is None, "the watch ended"
         story.at["created"] = time.monotonic()
         apply_objects(kube, mdr(RUN, NS, spec))
-        # 1. Kueue admits the run (its quota fits) and the job trains to its first checkpoint.
+        # 1. Kueue admits the run (its quota fits) and the job trains to a checkpoint.
         story.seen["admitted"] = eventually(
             lambda: is_true(run_workload(kube), "Admitted"), timeout=300, message="run admitted"
         )
-        new_checkpoint(folder, set(), "a first checkpoint")
         training(watch, 1)
+        new_checkpoint(folder, checkpoints(folder), "a first checkpoint")
         story.seen["first checkpoint"] = (watch.status(), (folder / "model_final.pth").exists())
         # 2. 2 -> 1 -> 2 GPUs, a checkpoint at each size.
         story.at["resized to 1"] = time.monotonic()
         story.seen["down"] = resize(kube, watch, 1, 2, 1)
         story.seen["1-GPU job"] = get_json(kube, "pytorchjob", RUN, "-n", NS)
-        new_checkpoint(folder, checkpoints(folder), "a 1-GPU checkpoint")
         training(watch, 2)
+        new_checkpoint(folder, checkpoints(folder), "a 1-GPU checkpoint")
         story.at["resized to 2"] = time.monotonic()
         story.seen["up"] = resize(kube, watch, 2, 3, 2)
-        new_checkpoint(folder, checkpoints(folder), "a checkpoint of the 2-GPU job")
         training(watch, 3)
+        new_checkpoint(folder, checkpoints(folder), "a checkpoint of the 2-GPU job")
         story.seen["before preemption"] = (watch.status(), (folder / "model_final.pth").exists())
         # 3. Kueue preempts the run and admits it again.
         preempt_and_readmit(kube, story)
