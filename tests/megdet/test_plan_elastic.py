@@ -5,7 +5,8 @@ the images the run has seen, trains a random number of its iterations and stops 
 preemption); the last one trains to its end. Whatever the sequence of world sizes (1 to 1024
 GPUs) and modes, the run sees the planned total within half a global batch, every LR
 milestone is applied once, within half a global batch of its image count (the batch of the
-segment it fell due in), and never taken back; with the batch kept, the learning rate at every image count is the fixed run's.
+segment it fell due in), and never taken back; with the batch kept, the learning rate at
+every image count is the fixed run's.
 """
 
 from __future__ import annotations
