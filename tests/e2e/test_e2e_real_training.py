@@ -170,10 +170,15 @@ def run_values(image: str) -> dict[str, Any]:
     return values
 
 
-def job_condition(kube, ns: str, name: str) -> str | None:
-    job = get_json(kube, "pytorchjob", name, "-n", ns)
+#: The conditions that end a job of each kind (the training operator's, Trainer v2's).
+FINISHED = {"pytorchjob": ("Succeeded", "Failed"), "trainjob": ("Complete", "Failed")}
+
+
+def job_condition(kube, ns: str, name: str, kind: str = "pytorchjob") -> str | None:
+    """The condition that ended the job (one of :data:`FINISHED`), None while it runs."""
+    job = get_json(kube, kind, name, "-n", ns)
     for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond["type"] in ("Succeeded", "Failed") and cond["status"] == "True":
+        if cond["type"] in FINISHED[kind] and cond["status"] == "True":
             return cond["type"]
     return None
 
@@ -418,14 +423,6 @@ def test_a_run_whose_image_cannot_be_had_says_the_kubelets_reason(
 TRAINJOB_ITER = 10
 
 
-def trainjob_condition(kube, ns: str, name: str) -> str | None:
-    job = get_json(kube, "trainjob", name, "-n", ns)
-    for cond in (job.get("status") or {}).get("conditions") or []:
-        if cond["type"] in ("Complete", "Failed") and cond["status"] == "True":
-            return cond["type"]
-    return None
-
-
 def test_the_charts_trainjob_trains_on_the_real_node_through_jobset(
     kube, train_image, volumes, tmp_path
 ) -> None:
@@ -451,7 +448,7 @@ def test_the_charts_trainjob_trains_on_the_real_node_through_jobset(
     ]
     selector = f"jobset.sigs.k8s.io/jobset-name={job}"
     outcome = eventually(
-        lambda: trainjob_condition(kube, NS, job), timeout=1200, interval=5,
+        lambda: job_condition(kube, NS, job, "trainjob"), timeout=1200, interval=5,
         message="the TrainJob to finish",
     )  # fmt: skip
     pods = pods_of(kube, NS, selector)
