@@ -27,6 +27,7 @@ import dataclasses
 import ipaddress
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -123,6 +124,34 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+#: The ports ``ports_mode="auto"`` draws from (:func:`listen_port`): from AUTO_PORT_LOW up to
+#: the ephemeral range and below the API server's default NodePort range (30000-32767).
+AUTO_PORT_LOW, AUTO_PORT_END = 10000, 30000
+
+
+def ephemeral_low(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> int:
+    """The first port of the kernel's ephemeral range, which connect() takes ports from."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def listen_port(avoid: Iterable[int] = (), address: str = "127.0.0.1") -> int:
+    """A port free now for a component that listens on it later (Kueue's, minutes after the
+    cluster starts): drawn below the ephemeral range, so that no outgoing connection takes it in
+    the meantime, as one did with a port the kernel handed out (``bind: address already in
+    use`` when Kueue started); where that range leaves no room, one the kernel hands out."""
+    avoid, high = set(avoid), min(ephemeral_low(), AUTO_PORT_END)
+    if high - AUTO_PORT_LOW < 1000:
+        return free_port()
+    for _ in range(1000):
+        port = random.randrange(AUTO_PORT_LOW, high)
+        if port not in avoid and not port_taken(port) and not port_taken(port, address):
+            return port
+    raise ClusterError(f"no free port from {AUTO_PORT_LOW} to {high - 1} in 1,000 tries")
 
 
 def port_taken(port: int, address: str = "127.0.0.1") -> bool:
@@ -440,12 +469,9 @@ class Cluster(Operators):
     def _choose_ports(self, address: str = "127.0.0.1") -> dict[str, int]:
         if self.ports_mode == "auto":
             ports: dict[str, int] = {}
-            while len(ports) < len(PORT_OFFSETS):
-                port = free_port()
-                if list(PORT_OFFSETS)[len(ports)] == "kube-apiserver" and port_taken(port, address):
-                    continue
-                if port not in ports.values():
-                    ports[list(PORT_OFFSETS)[len(ports)]] = port
+            for name in PORT_OFFSETS:
+                where = address if name == "kube-apiserver" else "127.0.0.1"
+                ports[name] = listen_port(ports.values(), where)
             return ports
         raw = os.environ.get("MEGDET_CLUSTER_PORT_BASE", str(DEFAULT_PORT_BASE))
         try:
@@ -974,7 +1000,7 @@ class Cluster(Operators):
             build.build_all(missing, echo=self.echo)
         for name in PORT_OFFSETS:  # a cluster started before these components existed
             if name not in state["ports"]:
-                state["ports"][name] = free_port()
+                state["ports"][name] = listen_port(state["ports"].values())
         self._save(state)
         for name in todo:
             self._extra_starters()[name](state, timeout)

@@ -397,14 +397,12 @@ class RealNode:
         )
 
     def _choose_ports(self, state: Mapping[str, Any]) -> dict[str, int]:
-        from cluster.control_plane import DEFAULT_PORT_BASE, free_port, port_taken
+        from cluster.control_plane import DEFAULT_PORT_BASE, listen_port, port_taken
 
         if self.cluster.ports_mode == "auto":
             ports: dict[str, int] = {}
-            while len(ports) < len(NODE_PORT_OFFSETS):
-                port = free_port()
-                if port not in ports.values() and port not in state["ports"].values():
-                    ports[list(NODE_PORT_OFFSETS)[len(ports)]] = port
+            for name in NODE_PORT_OFFSETS:
+                ports[name] = listen_port([*ports.values(), *state["ports"].values()])
             return ports
         base = int(os.environ.get("MEGDET_CLUSTER_PORT_BASE", str(DEFAULT_PORT_BASE)))
         ports = {name: base + off for name, off in NODE_PORT_OFFSETS.items()}
