@@ -384,6 +384,30 @@ def test_a_workload_waiting_for_quota_queues_the_run_with_kueues_words():
     assert admission(None) is None
 
 
+def test_a_queued_runs_admitted_time_is_when_it_began_to_wait_and_kueues_later_words_follow():
+    # The controller can see the Workload before Kueue evaluates it (the e2e queued run did):
+    # the run waits from the Workload's creation. Kueue's verdict then changes the message, not
+    # the time: lastTransitionTime moves only when the status flips, however often Kueue writes
+    # QuotaReserved=False again with a newer time.
+    fresh = {**copy.deepcopy(PENDING_WORKLOAD), "status": {}}
+    status = lifecycle_status(run(phase="Suspended"), [], fresh, NOW)
+    cond = conditions(status)["Admitted"]
+    assert (cond["status"], cond["reason"], cond["lastTransitionTime"]) == (
+        "False",
+        "Pending",
+        "2026-12-06T08:58:00Z",
+    )
+    assert "not evaluated" in cond["message"]
+    later = copy.deepcopy(PENDING_WORKLOAD)
+    for when in ("2026-12-06T08:58:01Z", "2026-12-06T08:58:09Z"):
+        later["status"]["conditions"][0]["lastTransitionTime"] = when
+        status = lifecycle_status({**run(phase="Suspended"), "status": status}, [], later, NOW)
+        cond = conditions(status)["Admitted"]
+        assert cond["message"] == later["status"]["conditions"][0]["message"]
+        assert cond["lastTransitionTime"] == "2026-12-06T08:58:00Z"
+    assert stage_of(status) == "Queued"
+
+
 def test_the_stage_follows_the_phase_where_the_job_decides():
     assert stage_of({"phase": "Restarting", "conditions": []}) == "Restarting"
     assert stage_of({"phase": "Invalid"}) == "Invalid"

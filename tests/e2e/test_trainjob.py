@@ -31,6 +31,8 @@ from e2e_helpers import (
 )
 from test_run_targets import JOBSET_LABEL, scheduled_pods
 
+from megdet.progress import parse_time
+
 NS = "trainjob-queue-e2e"
 QUEUED = "queued-16"
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "gpu-nodes", "megdet-gpus", "training"
@@ -161,21 +163,26 @@ def test_a_queued_run_waits_suspended_until_kueue_admits_it_then_runs_through_jo
     assert not pods_of(kube, ns, f"{JOBSET_LABEL}={QUEUED}")
 
     # The run says why, in Kueue's words (controller/lifecycle.py): Admitted=False with the
-    # Workload's QuotaReserved reason and message, and the Stage column says Queued.
-    # Kueue can write QuotaReserved=False again with the same message and a newer time (a
-    # fresh-clone run read 20:20:38 on the Workload, then 20:20:37 on the run, which had not
-    # caught up yet); the run follows the Workload's latest condition.
-    def mirrored() -> tuple[dict, dict] | None:
-        reserved = condition(workload_of(kube, ns, QUEUED), "QuotaReserved")
+    # Workload's QuotaReserved reason and message, and the Stage column says Queued. Its
+    # lastTransitionTime is when it became False and moves only when its status flips
+    # (controller/conditions.py, the Kubernetes convention): the Workload's creation when the
+    # controller saw the Workload before Kueue evaluated it ("Kueue has not evaluated the
+    # Workload yet"), else the time of Kueue's first verdict; Kueue may write QuotaReserved
+    # again later with the same message and a newer time, which the run does not take.
+    def mirrored() -> tuple[dict, dict, dict] | None:
+        workload = workload_of(kube, ns, QUEUED)
+        reserved = condition(workload, "QuotaReserved")
         admitted = condition(get_json(kube, "mdr", QUEUED, "-n", ns), "Admitted")
-        same = ("message", "lastTransitionTime")
-        if reserved and admitted and all(admitted[k] == reserved[k] for k in same):
-            return admitted, reserved
+        if reserved and admitted and admitted["message"] == reserved["message"]:
+            return admitted, reserved, workload
         return None
 
-    admitted, reserved = eventually(
-        mirrored, timeout=30, message="the run's Admitted condition with Kueue's message and time"
+    admitted, reserved, workload = eventually(
+        mirrored, timeout=30, message="the run's Admitted condition with Kueue's message"
     )
+    since = parse_time(admitted["lastTransitionTime"])
+    created = parse_time(workload["metadata"]["creationTimestamp"])
+    assert created <= since <= parse_time(reserved["lastTransitionTime"]), (admitted, reserved)
     assert (admitted["status"], admitted["reason"]) == ("False", reserved["reason"])
     header, row = kube.kubectl("get", "mdr", QUEUED, "-n", ns).stdout.splitlines()[:2]
     assert row[header.index("STAGE") :].split()[0] == "Queued"  # columns are aligned
