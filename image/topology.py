@@ -20,12 +20,16 @@ The run chart adds what no operator knows (docs/image.md):
   ``--shutdown-timeout`` is that minus :data:`SHUTDOWN_MARGIN_SECONDS`;
 - ``MEGDET_MAX_RESTARTS``: torchrun's ``--max-restarts`` (chart value ``workerRestarts``);
 - ``MEGDET_RUN_ID``: the rendezvous id (the job's name).
+- ``MEGDET_POD_MILLICPUS``: the pod's CPU request (the run chart's Downward API), which sizes the
+  CPU workers' threads; checked here, read by :func:`megdet.trainer.workers.cpu_threads`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from megdet.trainer.workers import POD_MILLICPUS_ENV
 
 __all__ = [
     "DEFAULT_MASTER_PORT",
@@ -227,6 +231,9 @@ def topology_from_env(
             f"{world} matches neither PET_NNODES ({nnodes}) nor PET_NNODES x processes per node "
             f"({nnodes} x {nproc} = {nnodes * nproc}); the pods disagree about the job's size",
         )
+    # The trainer's CPU workers size their threads from it (megdet.trainer.workers); a value
+    # they cannot read is refused here, once, not by every torchrun worker.
+    _whole(env, POD_MILLICPUS_ENV, minimum=0)
     return LaunchTopology(
         nnodes=nnodes,
         node_rank=node_rank,

@@ -52,6 +52,14 @@ def test_launch_with_malformed_env_exits_2_naming_the_variable():
     assert "Traceback" not in result.stderr
 
 
+def test_launch_refuses_a_cpu_request_the_workers_cannot_read_before_torchrun_starts():
+    # Each torchrun worker would otherwise fail alone with the same ConfigError.
+    result = megdet("launch", "--dry-run", "train", env={"MEGDET_POD_MILLICPUS": "2cpu"})
+    assert result.returncode == 2
+    assert "MEGDET_POD_MILLICPUS: '2cpu' is not a whole number" in result.stderr
+    assert "torchrun" not in result.stdout and "Traceback" not in result.stderr
+
+
 def test_launch_without_a_command_is_a_usage_error():
     result = megdet("launch")
     assert result.returncode == 2

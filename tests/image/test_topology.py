@@ -135,6 +135,8 @@ def test_worker_restarts_and_run_id_come_from_the_chart_env():
         ({"MEGDET_MAX_RESTARTS": "-1"}, "MEGDET_MAX_RESTARTS", "must be >= 0"),
         ({"MEGDET_MAX_RESTARTS": "x"}, "MEGDET_MAX_RESTARTS", "not a whole number"),
         ({"MEGDET_RUN_ID": "a b"}, "MEGDET_RUN_ID", "use letters, digits"),
+        ({"MEGDET_POD_MILLICPUS": "0.5"}, "MEGDET_POD_MILLICPUS", "'0.5' is not a whole number"),
+        ({"MEGDET_POD_MILLICPUS": "-500"}, "MEGDET_POD_MILLICPUS", "must be >= 0"),
         ({"PET_NNODES": "0"}, "PET_NNODES", "must be >= 1"),
         ({"PET_NNODES": "1:4", "MASTER_ADDR": "m"}, "PET_NNODES", "elastic range"),
         (
