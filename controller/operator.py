@@ -156,5 +156,9 @@ def configure(
         settings.queueing.error_delays = (0.1, 0.2, 0.5, 1.0)
         settings.posting.idle_timeout = 0.2
         settings.watching.reconnect_backoff = 0.05
-        settings.peering.lifetime = 3
+        # A peer whose record is older than this is dead, and its follower acts. At 3 s a
+        # leader's keepalive (every second) came late on a loaded 2-core CI machine and its
+        # follower created a job (tests/controller/test_progress_ha.py). A stopping operator
+        # marks its record dead itself (kopf's keepalive), so no test waits for this.
+        settings.peering.lifetime = 30
         settings.networking.error_backoffs = (0.05, 0.1, 0.2)

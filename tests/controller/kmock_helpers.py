@@ -491,6 +491,14 @@ def inject(api: Any, match: Callable[[Any], bool], fault: str, times: int) -> li
     return failed
 
 
+def peers(api: Any, resource: Any, namespace: str | None) -> set[str]:
+    """The identities in the peering object ``PEERING_NAME`` (kopf's records, by its status)."""
+    for (res, ns, name), obj in list(api.objects.items()):
+        if res == resource and ns == namespace and name == PEERING_NAME and not obj.deleted:
+            return set((obj.raw.get("status") or {}).keys())
+    return set()
+
+
 class OperatorThread:
     """The real operator (kopf + our handlers) in a thread with its own event loop."""
 

@@ -34,6 +34,7 @@ from kmock_helpers import (
     get,
     objects,
     patch,
+    peers,
     reconciled,
     requests_to,
     run_body,
@@ -59,13 +60,6 @@ MODES = {
     "all-namespaces": ([], kmock_lib.resource(PEERINGS), None, "ClusterKopfPeering"),
     "watch-namespaces": ([NAMESPACE], kmock_lib.resource(NS_PEERINGS), NAMESPACE, "KopfPeering"),
 }
-
-
-def peers(api: Any, resource: Any, namespace: str | None) -> set[str]:
-    for (res, ns, name), obj in list(api.objects.items()):
-        if res == resource and ns == namespace and name == PEERING_NAME and not obj.deleted:
-            return set((obj.raw.get("status") or {}).keys())
-    return set()
 
 
 def agents(requests: list[Any]) -> set[str]:

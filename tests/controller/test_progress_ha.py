@@ -22,9 +22,11 @@ import pytest_asyncio
 from kmock_helpers import (
     NAMESPACE,
     PEERING_NAME,
+    PEERINGS,
     OperatorThread,
     events_for,
     eventually,
+    peers,
     run_status,
     stop_operator,
 )
@@ -64,6 +66,13 @@ async def replicas(cluster: Any):
     leader = await start_progress_operator(cluster, 200, PEERING_NAME)
     follower = await start_progress_operator(cluster, 100, PEERING_NAME)
     try:
+        # Both in the peering object before any run: kopf lets the follower act until it sees
+        # the leader's record (a CI run's follower once created a job).
+        await eventually(
+            lambda: peers(cluster, kmock_lib.resource(PEERINGS), None)
+            >= {leader.identity, follower.identity},
+            message="both replicas in the peering",
+        )
         yield issuer, leader, follower
     finally:
         await stop_operator(follower)
