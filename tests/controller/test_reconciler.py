@@ -242,11 +242,13 @@ async def test_run_phase_follows_a_failed_job(cluster, operator) -> None:
             if e["reason"] == "Failed" and e["type"] == "Warning"
         ]
     )
-    assert (
-        metrics.sample(
+    # Counted after its event is queued (status_writer.py): the event can be posted first.
+    await eventually(
+        lambda: metrics.sample(
             "megdet_controller_jobs_failed_total", {"namespace": NAMESPACE, "target": "pytorchjob"}
         )
-        == failed + 1
+        == failed + 1,
+        message="jobs_failed counted",
     )
 
 
