@@ -13,7 +13,10 @@ at once, so on this cluster a TrainJob run ends Succeeded seconds after its pods
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from e2e_helpers import (
     apply_objects,
     claim_volumes,
@@ -21,6 +24,7 @@ from e2e_helpers import (
     eventually,
     get_json,
     get_or_none,
+    helm,
     mdr,
     namespace,
     pods_of,
@@ -328,6 +332,40 @@ def test_a_quota_refusal_is_retried_until_the_quota_has_room(kube, ns) -> None:
     # quota's are one episode of Created=False reason Retrying.
     reasons = [e["reason"] for e in run_events(kube, name, QUOTA_RUN) if e["type"] == "Warning"]
     assert reasons.count("Retrying") == 1 and "JobRefused" not in reasons, reasons
+
+
+CHART_NS, CHART_RUN = "trainjob-chart-retry-e2e", "chart-8"
+
+
+def test_a_refused_chart_install_is_taken_over_by_helm_upgrade_install(kube, ns, tmp_path):
+    """What docs/trainer-v2.md ("Creation order") tells a user whose `helm install` of a TrainJob
+    run was refused (Trainer's webhook cache, or here the quota admission, deterministic): run
+    `helm upgrade --install` with the same arguments. Helm takes over the failed release, the
+    pre-upgrade hook makes the runtime again and the TrainJob is admitted. Held suspended."""
+    name = namespace(kube, CHART_NS)
+    refusing = {**quota(0), "metadata": {"name": "trainjobs", "namespace": name}}
+    apply_objects(kube, *claim_volumes(name), refusing)
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump({"target": "trainjob", "runName": CHART_RUN, "gpus": 8,
+                        "dataset": {"claimName": "coco"}, "output": {"claimName": "megdet-output"},
+                        "runPolicy": {"suspend": True}})
+    )  # fmt: skip
+    args = (CHART_RUN, "charts/megdet", "-n", name, "-f", str(values))
+    first = helm(kube, "install", *args, check=False)
+    assert first.returncode != 0 and "quota: trainjobs" in first.stderr, first.stderr
+    (release,) = json.loads(helm(kube, "list", "-a", "-n", name, "-o", "json").stdout)
+    assert release["status"] == "failed"
+    assert get_or_none(kube, "trainingruntime", f"{CHART_RUN}-megdet", "-n", name) is not None
+
+    kube.kubectl("delete", "resourcequota", "trainjobs", "-n", name)
+    helm(kube, "upgrade", "--install", *args)
+    (release,) = json.loads(helm(kube, "list", "-a", "-n", name, "-o", "json").stdout)
+    assert (release["status"], release["revision"]) == ("deployed", "2")
+    job = get_json(kube, "trainjob", f"{CHART_RUN}-megdet", "-n", name)
+    assert job["spec"]["suspend"] is True
+    assert job["spec"]["runtimeRef"]["name"] == f"{CHART_RUN}-megdet"
+    helm(kube, "uninstall", CHART_RUN, "-n", name, "--wait")
 
 
 # -- Elastic: a resize and a preemption of a live run ------------------------------------------
