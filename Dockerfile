@@ -39,6 +39,9 @@ ARG TORCH_CUDA_ARCH_LIST="7.5;8.0;9.0;10.0;12.0+PTX"
 ARG VERSION=0.1.0
 ARG VCS_REF=unknown
 ARG SOURCE_URL=unknown
+# What the installed package's README says: pyproject.toml names README.md as its readme, and
+# .dockerignore keeps the real one out of the context so that a README edit rebuilds nothing.
+ARG README_STUB="megdet: MegDet-style large-batch detectron2 training (README.md in the source)"
 
 # ---------------------------------------------------------------------------------------------
 # build: fill a venv at /opt/venv with torch, the pins and detectron2 (its ops compiled against
@@ -134,7 +137,10 @@ RUN python3 -m venv /opt/venv \
     && rm -rf /src /tmp/requirements.txt \
     && useradd --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin megdet
 COPY . /src
-RUN pip install --no-cache-dir --no-deps /src \
+# Declared here, not at the top of the stage: an ARG is part of the cache key of every RUN after it.
+ARG README_STUB
+RUN printf '%s\n' "$README_STUB" > /src/README.md \
+    && pip install --no-cache-dir --no-deps /src \
     && rm -rf /src \
     && megdet --version
 # The run chart: the controller renders each MegDetRun's job with it, in process (one job builder).
@@ -190,9 +196,11 @@ COPY --from=build /opt/venv /opt/venv
 # The project itself, in a layer of its own after the venv's (several GB: torch), so a change
 # to the code rebuilds only this small one. Its dependencies are in the venv from the same
 # pins, and so is its build backend (setuptools, pinned): no build isolation, no download.
-# The whole context: .dockerignore keeps it to pyproject.toml, README.md and the packages.
+# The whole context: .dockerignore keeps it to pyproject.toml and the packages.
 COPY . /src
-RUN pip install --no-cache-dir --no-deps --no-build-isolation /src \
+ARG README_STUB
+RUN printf '%s\n' "$README_STUB" > /src/README.md \
+    && pip install --no-cache-dir --no-deps --no-build-isolation /src \
     && rm -rf /src \
     && python -c "import torch, detectron2; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
     && megdet --version

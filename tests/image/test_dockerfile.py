@@ -255,14 +255,24 @@ def test_no_shipped_module_imports_a_host_tool(pyproject):
 
 
 def test_build_context_keeps_every_packaged_folder(pyproject):
-    # The Dockerfile copies the whole context; a package folder, the build stage's scripts or
-    # the readme that .dockerignore drops would break the build or `pip install` in the image.
+    # The Dockerfile copies the whole context; a package folder or the build stage's scripts
+    # that .dockerignore drops would break the build or `pip install` in the image. The readme
+    # stays out (a README edit rebuilds no image): each `COPY . /src` is followed by a RUN that
+    # writes a stub where pyproject.toml names it, before pip reads the metadata.
     from imagebuild import build
 
     files = set(build.context_files(ROOT))
     for folder in _package_folders(pyproject):
         assert any(f.startswith(folder + "/") for f in files), folder
-    assert {"pyproject.toml", pyproject["project"]["readme"], *BUILD_STAGE_SCRIPTS} <= files
+    assert {"pyproject.toml", *BUILD_STAGE_SCRIPTS} <= files
+    readme = pyproject["project"]["readme"]
+    assert readme not in files
+    text = (ROOT / "Dockerfile").read_text()
+    copies = text.split("\nCOPY . /src\n")[1:]
+    assert len(copies) == 2  # the controller's and the train stage's project layers
+    for after in copies:
+        run = after[after.index("RUN ") :]
+        assert run.index(f'"$README_STUB" > /src/{readme}') < run.index("pip install"), run
 
 
 def test_the_images_get_no_test_infrastructure():
