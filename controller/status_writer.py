@@ -138,6 +138,27 @@ def events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
     return out
 
 
+def announce(
+    run: Mapping[str, Any], old: Mapping[str, Any], new: Mapping[str, Any], target: str
+) -> None:
+    """Count and post the events of the change from ``old`` to ``new`` on ``run``. Each is
+    counted before its Event is queued: kopf posts Events from a task of its own, so whoever
+    sees the Event reads the counter already moved."""
+    namespace, name, _, _ = run_meta(run)
+    for event in events(old, new):
+        if event.source == "phase":  # a job that succeeded, failed or restarted
+            counter = TRANSITIONS.get(event.reason)
+            if counter is not None:
+                counter.labels(namespace, target).inc()
+        elif event.source == JOB_PRESENT:
+            metrics.JOBS_DELETED.labels(namespace, target).inc()
+        kopf.event(dict(run), type=event.type, reason=event.reason, message=event.message)
+        if event.type == "Warning":
+            logger.warning("run %s/%s: %s", namespace, name, event.message)
+        if event.source == "phase" and event.reason in TERMINAL_PHASES:
+            logger.info("run %s/%s %s", namespace, name, event.reason)
+
+
 def now_text() -> str:
     """The time now as the API server writes it (RFC 3339, seconds, UTC)."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -418,16 +439,5 @@ class StatusWriter:
         if new.get("phase") is not None:
             self.phases.set(namespace, name, new["phase"])
         target = str(new.get("target") or TARGET_BY_KIND.get(kind, kind.lower()))
-        for event in events(old, new):
-            kopf.event(dict(current), type=event.type, reason=event.reason, message=event.message)
-            if event.type == "Warning":
-                logger.warning("run %s/%s: %s", namespace, name, event.message)
-            if event.source == "phase":  # a job that succeeded, failed or restarted
-                counter = TRANSITIONS.get(event.reason)
-                if counter is not None:
-                    counter.labels(namespace, target).inc()
-                if event.reason in TERMINAL_PHASES:
-                    logger.info("run %s/%s %s", namespace, name, event.reason)
-            elif event.source == JOB_PRESENT:
-                metrics.JOBS_DELETED.labels(namespace, target).inc()
+        announce(current, old, new, target)
         return old, new
