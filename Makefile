@@ -60,7 +60,7 @@ demo: setup
 # cluster's worker is the longer one; it runs every real-pod test (docs/cluster.md, "What make
 # test runs on the node").
 PYTEST_WORKERS ?= 2
-test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
+test: suite-deps $(PROMETHEUS) lint-tools
 	$(BIN)/ruff check .
 	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver" --durations=25
 
@@ -70,16 +70,18 @@ test: setup $(PROMETHEUS) node-packages suite-deps lint-tools
 # e2e variant of the training image, which real pods on the real node run (imagebuild.build,
 # docs/image.md; archives kept in ~/.cache/megdet/image, so a fresh clone of a built commit
 # builds nothing).
-# The Go builds use the CPUs and the image builds mostly wait on downloads and disk: both at once.
+# The Go builds use the CPUs, the image builds and the .venv install mostly wait on downloads
+# and disk: all three at once. The two builders are host tools that need only Python's standard
+# library, so they run with $(PYTHON) and do not wait for the .venv (docs/contributing.md).
 SUITE_COMPONENTS := kubernetes etcd kwok helm training_operator coredns jobset trainer kueue
-suite-deps: setup node-packages
-	$(MAKE) --no-print-directory -j2 --output-sync=line suite-cluster suite-images
+suite-deps: node-packages
+	$(MAKE) --no-print-directory -j3 --output-sync=line setup suite-cluster suite-images
 
-suite-cluster: setup
-	$(BIN)/python -m cluster.build $(SUITE_COMPONENTS)
+suite-cluster:
+	$(PYTHON) -m cluster.build $(SUITE_COMPONENTS)
 
-suite-images: setup
-	$(BIN)/python -m imagebuild.build controller train-ci
+suite-images:
+	$(PYTHON) -m imagebuild.build controller train-ci
 
 # The real-pod modules (marked real_pods), without the rest of make test (which runs them too;
 # docs/cluster.md, "What make test runs on the node"): after a change to the Dockerfile, the
@@ -101,8 +103,8 @@ test-previous-apiserver: setup
 # ~/.cache/megdet/cluster/bin; a no-op once built) for tests/chart/test_chart_lint.py, which lints
 # both charts' renders and the pods their jobs create (docs/helm.md, "Linting what the
 # controller creates").
-lint-tools: setup
-	$(BIN)/python -m cluster.build kube_score kubeconform
+lint-tools:
+	$(PYTHON) -m cluster.build kube_score kubeconform
 
 # The suite without tests/e2e (no control plane needed): the inner loop.
 test-quick: setup $(PROMETHEUS) lint-tools

@@ -8,6 +8,7 @@ import importlib.util
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,18 @@ def test_prometheus_downloads_into_a_folder_only_its_user_opens(
     monkeypatch.setattr(script, "download", fake_download)
     assert script.main() == 1
     assert seen == {"mode": 0o700, "uid": os.getuid()}
+
+
+# --- the host builders start before the .venv ----------------------------------------------------
+@pytest.mark.parametrize("module", ["cluster.build", "imagebuild.build"])
+def test_the_host_builders_run_on_the_bare_interpreter(module: str) -> None:
+    # `make suite-deps` runs them with $(PYTHON), beside the .venv install, not after it: an
+    # import from outside the standard library would break the first `make test` on a fresh
+    # machine. -I -S: no site-packages, no user site, no current folder on the path.
+    code = f"import sys; sys.path.insert(0, {str(ROOT)!r}); import {module}"
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    makefile = (ROOT / "Makefile").read_text()
+    assert f"$(PYTHON) -m {module}" in makefile
