@@ -13,6 +13,7 @@ previous 6 GB chain in the store.)
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import tarfile
 
@@ -53,7 +54,11 @@ def store(tmp_path, monkeypatch):
     (context / "Containerfile").write_text(CONTAINERFILE)
     (context / "torch.txt").write_text("the big layer\n")
     yield env, context
-    subprocess.run(["podman", "system", "reset", "--force"], env=env, capture_output=True)
+    # Not `podman system reset`: it also removes the engine's tmp_dir, /run/libpod, which every
+    # store on the machine shares, under any podman running beside this test (a CI run's
+    # `podman image inspect` failed with "open /run/libpod/alive: no such file or directory").
+    subprocess.run(["podman", "rmi", "--all", "--force"], env=env, capture_output=True)
+    shutil.rmtree(cache, ignore_errors=True)
 
 
 def images(env) -> dict[str, list[str]]:
