@@ -101,8 +101,16 @@ async def test_controller_command_serves_runs_metrics_and_health(cluster, tmp_pa
             lambda: ((get(cluster, RUNS, "proc") or {}).get("status") or {}).get("jobName"),
             message="status",
         )
-        text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{metrics_port}/metrics")
-        assert text is not None and 'megdet_controller_reconciles_total{result="success"}' in text
+        # The reconcile counts its success after its last status write (controller/reconciler.py),
+        # in the controller's process: read until it has (a CI run scraped between the two).
+        success = 'megdet_controller_reconciles_total{result="success"}'
+        text = None
+        for _ in range(150):
+            text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{metrics_port}/metrics")
+            if text is not None and success in text:
+                break
+            await asyncio.sleep(0.1)
+        assert text is not None and success in text, text
         assert (
             'megdet_controller_jobs_created_total{namespace="vision",target="pytorchjob"} 1.0'
             in text
