@@ -33,7 +33,7 @@ inputs changed, and its layers, GBs for the training image) are removed, and the
 current builds are kept as the next build's cache (``prune_store``). That cache includes a
 training variant's image: its venv layer is a 6 GB copy of the build stage's
 (``COPY --from=build``), which a code change's rebuild takes from the cache instead of copying
-again (about 80 s less per code change, for 6 GB more at rest: docs/benchmarks.md, "The
+again (about 90 s less per code change, for 6 GB more at rest: docs/benchmarks.md, "The
 training image kept in the store"). What an interrupted engine left in its temporary folder is
 removed before the next build (``clear_stale_tmp``), and so are the build containers it left in
 the store (``clear_stale_containers``). Builds from two processes take turns (a lock in the
