@@ -5,8 +5,12 @@ after a checkpoint, as the kubelet stops a pod, then the same command on another
 workers) keeping its batch, for two seeds, against fixed 2-worker runs of the same seeds; another
 goes 1 -> 2 workers rescaled (a 2x LR jump, no re-warmup). The resized run sees exactly
 the planned images, trains at the plan's learning rate at every image count, records its three
-segments, and ends with a loss and an AP within the spread of the fixed runs. The numbers are
-printed (``pytest -s``) for docs/elastic.md.
+segments, and ends with a loss within the spread of the fixed runs. Its AP is printed
+(``pytest -s``) for docs/elastic.md, not held to theirs: at 40 iterations the box AP50 is a few
+tenths to a few points, and which seed or run scores more changes with the machine (the same
+seeded fixed runs gave AP50 4.30 and 1.15 on one 2-core machine, 0.15 and 0.20 on another,
+where the resized runs gave 0.82 and 3.18), so an AP bound fails or passes by the CPU's
+arithmetic rather than by the resize.
 """
 
 from __future__ import annotations
@@ -116,8 +120,7 @@ def test_a_run_resized_2_1_2_keeps_images_and_lr_and_trains_like_a_fixed_run(
 
     resized, runs = _summary(out), list(fixed_runs.values())
     print(f"\nseed {seed}: resized 2->1->2 {resized}; fixed 2-worker runs {runs}")
-    for key in ("AP50", "loss"):
-        assert _within_the_seeds_spread(resized[key], [r[key] for r in runs]), (key, resized, runs)
+    assert _within_the_seeds_spread(resized["loss"], [r["loss"] for r in runs]), (resized, runs)
 
 
 def _within_the_seeds_spread(value: float, fixed: list[float]) -> bool:
