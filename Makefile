@@ -13,7 +13,7 @@ PYTEST := $(BIN)/python -m pytest -o tmp_path_retention_policy=failed
 
 .PHONY: policy setup demo test test-quick lint format bench clean help dashboards crd overrides generate doc-tables \
 	messages image image-check cluster cluster-images cluster-down cluster-build node-packages \
-	suite-deps suite-cluster suite-images test-previous-apiserver test-real-pods lint-tools
+	suite-deps suite-cluster suite-images packages-then-images test-previous-apiserver test-real-pods lint-tools
 
 help:
 	@echo "make demo   - set up, then train a small detector on 2 CPU workers"
@@ -60,7 +60,7 @@ demo: setup
 # cluster's worker is the longer one; it runs every real-pod test (docs/cluster.md, "What make
 # test runs on the node").
 PYTEST_WORKERS ?= 2
-test: suite-deps $(PROMETHEUS) lint-tools
+test: suite-deps $(PROMETHEUS)
 	$(BIN)/ruff check .
 	$(PYTEST) -n $(PYTEST_WORKERS) --dist loadgroup -m "not previous_apiserver" --durations=25
 
@@ -71,11 +71,18 @@ test: suite-deps $(PROMETHEUS) lint-tools
 # docs/image.md; archives kept in ~/.cache/megdet/image, so a fresh clone of a built commit
 # builds nothing).
 # The Go builds use the CPUs, the image builds and the .venv install mostly wait on downloads
-# and disk: all three at once. The two builders are host tools that need only Python's standard
-# library, so they run with $(PYTHON) and do not wait for the .venv (docs/contributing.md).
+# and disk: all at once, with the lint tools (two small Go builds for tests/chart). The two
+# builders are host tools that need only Python's standard library, so they run with $(PYTHON)
+# and do not wait for the .venv (docs/contributing.md). The Debian packages go before the
+# images only: the image builder installs podman with apt-get too, and a second `apt-get
+# update` while one runs fails on apt's lock instead of waiting for it.
 SUITE_COMPONENTS := kubernetes etcd kwok helm training_operator coredns jobset trainer kueue
-suite-deps: node-packages
-	$(MAKE) --no-print-directory -j3 --output-sync=line setup suite-cluster suite-images
+suite-deps:
+	$(MAKE) --no-print-directory -j4 --output-sync=line setup suite-cluster \
+		packages-then-images lint-tools
+
+packages-then-images: node-packages
+	$(MAKE) --no-print-directory suite-images
 
 suite-cluster:
 	$(PYTHON) -m cluster.build $(SUITE_COMPONENTS)

@@ -121,3 +121,51 @@ def test_the_host_builders_run_on_the_bare_interpreter(module: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     makefile = (ROOT / "Makefile").read_text()
     assert f"$(PYTHON) -m {module}" in makefile
+
+
+# --- what `make suite-deps` runs at once -----------------------------------------------------
+def _make_database() -> tuple[dict[str, list[str]], dict[str, str]]:
+    """Each target's prerequisites and recipe, from `make -pnq` (GNU make's own reading)."""
+    done = subprocess.run(
+        ["make", "-pnq", "-f", str(ROOT / "Makefile"), "help"],
+        capture_output=True, text=True, cwd=ROOT, check=False,
+    )  # fmt: skip
+    prereqs: dict[str, list[str]] = {}
+    recipes: dict[str, str] = {}
+    target = None
+    for line in done.stdout.splitlines():
+        if line.startswith("\t") and target:
+            recipes[target] = recipes.get(target, "") + line.strip() + "\n"
+        elif ":" in line and not line.startswith(("#", " ", "\t")) and "=" not in line:
+            target, _, deps = line.partition(":")
+            prereqs.setdefault(target, deps.split())
+        elif not line.strip():
+            target = None
+    return prereqs, recipes
+
+
+def _closure(prereqs: dict[str, list[str]], targets: list[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(targets)
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += prereqs.get(name, [])
+    return seen
+
+
+def test_suite_deps_starts_the_go_builds_before_the_debian_packages() -> None:
+    # On a fresh machine the Go builds are the longest step; the Debian packages (apt-get)
+    # come before the images only (the image builder's own apt-get would fail on apt's lock).
+    prereqs, recipes = _make_database()
+    assert prereqs["suite-deps"] == [], prereqs["suite-deps"]
+    recipe = recipes["suite-deps"].replace("\\\n", " ")  # continued lines joined
+    (call,) = [line for line in recipe.splitlines() if "-j" in line]
+    together = [word for word in call.split() if not word.startswith(("-", "$", "make"))]
+    assert {"setup", "suite-cluster", "packages-then-images", "lint-tools"} <= set(together)
+    for name in ("setup", "suite-cluster", "lint-tools"):
+        assert "node-packages" not in _closure(prereqs, [name]), name
+    assert "node-packages" in prereqs["packages-then-images"]
+    assert "suite-images" in recipes["packages-then-images"]
+    assert "suite-deps" in prereqs["test"] and "suite-deps" in prereqs["test-real-pods"]
