@@ -125,7 +125,7 @@ def test_the_host_builders_run_on_the_bare_interpreter(module: str) -> None:
 
 # --- what `make suite-deps` runs at once -----------------------------------------------------
 def _make_database() -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Each target's prerequisites and recipe, from `make -pnq` (GNU make's own reading)."""
+    """Each target's prerequisites and recipe, as GNU make reads them (its database: -p -n -q)."""
     done = subprocess.run(
         ["make", "-pnq", "-f", str(ROOT / "Makefile"), "help"],
         capture_output=True, text=True, cwd=ROOT, check=False,
