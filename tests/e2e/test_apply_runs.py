@@ -5,7 +5,11 @@ promise, immutable fields cannot change, and `megdet validate` agrees with the s
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import ssl
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -29,12 +33,31 @@ def ns(kube, operator_chart):
     return namespace(kube, NS)
 
 
+@functools.cache
+def _admin_tls(pki: Path) -> ssl.SSLContext:
+    """The admin kubeconfig's TLS: the cluster's CA, the admin's client certificate."""
+    context = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    context.load_cert_chain(pki / "admin.crt", pki / "admin.key")
+    return context
+
+
 def server_verdict(kube, obj: dict) -> tuple[bool, str]:
-    """Server-side dry run: the API server's schema, defaults and CEL, nothing stored."""
-    proc = kube.kubectl(
-        "create", "--dry-run=server", "-f", "-", "-o", "json", input=json.dumps(obj), check=False
-    )
-    return proc.returncode == 0, proc.stderr if proc.returncode else proc.stdout
+    """Server-side dry run: the API server's schema, defaults, CEL and admission policy,
+    nothing stored. The request `kubectl create --dry-run=server` sends (``dryRun=All``, strict
+    field validation, as the admin), made here directly: one HTTPS request per example, where
+    a kubectl process each took about 0.4 s (300 examples, 133 s of the cluster's worker)."""
+    group_version, meta = obj["apiVersion"], obj["metadata"]
+    query = "dryRun=All&fieldValidation=Strict&fieldManager=kubectl-create"
+    url = f"{kube.server}/apis/{group_version}/namespaces/{meta['namespace']}/megdetruns?{query}"
+    request = urllib.request.Request(
+        url, data=json.dumps(obj).encode(), method="POST",
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, context=_admin_tls(kube.pki), timeout=60) as answer:
+            return True, answer.read().decode()
+    except urllib.error.HTTPError as refused:
+        return False, refused.read().decode()
 
 
 def test_examples_apply_with_the_crd_defaults(kube, ns) -> None:
