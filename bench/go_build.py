@@ -75,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("component", nargs="?", default="etcd", choices=sorted(b.COMPONENTS))
     parser.add_argument("--repeats", type=int, default=1, help="builds per set (default 1)")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats: {args.repeats} is not a number of builds >= 1")
     comp, version = b.COMPONENTS[args.component], b.pins()[args.component]
     if os.environ.get("GOCACHE"):
         parser.error("GOCACHE is set: each build needs an empty cache of its own; unset it")
