@@ -71,7 +71,7 @@ def _last_e2e_item(session: pytest.Session, fixture: str | None = None) -> pytes
 
 
 #: The pytest-xdist group of every test that uses this machine's one real cluster (`make test`
-#: runs ``-n 2 --dist loadgroup``: one worker runs them all, in order, the other the rest).
+#: runs ``-n 3 --dist loadgroup``: one worker runs them all, in order, the others the rest).
 CLUSTER_GROUP = "real-cluster"
 
 

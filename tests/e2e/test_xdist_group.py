@@ -1,5 +1,5 @@
-"""`make test`'s two pytest-xdist workers: every e2e test goes to the one worker that holds the
-session's cluster (conftest.py's xdist group), the other tests to either. Checked on a plan of
+"""`make test`'s pytest-xdist workers: every e2e test goes to the one worker that holds the
+session's cluster (conftest.py's xdist group), the other tests to any. Checked on a plan of
 two modules (``--setup-plan`` starts no fixture, so no cluster)."""
 
 from __future__ import annotations

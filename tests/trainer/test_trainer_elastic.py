@@ -29,7 +29,7 @@ import torch
 from megdet.plan import plan_continuation, plan_run
 from tests.tiny_train import train_command
 
-#: One xdist group: under `make test`'s two workers the module's tests had gone to both, and
+#: One xdist group: under `make test`'s workers the module's tests had gone to two, and
 #: each worker trained the two fixed runs of ``fixed_runs`` (94 and 119 s of setup, one CI run).
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.xdist_group("trainer-elastic")]
 
