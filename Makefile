@@ -40,13 +40,15 @@ setup: $(STAMP)
 # Re-run the install whenever the pin list or the installer changes. pip installs uv (pinned),
 # uv the project: the same versions pip resolves, but uv links the files from its cache
 # (~/.cache/uv) instead of unpacking 6 GB of wheels (torch's CUDA libraries) into every new
-# .venv: 18 s against pip's 133 s for a fresh clone on a machine that has installed it once
-# (docs/benchmarks.md). pip stays in the .venv (tests build a wheel with it).
+# .venv. --compile-bytecode writes the .pyc files as pip does: without them every process
+# compiles sympy and torch._dynamo again where PYTHONDONTWRITEBYTECODE is set, 6 s more per
+# import of detectron2 (measured; docs/benchmarks.md, "The .venv by uv"). pip stays in the
+# .venv (tests build a wheel with it).
 UV_VERSION := 0.13.8
 $(STAMP): pyproject.toml scripts/install_detectron2_cpu.py imagebuild/detectron2_install.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24" "uv==$(UV_VERSION)"
-	$(BIN)/uv pip install --python $(BIN)/python --quiet -e ".[train,controller,dev]"
+	$(BIN)/uv pip install --python $(BIN)/python --quiet --compile-bytecode -e ".[train,controller,dev]"
 	$(BIN)/python scripts/install_detectron2_cpu.py
 	touch $(STAMP)
 
