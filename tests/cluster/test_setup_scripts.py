@@ -169,3 +169,21 @@ def test_suite_deps_starts_the_go_builds_before_the_debian_packages() -> None:
     assert "node-packages" in prereqs["packages-then-images"]
     assert "suite-images" in recipes["packages-then-images"]
     assert "suite-deps" in prereqs["test"] and "suite-deps" in prereqs["test-real-pods"]
+
+
+# --- the .venv that `make setup` installs ---------------------------------------------------------
+def test_the_venvs_packages_carry_their_bytecode_from_the_install() -> None:
+    """`make setup` compiles the installed packages' bytecode, as pip did: uv writes none by
+    default, and where PYTHONDONTWRITEBYTECODE is set every process then compiled sympy and
+    torch._dynamo again (6 s more per detectron2 import; docs/benchmarks.md). sympy stands for
+    them: the suite imports a few of its modules, so only an install compiles all of them."""
+    import importlib.util as iu
+
+    import sympy
+
+    sources = sorted(Path(sympy.__file__).parent.rglob("*.py"))
+    assert len(sources) > 500
+    missing = [p for p in sources if not Path(iu.cache_from_source(str(p))).is_file()]
+    assert not missing, (
+        f"{len(missing)} of sympy's {len(sources)} modules have no .pyc: {missing[:3]}"
+    )
