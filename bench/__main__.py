@@ -25,6 +25,7 @@ from bench import (
     progress_overhead,
     step_overhead,
     sync_bn_scope,
+    worker_start,
 )
 
 
@@ -79,6 +80,11 @@ def _progress_endpoint(quick: bool) -> None:
     progress_endpoint.print_report(progress_endpoint.run(quick=quick))
 
 
+def _worker_start(quick: bool) -> None:
+    repeats, iterations = (1, 1) if quick else (3, 2)
+    worker_start.print_report(worker_start.run(repeats=repeats, iterations=iterations))
+
+
 BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "chart_render": _chart_render,
     "step_overhead": _step_overhead,
@@ -89,6 +95,7 @@ BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "progress_endpoint": _progress_endpoint,
     "controller_validation": _controller_validation,
     "controller_reconcile": _controller_reconcile,
+    "worker_start": _worker_start,
 }
 
 

@@ -290,9 +290,10 @@ def _rank_entry(job: tuple[Callable[..., Any], tuple, str]) -> int:
 def run_world(world: int, fn: Callable[..., Any], *args: Any, use_cuda: bool = False) -> Any:
     """Run ``fn(*args)`` in every rank of a ``world``-process world; rank 0's result.
 
-    Processes come from the trainer's ``run_workers``, as ``megdet train --num-workers`` starts them
-    (spawned; gloo with ``cpu_count // world`` threads each, or NCCL with one GPU each); under
-    torchrun this process is one rank of torchrun's world. ``world`` 1 runs in this process.
+    Processes come from the trainer's ``run_workers`` (spawned, where ``megdet train`` forks CPU
+    workers: this runs inside pytest's threaded workers too, where fork is not safe; gloo with
+    ``cpu_count // world`` threads each, or NCCL with one GPU each); under torchrun this
+    process is one rank of torchrun's world. ``world`` 1 runs in this process.
     ``fn`` must be importable (module level) and its result JSON-serializable. Returns None in
     the other ranks of a torchrun world (rank 0 reports).
     """

@@ -198,13 +198,15 @@ def _preflight(cfg, world: int, local: int) -> None:
 
 def run_train(args: argparse.Namespace) -> int:
     from megdet.trainer.train import WorkerTask, train_worker
-    from megdet.trainer.workers import run_workers
+    from megdet.trainer.workers import run_workers, start_method
 
     cfg = _load(args, "train")
     world, local = _world(args.num_workers)
     _preflight(cfg, world, local)
     task = WorkerTask(cfg=cfg, resume=not args.no_resume, command="train")
-    return run_workers(train_worker, task, args.num_workers, cfg.MODEL.DEVICE.startswith("cuda"))
+    use_cuda = cfg.MODEL.DEVICE.startswith("cuda")
+    # Nothing above ran a tensor op or started a thread: the workers may be forked.
+    return run_workers(train_worker, task, args.num_workers, use_cuda, start_method(use_cuda))
 
 
 def run_eval(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ def train_demo(output: Path) -> int:
     from megdet.trainer.report import REPORT_HTML, REPORT_JSON
     from megdet.trainer.shapes import make_shapes
     from megdet.trainer.train import WorkerTask, train_worker
-    from megdet.trainer.workers import run_workers
+    from megdet.trainer.workers import run_workers, start_method
 
     started = time.perf_counter()
     output.mkdir(parents=True, exist_ok=True)
@@ -89,7 +89,8 @@ def train_demo(output: Path) -> int:
     for key, value in plan.summary().items():
         print(f"  {key}: {value}")
     print(f"Training {plan.max_iter} iterations with {DEMO_WORKERS} gloo workers ...", flush=True)
-    code = run_workers(train_worker, WorkerTask(cfg=cfg), DEMO_WORKERS, use_cuda=False)
+    # Nothing above ran a tensor op or started a thread: the workers may be forked.
+    code = run_workers(train_worker, WorkerTask(cfg=cfg), DEMO_WORKERS, False, start_method(False))
     if code:
         return code
 

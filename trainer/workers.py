@@ -2,8 +2,10 @@
 
 * Started by torchrun (``megdet launch`` in a pod, or torchrun by hand): this process is one
   worker; it initializes the process group from the env torchrun's agent set for it.
-* Otherwise ``num_workers`` processes are spawned on this machine (gloo on CPU, NCCL on GPUs)
+* Otherwise ``num_workers`` processes are started on this machine (gloo on CPU, NCCL on GPUs)
   on a free localhost port; the parent passes SIGTERM on to them (:mod:`megdet.signals`).
+  They are spawned (a new interpreter each) unless the caller asks for ``fork``
+  (:func:`start_method`), which ``megdet train`` and ``megdet demo`` do for CPU workers.
 
 "Started by torchrun" is keyed on ``TORCHELASTIC_RUN_ID``, which torchrun's agent sets for every
 worker (torch/distributed/elastic/agent/server/local_elastic_agent.py, ``_start_workers``) and
@@ -22,6 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -142,7 +145,32 @@ def _spawned_entry(
         sys.exit(code)
 
 
-def _spawn(worker: Worker, task: Any, num_workers: int, use_cuda: bool) -> int:
+def start_method(use_cuda: bool) -> str:
+    """How a fresh ``megdet train`` or ``megdet demo`` process starts its local workers.
+
+    ``fork`` for CPU workers on Linux: the workers inherit the imports the parent already made
+    (torch, detectron2, the trainer: about 6 CPU-seconds a process), where a spawned worker
+    imports them again. Measured side by side (``bench/worker_start.py``, docs/benchmarks.md):
+    a 2-worker run of 2 iterations took 8.2 s and 9.9 CPU-s forked against 14.9 s and 21.3
+    CPU-s spawned.
+
+    ``spawn`` everywhere else. CUDA cannot be used again in a forked child once the parent has
+    asked for a device (torch/cuda/__init__.py, ``_lazy_init``: "Cannot re-initialize CUDA in
+    forked subprocess"), and fork copies only the calling thread: a parent with other threads
+    (a test runner's, a server's) can leave a lock held in the child forever. The same holds
+    for OpenMP: a parent that ran a multi-threaded torch op has a thread pool its children do
+    not get, and their first op on more than one thread waits for it (tried: torch 2.14's
+    libgomp, a 2000x2000 matmul in the parent, 2 threads in each child: it never returned).
+    So the callers are the CLI's own processes, which run no tensor op before this point
+    (tests/trainer/test_trainer_cli.py checks that no thread appears), and this also requires
+    the calling thread to be the only one.
+    """
+    if use_cuda or sys.platform != "linux" or threading.active_count() > 1:
+        return "spawn"
+    return "fork"
+
+
+def _spawn(worker: Worker, task: Any, num_workers: int, use_cuda: bool, method: str) -> int:
     import torch.multiprocessing as mp
 
     url = f"tcp://127.0.0.1:{_free_port()}"
@@ -151,7 +179,7 @@ def _spawn(worker: Worker, task: Any, num_workers: int, use_cuda: bool) -> int:
         args=(worker, task, num_workers, url, use_cuda),
         nprocs=num_workers,
         join=False,
-        start_method="spawn",
+        start_method=method,
     )
 
     def targets() -> list[int]:
@@ -170,10 +198,22 @@ def _spawn(worker: Worker, task: Any, num_workers: int, use_cuda: bool) -> int:
                 return forwarder.status(1)
 
 
-def run_workers(worker: Worker, task: Any, num_workers: int = 1, use_cuda: bool = False) -> int:
-    """Run ``worker(task)`` in every process of the world; return the run's exit code."""
+def run_workers(
+    worker: Worker,
+    task: Any,
+    num_workers: int = 1,
+    use_cuda: bool = False,
+    method: str = "spawn",
+) -> int:
+    """Run ``worker(task)`` in every process of the world; return the run's exit code.
+
+    ``method``: how local workers start, ``spawn`` or ``fork`` (only what :func:`start_method`
+    returns; ``fork`` from a process that may have run tensor ops or started threads is not
+    safe)."""
+    if method not in ("spawn", "fork"):
+        raise ValueError(f"method: {method!r} (allowed: spawn, fork)")
     if in_torchrun():
         return _run_from_env(worker, task, use_cuda)
     if num_workers == 1:
         return worker(task)
-    return _spawn(worker, task, num_workers, use_cuda)
+    return _spawn(worker, task, num_workers, use_cuda, method)
