@@ -19,6 +19,7 @@ Design (docs/trainer.md, "Metrics"):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -173,12 +174,18 @@ class MetricsServer:
 
     httpd: Any
     folder: Path
+    #: The folder is :func:`default_multiproc_dir`'s (the trainer made it, nobody else reads
+    #: it): removed at the stop once empty, so local runs leave no folder per port in /tmp.
+    made_here: bool = False
 
     def stop(self) -> None:
         """Stop serving, release the port, delete the value files (nothing reads them now)."""
         self.httpd.shutdown()
         self.httpd.server_close()
         _remove_values(self.folder)
+        if self.made_here:
+            with contextlib.suppress(OSError):  # another rank's file still there: left as is
+                self.folder.rmdir()
 
 
 def _serve(port: int, path: Path) -> tuple[MetricsServer | None, str | None]:
@@ -195,7 +202,7 @@ def _serve(port: int, path: Path) -> tuple[MetricsServer | None, str | None]:
         return None, f"cannot serve on port {port}: {err.strerror or err}"
     # Bound: this pod owns the folder now. Files of an earlier attempt would mix in.
     _remove_values(path)
-    return MetricsServer(httpd, path), None
+    return MetricsServer(httpd, path, made_here=path == default_multiproc_dir(port)), None
 
 
 def _remove_values(path: Path) -> None:

@@ -41,6 +41,16 @@ TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 OPERATOR_ENV = ("PET_NNODES", "PET_NODE_RANK", "RANK", "WORLD_SIZE")
 
 Worker = Callable[[Any], int]
+#: Seconds the other local workers get to end by themselves once one has exited non-zero,
+#: before torch's join sends them SIGTERM (then SIGKILL after as long again). On a SIGTERM
+#: stop every rank saves the same checkpoint and exits 143, the first one a moment before the
+#: others, whose after_train (the report, the metrics folder's clean-up) must not be cut off;
+#: a rank that crashed ends the others' collectives within seconds (gloo sees the peer gone:
+#: a rank raising while the other waited in a barrier ended the run in 2.7 s). 30 s is also
+#: torchrun's own default wait before SIGKILL (``--shutdown-timeout``, torch/distributed/run.py).
+#: Before this, ``megdet train --num-workers 2`` stopped by SIGTERM killed rank 0 in its
+#: after_train and left the metrics folder's value files in /tmp.
+STOP_GRACE_S = 30.0
 
 
 def in_torchrun(env: Mapping[str, str] = os.environ) -> bool:
@@ -189,7 +199,7 @@ def _spawn(worker: Worker, task: Any, num_workers: int, use_cuda: bool, method: 
     with SignalForwarder(targets) as forwarder:
         while True:
             try:
-                if context.join():
+                if context.join(grace_period=STOP_GRACE_S):
                     return forwarder.status(0)
             except mp.ProcessExitedException as err:
                 return forwarder.status(err.exit_code)

@@ -16,6 +16,7 @@ Queries then run at that moment (``time=``), so the training run may be gone by 
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -85,6 +86,9 @@ class Live:
     training_exit: int
     workers_left: list[int]
     controller_url: str
+    #: The files of the trainer's default metrics folder (one per port in /tmp) after the
+    #: stop, or None: the folder is gone.
+    metrics_folder_left: list[str] | None
 
     def query(self, expr: str) -> list[dict]:
         return self.prometheus.api("query", {"query": expr, "time": f"{self.at:.3f}"})["result"]
@@ -185,6 +189,7 @@ def live(tmp_path_factory) -> Live:
         yield Live(
             prom, at, trainer_text, controller_text, exit_status, run.group_alive(),
             f"https://127.0.0.1:{controller_port}/metrics",
+            trainer_metrics_folder_left(trainer_port),
         )  # fmt: skip
     finally:
         if run is not None:
@@ -192,6 +197,14 @@ def live(tmp_path_factory) -> Live:
             run.kill_group()
         prom.stop()
         controller.stop()
+
+
+def trainer_metrics_folder_left(port: int) -> list[str] | None:
+    """What is left of the trainer's default metrics folder for ``port`` (None: gone)."""
+    from megdet.trainer.metrics import default_multiproc_dir  # detectron2: not at collection
+
+    folder = default_multiproc_dir(port)
+    return sorted(os.listdir(folder)) if folder.exists() else None
 
 
 def _queries():
@@ -209,6 +222,7 @@ def test_the_training_run_stopped_cleanly_on_sigterm(live):
     # 143: the trainer's exit status after a SIGTERM stop with a checkpoint (128 + SIGTERM).
     assert live.training_exit == 143
     assert live.workers_left == [], "training processes left running after the stop"
+    assert live.metrics_folder_left is None, "the trainer's metrics folder left in /tmp"
 
 
 @pytest.mark.parametrize("query", QUERIES, ids=str)
