@@ -44,7 +44,7 @@ Worker = Callable[[Any], int]
 #: Seconds the other local workers get to end by themselves once one has exited non-zero,
 #: before torch's join sends them SIGTERM (then SIGKILL after as long again). On a SIGTERM
 #: stop every rank saves the same checkpoint and exits 143, the first one a moment before the
-#: others, whose after_train (the report, the metrics folder's clean-up) must not be cut off;
+#: others, whose after_train (the metrics folder's clean-up, for one) must not be cut off;
 #: a rank that crashed ends the others' collectives within seconds (gloo sees the peer gone:
 #: a rank raising while the other waited in a barrier ended the run in 2.7 s). 30 s is also
 #: torchrun's own default wait before SIGKILL (``--shutdown-timeout``, torch/distributed/run.py).
