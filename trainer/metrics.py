@@ -193,12 +193,16 @@ def _serve(port: int, path: Path) -> tuple[MetricsServer | None, str | None]:
     from prometheus_client import CollectorRegistry, start_http_server
     from prometheus_client.multiprocess import MultiProcessCollector
 
+    made_here = path == default_multiproc_dir(port) and not path.exists()
     path.mkdir(parents=True, exist_ok=True)
     registry = CollectorRegistry()
     MultiProcessCollector(registry, path=str(path))
     try:
         httpd, _ = start_http_server(port, registry=registry)
     except OSError as err:
+        if made_here:  # the run stops here: leave no folder behind
+            with contextlib.suppress(OSError):
+                path.rmdir()
         return None, f"cannot serve on port {port}: {err.strerror or err}"
     # Bound: this pod owns the folder now. Files of an earlier attempt would mix in.
     _remove_values(path)

@@ -276,3 +276,7 @@ def test_a_taken_metrics_port_stops_megdet_train_with_a_clear_error(shapes, tmp_
     )
     assert "Traceback" not in result.stderr
     assert not list((tmp_path / "run").glob("model_*.pth"))  # stopped before training
+    # The trainer made its default metrics folder for this port, and took it away again.
+    from megdet.trainer.metrics import default_multiproc_dir
+
+    assert not default_multiproc_dir(port).exists()
