@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from bench.harness import machine_load, scratch_dir
+from megdet.cli import whole_number
 
 METHODS = ("spawn", "fork")
 #: The driver's line naming the start method torch was given.
@@ -48,16 +49,6 @@ mp.start_processes = started
 from megdet.cli import main
 main(sys.argv[1:])
 """
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
-    return value
 
 
 def _cpu_seconds() -> float:
@@ -135,9 +126,9 @@ def print_report(result: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.worker_start", description=__doc__)
-    parser.add_argument("--repeats", type=_positive, default=3, help="runs of each way (3)")
+    parser.add_argument("--repeats", type=whole_number(1), default=3, help="runs of each way (3)")
     parser.add_argument(
-        "--iterations", type=_positive, default=2, help="training iterations per run (2)"
+        "--iterations", type=whole_number(1), default=2, help="training iterations per run (2)"
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON too")
     args = parser.parse_args(argv)
