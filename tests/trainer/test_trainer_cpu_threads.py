@@ -36,3 +36,24 @@ def test_a_pods_cpu_workers_share_the_cpus_it_asked_for(
 def test_a_request_that_is_not_millicpus_is_refused_naming_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"MEGDET_POD_MILLICPUS='0\.5': not a whole number"):
         workers.cpu_threads(1, {workers.POD_MILLICPUS_ENV: "0.5"})
+
+
+def test_the_suites_processes_get_one_thread_each() -> None:
+    """tests/conftest.py: the suite's cores are always taken, so each process it starts trains
+    on one thread: torch's default from OMP_NUM_THREADS, the trainer's from the pod variable."""
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from tests.conftest import ONE_CPU
+
+    assert {name: os.environ.get(name) for name in ONE_CPU} == ONE_CPU
+    assert workers.cpu_threads(1) == workers.cpu_threads(2) == 1
+    assert torch.get_num_threads() == 1
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert child.stdout.strip() == "1"

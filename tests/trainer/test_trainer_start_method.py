@@ -4,6 +4,7 @@ on CPU, spawned where fork is not safe, and the CLI's parent starts no thread be
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ import threading
 import pytest
 
 from megdet.trainer import workers
+from tests.conftest import ONE_CPU
 
 #: Runs ``megdet train --num-workers 2`` up to the moment its workers would start, and prints
 #: the parent's OS threads then (and just after the imports the CLI needs anyway) and the start
@@ -51,8 +53,11 @@ def test_the_cli_forks_cpu_workers_from_a_parent_that_started_no_thread(shapes, 
         str(shapes["train_images"]),
     ]
     argv += ["--output", str(tmp_path / "out")]
+    # A user's environment, not the suite's one thread (tests/conftest.py): with one OpenMP
+    # thread a tensor op before the fork would start no pool, and this test could not fail.
+    env = {k: v for k, v in os.environ.items() if k not in ONE_CPU}
     done = subprocess.run(
-        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", PROBE, *argv], capture_output=True, text=True, timeout=300, env=env
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
