@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from bench import (
+    busy_threads,
     chart_render,
     controller_reconcile,
     controller_validation,
@@ -85,6 +86,11 @@ def _worker_start(quick: bool) -> None:
     worker_start.print_report(worker_start.run(repeats=repeats, iterations=iterations))
 
 
+def _busy_threads(quick: bool) -> None:
+    rounds, iterations = (1, busy_threads.MIN_ITERATIONS) if quick else (2, 20)
+    busy_threads.print_report(busy_threads.run(rounds=rounds, iterations=iterations))
+
+
 BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "chart_render": _chart_render,
     "step_overhead": _step_overhead,
@@ -96,6 +102,7 @@ BENCHMARKS: dict[str, Callable[[bool], None]] = {
     "controller_validation": _controller_validation,
     "controller_reconcile": _controller_reconcile,
     "worker_start": _worker_start,
+    "busy_threads": _busy_threads,
 }
 
 
