@@ -109,7 +109,13 @@ async def test_a_workload_queues_the_run_then_pods_and_the_trainer_move_it_on(
         "rendezvousSeconds": 5, "dataModelSeconds": 5, "firstIterationSeconds": 5,
         "totalSeconds": 60,
     } | {k: v for k, v in startup.items() if k == "schedulingSeconds"}  # fmt: skip
-    # Each part observed once, as status.startup got it.
+    # Each part observed once, as status.startup got it: the handler observes them after its
+    # write returns, so the status can be read before they are.
+    await eventually(
+        lambda: all(observed(part) > before[part] for part in parts),
+        message="each part of status.startup observed",
+    )
+    await settle()
     assert {part: observed(part) - before[part] for part in parts} == dict.fromkeys(parts, 1)
 
     # A report that changes nothing of the lifecycle (the next iteration) writes nothing more.
