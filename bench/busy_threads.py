@@ -54,6 +54,11 @@ def ways() -> dict[str, int]:
     return {"default": os.cpu_count() or 1, "one": 1}
 
 
+def thread_env(threads: int) -> dict[str, str]:
+    """This process's environment with torch's default intra-op threads set to ``threads``."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads)}
+
+
 def _cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -75,8 +80,7 @@ def _pair(
 ) -> dict:
     """``pair`` runs of ``threads`` threads side by side; their speeds, the pair's wall and
     CPU."""
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["OMP_NUM_THREADS"] = str(threads)
+    env = thread_env(threads)
     outputs = [folder / f"{way}-{n}" for n in range(pair)]
     cpu, start = _cpu_seconds(), time.perf_counter()
     command = [_command(shapes, out, iterations) for out in outputs]
@@ -121,7 +125,11 @@ def run(rounds: int = 2, iterations: int = 20, pair: int = PAIR) -> dict:
             "wall_s": statistics.median(p["wall_s"] for p in mine),
             "cpu_s": statistics.median(p["cpu_s"] for p in mine),
         }
-    ratios = {key: medians["one"][key] / medians["default"][key] for key in medians["one"]}
+    ratios = (
+        {key: medians["one"][key] / medians["default"][key] for key in medians["one"]}
+        if {"one", "default"} <= set(medians)
+        else {}
+    )
     return {
         "rounds": rounds,
         "iterations": iterations,
@@ -151,10 +159,11 @@ def print_report(result: dict) -> None:
             f"median {way:7s}  s/it {m['s_per_iter']:.2f}  wall {m['wall_s']:6.1f} s  "
             f"cpu {m['cpu_s']:6.1f} s"
         )
-    r = result["one_over_default"]
-    print(
-        f"one / default: s/it {r['s_per_iter']:.2f}, wall {r['wall_s']:.2f}, cpu {r['cpu_s']:.2f}"
-    )
+    if r := result["one_over_default"]:
+        print(
+            f"one / default: s/it {r['s_per_iter']:.2f}, wall {r['wall_s']:.2f}, "
+            f"cpu {r['cpu_s']:.2f}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
