@@ -8,13 +8,13 @@ directory on the path, a bare ``pytest`` does not).
 The suite runs three pytest-xdist workers on CI's two cores beside the real node's pods, so
 the cores are always taken. torch's default of a thread per core then costs several times the
 CPU: its OpenMP threads (libgomp) spin while they wait for cores that others hold. Two
-one-process tiny trainings side by side on the 2-core machine took 3.76 s an iteration and 312
-CPU-seconds each at torch's default of 2 threads, 0.69 s and 62 CPU-seconds at 1 thread
-(docs/benchmarks.md, "One thread a process in the suite"). So every process the tests start
-inherits one thread: ``OMP_NUM_THREADS`` for torch's default and ``MEGDET_POD_MILLICPUS``
-for the trainer's own count (trainer/workers.py ``cpu_threads``: the CPUs a pod asked for,
-which the run chart sets on every trainer container). A test that needs the defaults gives
-its process its own environment."""
+one-process tiny trainings side by side on the 2-core machine trained at 4.39 s an iteration
+at torch's default of 2 threads and at 0.73 s at 1 thread, on a fifth of the CPU
+(bench/busy_threads.py; docs/benchmarks.md, "One thread a process in the suite"). So every
+process the tests start inherits one thread: ``OMP_NUM_THREADS`` for torch's default and
+``MEGDET_POD_MILLICPUS`` for the trainer's own count (trainer/workers.py ``cpu_threads``: the
+CPUs a pod asked for, which the run chart sets on every trainer container). A test that needs
+the defaults gives its process its own environment."""
 
 from __future__ import annotations
 
