@@ -32,7 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from megdet.plan import Plan
 from megdet.trainer.checkpoint import AtomicCheckpointer
-from megdet.trainer.config import TRUSTED_WEIGHTS
+from megdet.trainer.config import TRUSTED_WEIGHTS, ConfigError
 from megdet.trainer.elastic import (
     ResumableTrainingSampler,
     ResumePoint,
@@ -207,8 +207,15 @@ def build_megdet_model(cfg: CfgNode, process_group=None) -> tuple[torch.nn.Modul
 
     BN layers are converted only when there is more than one process to synchronize with.
     Returns the model (not yet DDP-wrapped) and the module paths of the converted layers.
+    A config that detectron2's builders refuse (their asserts on a combination of MODEL keys,
+    a registry without the named component, a value of the wrong kind) is a
+    :class:`ConfigError` with detectron2's own words, which name the key.
     """
-    model = build_model(cfg)
+    try:
+        model = build_model(cfg)
+    except (AssertionError, KeyError, ValueError, TypeError) as err:
+        said = err.args[0] if len(err.args) == 1 else str(err)
+        raise ConfigError(f"MODEL: detectron2 cannot build this model: {said}") from err
     converted: list[str] = []
     if comm.get_world_size() > 1:
         converted = convert_sync_batchnorm(model, cfg.MEGDET.SYNC_BN, process_group=process_group)

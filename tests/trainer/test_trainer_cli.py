@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -78,6 +81,31 @@ def test_bad_config_input_exits_2_naming_the_key(shapes, capsys, overrides, name
     assert "Traceback" not in err
     for text in named:
         assert text in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        # detectron2's assert on a combination of MODEL keys
+        (["MODEL.RESNETS.RES2_OUT_CHANNELS", "32"],
+         ["Must set MODEL.RESNETS.RES2_OUT_CHANNELS = 64 for R18/R34"]),
+        # a registry without the named component
+        (["MODEL.BACKBONE.NAME", "build_nope_backbone"],
+         ["No object named 'build_nope_backbone' found in 'BACKBONE' registry"]),
+    ],
+)  # fmt: skip
+def test_a_model_detectron2_cannot_build_exits_2_with_its_words(tmp_path, shapes, overrides, named):
+    # The command as a user runs it (in this process the trainer's log handlers would outlive
+    # the test's captured stderr).
+    argv = _train_args(shapes, "--output", str(tmp_path / "out"), *overrides)
+    done = subprocess.run(
+        [sys.executable, "-m", "megdet", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr[-3000:]
+    said = "megdet train: error: MODEL: detectron2 cannot build this model: "
+    assert said in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    for text in named:
+        assert text in done.stderr
 
 
 @pytest.mark.parametrize(
