@@ -19,7 +19,6 @@ line), the pair's wall time and its CPU time (user + system of both processes, f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import resource
@@ -29,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import machine_load, scratch_dir
+from bench.harness import emit, machine_load, scratch_dir
 from megdet.cli import whole_number
 
 #: The driver's line naming the intra-op threads torch trains with.
@@ -175,12 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         default=20,
         help=f"training iterations per run (20, at least {MIN_ITERATIONS})",
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON too")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead")
     args = parser.parse_args(argv)
-    result = run(args.rounds, args.iterations)
-    print_report(result)
-    if args.json:
-        print(json.dumps(result))
+    emit(run(args.rounds, args.iterations), args.json, print_report)
     return 0
 
 

@@ -18,7 +18,6 @@ fork/spawn of both.
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import machine_load, scratch_dir
+from bench.harness import emit, machine_load, scratch_dir
 from megdet.cli import whole_number
 
 METHODS = ("spawn", "fork")
@@ -130,12 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--iterations", type=whole_number(1), default=2, help="training iterations per run (2)"
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON too")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON instead")
     args = parser.parse_args(argv)
-    result = run(args.repeats, args.iterations)
-    print_report(result)
-    if args.json:
-        print(json.dumps(result))
+    emit(run(args.repeats, args.iterations), args.json, print_report)
     return 0
 
 
