@@ -3,9 +3,9 @@
 Every component's log, the API server's audit log and the controller's log stay in
 output/e2e/logs after the session; a failing test's report says so.
 
-The cluster ends once the session's last e2e test is done, not at the session's end: the tests
-collected after tests/e2e (the trainer's multi-process runs among them) get the cores, the
-memory and the disk that the control plane and the real node held.
+The cluster ends once the session's last test that uses it is done, not at the session's end:
+the tests collected after tests/e2e (the trainer's multi-process runs among them) get the
+cores, the memory and the disk that the control plane and the real node held.
 """
 
 from __future__ import annotations
@@ -40,14 +40,14 @@ from cluster.local_images import link_clients, load_images
 from cluster.node import NODE_NAME
 
 #: How to end what the session fixtures below started, in the order they started it: each
-#: with the fixture whose last test it waits for (None: the session's last e2e test).
+#: with the fixture whose last test it waits for (None: the last test that uses the cluster).
 _ENDS: list[tuple[str | None, Callable[[], None]]] = []
 
 
 def _ending(end: Callable[[], None], after: str | None = None) -> Callable[[], None]:
-    """``end``, registered to run when the last e2e test is done (or, with ``after``, the last
-    test that uses that fixture), and run at most once (the fixture's own teardown calls it
-    again at the session's end)."""
+    """``end``, registered to run when the last test that uses the cluster is done (or, with
+    ``after``, the last test that uses that fixture), and run at most once (the fixture's own
+    teardown calls it again at the session's end)."""
     done = []
 
     def once() -> None:
@@ -59,13 +59,19 @@ def _ending(end: Callable[[], None], after: str | None = None) -> Callable[[], N
     return once
 
 
+def uses_the_cluster(item: pytest.Item) -> bool:
+    """An e2e test that uses the session's cluster (the ``kube`` fixture, directly or through
+    another fixture); the e2e tests of this suite's own machinery start none."""
+    return Path(__file__).parent in item.path.parents and "kube" in item.fixturenames
+
+
 def _last_e2e_item(session: pytest.Session, fixture: str | None = None) -> pytest.Item | None:
-    """The session's last e2e test (with ``fixture``: the last one that uses it)."""
-    here = Path(__file__).parent
+    """The session's last test that uses the cluster (with ``fixture``: the last one that uses
+    that fixture too)."""
     e2e = [
         item
         for item in session.items
-        if here in item.path.parents and (fixture is None or fixture in item.fixturenames)
+        if uses_the_cluster(item) and (fixture is None or fixture in item.fixturenames)
     ]
     return e2e[-1] if e2e else None
 
@@ -77,14 +83,15 @@ CLUSTER_GROUP = "real-cluster"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names the group in the nodeids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every e2e test in :data:`CLUSTER_GROUP` (xdist gives a group to one worker): the
-    session fixtures below start one control plane and take the machine's one real node, so
-    two workers running e2e tests would start two clusters and wait on each other's node."""
+    """Put every e2e test that uses the cluster in :data:`CLUSTER_GROUP` (xdist gives a group
+    to one worker): the session fixtures below start one control plane and take the machine's
+    one real node, so two workers running them would start two clusters and wait on each
+    other's node. The e2e tests that start no cluster (this suite's own machinery, checked on
+    stand-ins) go to any worker, off the cluster worker's long chain."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    here = Path(__file__).parent
     for item in items:
-        if here in item.path.parents:
+        if uses_the_cluster(item):
             item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
 
 

@@ -1,7 +1,7 @@
 """conftest.py's ends of session fixtures: one ended after the last test that uses it (the
 controller pod, shared by the real-training module and the shared run, gives the host
-controller back before the modules after them), the others after the last e2e test. Checked
-on stand-in items; no cluster starts."""
+controller back before the modules after them), the others after the last test that uses the
+cluster. Checked on stand-in items; no cluster starts."""
 
 from __future__ import annotations
 
@@ -27,18 +27,19 @@ class Item:
     path: Path = HERE / "test_stand_in.py"
 
 
-def test_a_fixture_ends_after_its_last_test_and_the_rest_after_the_last_e2e_test(
+def test_a_fixture_ends_after_its_last_test_and_the_rest_after_the_last_cluster_test(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(conftest, "_ENDS", [])  # not the session's own
     session = Session()
-    uses, also, after, elsewhere = (
+    uses, also, after, no_cluster, elsewhere = (
         Item("uses", ["kube", "controller_pod"], session),
         Item("also", ["kube", "story", "controller_pod"], session),
         Item("after", ["kube", "controller"], session),
+        Item("no cluster", ["monkeypatch"], session),  # an e2e test of the suite's machinery
         Item("elsewhere", ["controller_pod"], session, Path(__file__).parents[1] / "test_x.py"),
     )
-    session.items = [uses, also, after, elsewhere]
+    session.items = [uses, also, after, no_cluster, elsewhere]
     ended: list[str] = []
     conftest._ending(lambda: ended.append("cluster"))
     pod = conftest._ending(lambda: ended.append("controller pod"), after="controller_pod")
@@ -49,5 +50,6 @@ def test_a_fixture_ends_after_its_last_test_and_the_rest_after_the_last_e2e_test
     assert ended == ["controller pod"]
     pod()  # the fixture's own teardown at the session's end: already done
     assert ended == ["controller pod"]
-    conftest.pytest_runtest_teardown(after, elsewhere)  # the last test under tests/e2e
+    # The last test that uses the cluster; the one after it in tests/e2e starts none.
+    conftest.pytest_runtest_teardown(after, no_cluster)
     assert ended == ["controller pod", "cluster"] and conftest._ENDS == []
