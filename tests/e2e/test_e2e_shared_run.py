@@ -61,14 +61,15 @@ from megdet.progress import parse_time
 
 NS = "real-shared"
 RUN = "story"
-#: 200 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 15:
+#: 120 iterations at the global batch of 4 (which keep-batch keeps), a checkpoint every 15:
 #: one checkpoint before each of the three stops. An iteration takes about 0.5 s (the two
 #: 1-thread pods on an idle machine), and a stretch trains until the controller writes its
-#: stage Training, at most once per run every --progress-interval (30 s; measured: 19 s of the
-#: 1-GPU stretch, about 40 iterations), then to its next checkpoint, then a few iterations more
-#: until the stop lands (3 at each stop): about 20, 60 and 60 before the preemption, so the run
-#: does not reach its end first (at 50 iterations and a checkpoint every 5 it did).
-MAX_ITER, PERIOD = 200, 15
+#: stage Training, at most once per run every --progress-interval (10 s in README's operator
+#: values), then to its next checkpoint, then a few iterations more until the stop lands (3 at
+#: each stop): at most about 30 each before the preemption, so the run does not reach its end
+#: first (at 50 iterations and a checkpoint every 5 it did). The fixture prints the stretches.
+#: At the chart's default interval (30 s) the stretches were about 20, 60 and 60 (200 here).
+MAX_ITER, PERIOD = 120, 15
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "real-node", "real-node-gpus", "training"
 PREEMPTOR = "urgent"
 JOB_PODS = f"training.kubeflow.org/job-name={RUN}"
@@ -393,6 +394,9 @@ def story(kube, train_image, volumes, queue, controller_pod) -> Iterator[Story]:
     print(f"resize 2 -> 1 GPUs: {story.seen['down']:.1f} s from the patch to the re-plan line")
     print(f"resize 1 -> 2 GPUs: {story.seen['up']:.1f} s from the patch to the re-plan line")
     print(f"preemption: {story.seen['preemption seconds']:.0f} s to the resumed job's pods")
+    stretches = [f"{g['world_size']} GPUs {g['first_iter']}-{g['last_iter']}" for g in
+                 story.plan.get("segments", [])]  # fmt: skip
+    print(f"the stretches: {', '.join(stretches)} of {MAX_ITER} iterations")
     yield story
     kube.kubectl("delete", "mdr", RUN, "-n", NS, "--wait=false", check=False)
 
