@@ -59,19 +59,23 @@ def _ending(end: Callable[[], None], after: str | None = None) -> Callable[[], N
     return once
 
 
-def uses_the_cluster(item: pytest.Item) -> bool:
-    """An e2e test that uses the session's cluster (the ``kube`` fixture, directly or through
-    another fixture); the e2e tests of this suite's own machinery start none."""
-    return Path(__file__).parent in item.path.parents and "kube" in item.fixturenames
+def cluster_tests(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The tests of every e2e module in which a test uses the session's cluster (the ``kube``
+    fixture, directly or through another fixture): a module's tests stay together (its module
+    fixtures; a test that checks what the tests before it recorded). The e2e modules that
+    check this suite's own machinery on stand-ins start no cluster and are not among them."""
+    here = Path(__file__).parent
+    modules = {i.path for i in items if here in i.path.parents and "kube" in i.fixturenames}
+    return [item for item in items if item.path in modules]
 
 
 def _last_e2e_item(session: pytest.Session, fixture: str | None = None) -> pytest.Item | None:
-    """The session's last test that uses the cluster (with ``fixture``: the last one that uses
-    that fixture too)."""
+    """The session's last test of :func:`cluster_tests` (with ``fixture``: the last one that
+    uses that fixture)."""
     e2e = [
         item
-        for item in session.items
-        if uses_the_cluster(item) and (fixture is None or fixture in item.fixturenames)
+        for item in cluster_tests(session.items)
+        if fixture is None or fixture in item.fixturenames
     ]
     return e2e[-1] if e2e else None
 
@@ -83,16 +87,15 @@ CLUSTER_GROUP = "real-cluster"
 
 @pytest.hookimpl(tryfirst=True)  # before xdist names the group in the nodeids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every e2e test that uses the cluster in :data:`CLUSTER_GROUP` (xdist gives a group
-    to one worker): the session fixtures below start one control plane and take the machine's
-    one real node, so two workers running them would start two clusters and wait on each
-    other's node. The e2e tests that start no cluster (this suite's own machinery, checked on
+    """Put :func:`cluster_tests` in :data:`CLUSTER_GROUP` (xdist gives a group to one
+    worker): the session fixtures below start one control plane and take the machine's one
+    real node, so two workers running them would start two clusters and wait on each other's
+    node. The e2e modules that start no cluster (this suite's own machinery, checked on
     stand-ins) go to any worker, off the cluster worker's long chain."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
-    for item in items:
-        if uses_the_cluster(item):
-            item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
+    for item in cluster_tests(items):
+        item.add_marker(pytest.mark.xdist_group(CLUSTER_GROUP))
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own teardown of the item's module fixtures
