@@ -21,14 +21,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.harness import emit, machine_load, scratch_dir
+from bench.harness import children_cpu_s, emit, machine_load, scratch_dir
 from megdet.cli import whole_number
 
 #: The driver's line naming the intra-op threads torch trains with.
@@ -58,11 +57,6 @@ def thread_env(threads: int) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _command(shapes: dict[str, Path], output: Path, iterations: int) -> list[str]:
     schedule = ["SOLVER.MAX_ITER", str(iterations), "SOLVER.STEPS", "()"]
     schedule += ["SOLVER.WARMUP_ITERS", "0", "SOLVER.CHECKPOINT_PERIOD", "100000"]
@@ -81,14 +75,14 @@ def _pair(
     CPU."""
     env = thread_env(threads)
     outputs = [folder / f"{way}-{n}" for n in range(pair)]
-    cpu, start = _cpu_seconds(), time.perf_counter()
+    cpu, start = children_cpu_s(), time.perf_counter()
     command = [_command(shapes, out, iterations) for out in outputs]
     procs = [
         subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         for cmd in command
     ]
     stderr = [proc.communicate(timeout=1800)[1] for proc in procs]
-    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    wall, cpu = time.perf_counter() - start, children_cpu_s() - cpu
     speeds = []
     for proc, err, out in zip(procs, stderr, outputs, strict=True):
         if proc.returncode:

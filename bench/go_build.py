@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -29,17 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench.harness import children_cpu_s
 from cluster import build as b
 
 SETS: dict[str, tuple[str, ...]] = {
     "default": b.COMPILE_FLAGS,
     "no-dwarf": ("-gcflags=all=-dwarf=false",),
 }
-
-
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _download(comp: b.Component, version: str, cache: Path) -> None:
@@ -63,9 +58,9 @@ def timed_build(comp: b.Component, version: str, flags: tuple[str, ...], cache: 
     """One build into ``cache`` (its own Go build cache); wall and CPU seconds, binary bytes."""
     os.environ["MEGDET_CLUSTER_CACHE"] = str(cache)
     out = cache / "bin" / f"{comp.name}-{version}"
-    cpu, start = _cpu_seconds(), time.monotonic()
+    cpu, start = children_cpu_s(), time.monotonic()
     b._build_missing(comp, version, out, None, lambda _: None, list(comp.binaries), flags)
-    wall, cpu = time.monotonic() - start, _cpu_seconds() - cpu
+    wall, cpu = time.monotonic() - start, children_cpu_s() - cpu
     size = sum(p.stat().st_size for p in out.iterdir())
     return {"wall": wall, "cpu": cpu, "bytes": size}
 

@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import pickle
+import resource
 import statistics
 import sys
 import tempfile
@@ -76,6 +77,14 @@ NORMED_HEADS = (
 
 #: The tiny box head's convs: 64 channels like its FPN (the default 256 would dominate a step).
 TINY_NORMED_HEADS = (*NORMED_HEADS, "MODEL.ROI_BOX_HEAD.CONV_DIM", "64")
+
+
+def children_cpu_s() -> float:
+    """User + system CPU seconds of this process's children that have ended and been waited
+    for (``getrusage(RUSAGE_CHILDREN)``): the difference around a ``subprocess.run`` is what
+    that command and everything it waited for spent."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def process_cpu_s(pids: Iterator[int] | list[int]) -> float:

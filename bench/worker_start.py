@@ -18,14 +18,13 @@ fork/spawn of both.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.harness import emit, machine_load, scratch_dir
+from bench.harness import children_cpu_s, emit, machine_load, scratch_dir
 from megdet.cli import whole_number
 
 METHODS = ("spawn", "fork")
@@ -50,11 +49,6 @@ main(sys.argv[1:])
 """
 
 
-def _cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def _command(method: str, shapes: dict[str, Path], output: Path, iterations: int) -> list[str]:
     schedule = ["SOLVER.MAX_ITER", str(iterations), "SOLVER.STEPS", "()"]
     schedule += ["SOLVER.WARMUP_ITERS", "0", "SOLVER.CHECKPOINT_PERIOD", "1000"]
@@ -68,11 +62,11 @@ def _command(method: str, shapes: dict[str, Path], output: Path, iterations: int
 
 
 def _one(method: str, shapes: dict[str, Path], output: Path, iterations: int) -> dict:
-    cpu, start = _cpu_seconds(), time.perf_counter()
+    cpu, start = children_cpu_s(), time.perf_counter()
     done = subprocess.run(
         _command(method, shapes, output, iterations), capture_output=True, text=True, timeout=900
     )
-    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    wall, cpu = time.perf_counter() - start, children_cpu_s() - cpu
     if done.returncode:
         raise RuntimeError(f"{method} run failed ({done.returncode}): {done.stderr[-2000:]}")
     said = [line[len(STARTED) :] for line in done.stderr.splitlines() if line.startswith(STARTED)]
