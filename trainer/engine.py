@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import time
+import traceback
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -209,17 +210,29 @@ def build_megdet_model(cfg: CfgNode, process_group=None) -> tuple[torch.nn.Modul
     Returns the model (not yet DDP-wrapped) and the module paths of the converted layers.
     A config that detectron2's builders refuse (their asserts on a combination of MODEL keys,
     a registry without the named component, a value of the wrong kind) is a
-    :class:`ConfigError` with detectron2's own words, which name the key.
+    :class:`ConfigError` with detectron2's own words, which name the key; an assert without
+    words is named by its source line and place (``assert len(self._out_features)``).
     """
     try:
         model = build_model(cfg)
     except (AssertionError, KeyError, ValueError, TypeError) as err:
-        said = err.args[0] if len(err.args) == 1 else str(err)
-        raise ConfigError(f"MODEL: detectron2 cannot build this model: {said}") from err
+        raise ConfigError(f"MODEL: detectron2 cannot build this model: {_refusal(err)}") from err
     converted: list[str] = []
     if comm.get_world_size() > 1:
         converted = convert_sync_batchnorm(model, cfg.MEGDET.SYNC_BN, process_group=process_group)
     return model, converted
+
+
+def _refusal(err: BaseException) -> str:
+    """What a builder's exception says, or, when it says nothing, the line that raised it."""
+    said = str(err.args[0]) if len(err.args) == 1 else str(err)
+    if said:
+        return said
+    frames = traceback.extract_tb(err.__traceback__)
+    if not frames:
+        return type(err).__name__
+    where = frames[-1]
+    return f"{type(err).__name__} at {where.filename}:{where.lineno}: {where.line}"
 
 
 def wrap_ddp(model: torch.nn.Module) -> torch.nn.Module:

@@ -108,6 +108,30 @@ def test_a_model_detectron2_cannot_build_exits_2_with_its_words(tmp_path, shapes
         assert text in done.stderr
 
 
+def test_a_builders_assert_without_words_is_named_by_its_line(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    from megdet.trainer import engine
+    from megdet.trainer.config import ConfigError
+
+    # detectron2's kind of assert, bare, in a module of its own (pytest rewrites the asserts of
+    # test modules, adding words).
+    (tmp_path / "builders.py").write_text(
+        "def build_model(cfg):\n    assert cfg.MODEL.RESNETS.DEPTH in (18, 34)\n"
+    )
+    spec = importlib.util.spec_from_file_location("builders", tmp_path / "builders.py")
+    builders = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(builders)
+    monkeypatch.setattr(engine, "build_model", builders.build_model)
+    cfg = engine.CfgNode({"MODEL": {"RESNETS": {"DEPTH": 7}}})
+    with pytest.raises(ConfigError) as refused:
+        engine.build_megdet_model(cfg)
+    assert str(refused.value) == (
+        "MODEL: detectron2 cannot build this model: AssertionError at "
+        f"{tmp_path / 'builders.py'}:2: assert cfg.MODEL.RESNETS.DEPTH in (18, 34)"
+    )
+
+
 @pytest.mark.parametrize(
     ("args", "named"),
     [
