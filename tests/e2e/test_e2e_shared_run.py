@@ -65,10 +65,12 @@ RUN = "story"
 #: one checkpoint before each of the three stops. An iteration takes about 0.5 s (the two
 #: 1-thread pods on an idle machine), and a stretch trains until the controller writes its
 #: stage Training, at most once per run every --progress-interval (10 s in README's operator
-#: values), then to its next checkpoint, then a few iterations more until the stop lands (3 at
-#: each stop): at most about 30 each before the preemption, so the run does not reach its end
-#: first (at 50 iterations and a checkpoint every 5 it did). The fixture prints the stretches.
-#: At the chart's default interval (30 s) the stretches were about 20, 60 and 60 (200 here).
+#: values, about 20 iterations), then to its next checkpoint (at most 15), then a few more
+#: until the stop lands (3 at each stop): at most about 38 in a 2-GPU stretch and 28 in the
+#: 1-GPU one (two micro-batches an iteration), about 104 before the preemption at worst, so the
+#: run does not reach its end first (at 50 iterations and a checkpoint every 5 it did).
+#: Measured (2026-12-07, the fixture prints them): 17, 15 and 15. At the chart's default
+#: interval (30 s) they were about 20, 60 and 60, and the run trained 200.
 MAX_ITER, PERIOD = 120, 15
 FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE = "real-node", "real-node-gpus", "training"
 PREEMPTOR = "urgent"
